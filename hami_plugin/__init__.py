@@ -1,0 +1,1 @@
+"""hami-plugin: HAMi-compatible GPU sharing for Kubernetes."""

@@ -1,0 +1,5 @@
+import sys
+
+from hami_plugin.cli import main
+
+sys.exit(main())
