@@ -18,7 +18,9 @@ from grpc_tools import protoc
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto" / "deviceplugin" / "v1beta1"
 DEFAULT_OUTPUT = ROOT / "hami_plugin" / "deviceplugin" / "api"
-HEADER = "# Generated from proto/deviceplugin/v1beta1/api.proto by proto/generate.py. Do not edit.\n"
+HEADER = (
+    "# Generated from proto/deviceplugin/v1beta1/api.proto by proto/generate.py. Do not edit.\n"
+)
 
 
 def generate(output_dir: Path) -> None:

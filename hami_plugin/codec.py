@@ -1,0 +1,630 @@
+"""HAMi annotation strings <-> domain values, byte for byte as HAMi v2.10 writes them.
+
+Pure functions, no I/O. Every malformed value raises `AnnotationError`, whose message names
+the annotation key and the offending part; nothing else escapes a decoder, whatever the input.
+Section numbers refer to shared/docs/hami-reference.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+from hami_plugin.model import (
+    ANNOTATION_DEVICE_CORDON,
+    ANNOTATION_DEVICE_SCORING_WEIGHTS,
+    ANNOTATION_DEVICES_TO_ALLOCATE,
+    ANNOTATION_GPU_SCHEDULER_POLICY,
+    ANNOTATION_NODE_HANDSHAKE,
+    ANNOTATION_NODE_LOCK,
+    ANNOTATION_NODE_REGISTER,
+    ANNOTATION_NODE_SCHEDULER_POLICY,
+    ANNOTATION_NOUSE_GPUTYPE,
+    ANNOTATION_NOUSE_GPUUUID,
+    ANNOTATION_NUMA_BIND,
+    ANNOTATION_USE_GPUTYPE,
+    ANNOTATION_USE_GPUUUID,
+    ANNOTATION_VGPU_MODE,
+    MODE_HAMI_CORE,
+    ContainerDevice,
+    ContainerDevices,
+    GpuDevice,
+    GpuPolicy,
+    GpuPolicyName,
+    Handshake,
+    HandshakeState,
+    MigPlacement,
+    MigProfile,
+    NodeLock,
+    NodePolicy,
+    PodDevices,
+    PodGpuOptions,
+    ScoringWeights,
+)
+
+MAX_ANNOTATION_BYTES = 256 * 1024
+"""Kubernetes caps all annotations of an object at 256 KiB together, so no value is larger."""
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+UINT64_MAX = 2**64 - 1
+
+MISSING_FIELDS = "pod annotation format error, missing fields, do not use nodeName in task spec"
+
+_GO_INT = re.compile(r"[+-]?[0-9]+")
+_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:[.,](\d+))?(Z|[+-]\d{2}:\d{2})"
+)
+_HANDSHAKE_TIME = re.compile(r"(\d{4})[-.](\d{2})[-.](\d{2}) (\d{2}):(\d{2}):(\d{2})")
+
+
+class AnnotationError(ValueError):
+    """A malformed annotation value. `key` is the annotation; the message says what is wrong."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(f"{key}: {detail}")
+        self.key = key
+        self.detail = detail
+
+
+# --- small Go-compatible parsers -----------------------------------------------------------
+
+
+def go_quote(text: str) -> str:
+    """Quote like Go's %q for the common cases (used in error messages only)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _excerpt(text: str, limit: int = 80) -> str:
+    return go_quote(text if len(text) <= limit else text[:limit] + "...")
+
+
+def parse_go_int(text: str, bits: int = 32) -> int:
+    """`strconv.ParseInt(text, 10, bits)`: optional sign and decimal digits only, range-checked.
+
+    Raises ValueError with a short reason (callers wrap it into AnnotationError).
+    """
+    if len(text) > 40 or not _GO_INT.fullmatch(text):
+        raise ValueError(f"invalid integer {_excerpt(text)}")
+    value = int(text)
+    low, high = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    if not low <= value <= high:
+        raise ValueError(f"integer {text} out of range for int{bits}")
+    return value
+
+
+def parse_go_bool(text: str) -> bool:
+    """`strconv.ParseBool`: 1 t T TRUE true True / 0 f F FALSE false False."""
+    if text in _GO_TRUE:
+        return True
+    if text in _GO_FALSE:
+        return False
+    raise ValueError(f"invalid boolean {_excerpt(text)}")
+
+
+def _check_size(key: str, value: str) -> None:
+    # Cheap first: only a long value needs encoding to count its bytes.
+    if len(value) > MAX_ANNOTATION_BYTES // 4:
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > MAX_ANNOTATION_BYTES:
+            raise AnnotationError(
+                key, f"value of {size} bytes exceeds the {MAX_ANNOTATION_BYTES}-byte limit"
+            )
+
+
+# --- pod device lists (section 1.4) -------------------------------------------------------
+
+
+def _check_field(key: str, value: str, what: str) -> None:
+    for separator in ",:;":
+        if separator in value:
+            raise AnnotationError(key, f"device {what} {go_quote(value)} contains {separator!r}")
+
+
+def encode_container_devices(
+    devices: ContainerDevices, key: str = ANNOTATION_DEVICES_TO_ALLOCATE
+) -> str:
+    """`<uuid>,<type>,<mem>,<cores>:` for every device; an empty container gives `""`.
+
+    Raises AnnotationError when a UUID or type contains a separator (it could not round-trip).
+    """
+    parts = []
+    for device in devices:
+        _check_field(key, device.uuid, "uuid")
+        _check_field(key, device.type, "type")
+        parts.append(f"{device.uuid},{device.type},{device.used_mem_mib},{device.used_cores}:")
+    return "".join(parts)
+
+
+def encode_pod_devices(pod: PodDevices, key: str = ANNOTATION_DEVICES_TO_ALLOCATE) -> str:
+    """Every container's string followed by `;` (so `()` gives `""`, `((),)` gives `";"`)."""
+    return "".join(encode_container_devices(container, key) + ";" for container in pod)
+
+
+def decode_container_devices(
+    value: str, key: str = ANNOTATION_DEVICES_TO_ALLOCATE
+) -> ContainerDevices:
+    """Decode one container's devices (reference 1.4.2). Pieces without `,` are skipped."""
+    _check_size(key, value)
+    return _decode_container(value, key)
+
+
+def _decode_container(value: str, key: str) -> ContainerDevices:
+    if not value:
+        return ()
+    devices = []
+    for piece in value.split(":"):
+        if "," not in piece:
+            continue
+        fields = piece.split(",")
+        if len(fields) < 4:
+            raise AnnotationError(key, f"{MISSING_FIELDS}: {_excerpt(piece)}")
+        try:
+            used_mem = parse_go_int(fields[2])
+            used_cores = parse_go_int(fields[3])
+        except ValueError as error:
+            raise AnnotationError(key, f"{error} in device {_excerpt(piece)}") from None
+        devices.append(ContainerDevice(fields[0], fields[1], used_mem, used_cores))
+    return tuple(devices)
+
+
+def decode_pod_devices(value: str, key: str = ANNOTATION_DEVICES_TO_ALLOCATE) -> PodDevices:
+    """Split on `;`; every piece, the empty one after the last `;` included, is a container.
+
+    So `"A:;"` decodes to `((A,), ())`: HAMi keeps empty entries to preserve container indexes.
+    """
+    _check_size(key, value)
+    return tuple(_decode_container(piece, key) for piece in value.split(";"))
+
+
+# --- node register annotation (section 1.5) -----------------------------------------------
+
+_JSON_FIELDS = ("id", "index", "count", "devmem", "devcore", "type", "numa", "mode")
+
+
+def _go_json_string(text: str) -> str:
+    """Go's encoding/json string form: UTF-8 kept, <, >, & and U+2028/9 escaped."""
+    encoded = json.dumps(text, ensure_ascii=False)
+    for char, escape in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
+        encoded = encoded.replace(char, escape)
+    return encoded
+
+
+def _encode_mig_profile(profile: MigProfile) -> str:
+    placements = ",".join(
+        f'{{"start":{placement.start},"size":{placement.size}}}' for placement in profile.placements
+    )
+    return (
+        f'{{"name":{_go_json_string(profile.name)},"memoryMB":{profile.memory_mib},'
+        f'"core":{profile.cores},"sliceCount":{profile.slice_count},'
+        f'"placements":[{placements}]}}'
+    )
+
+
+def _encode_gpu_device(device: GpuDevice) -> str:
+    members = []
+    values: tuple[tuple[str, str | int], ...] = (
+        ("id", device.uuid),
+        ("index", device.index),
+        ("count", device.split_count),
+        ("devmem", device.memory_mib),
+        ("devcore", device.cores_percent),
+        ("type", device.type),
+        ("numa", device.numa_node),
+        ("mode", device.mode),
+    )
+    for name, field_value in values:
+        if field_value in ("", 0):
+            continue  # Go omitempty
+        encoded = _go_json_string(field_value) if isinstance(field_value, str) else str(field_value)
+        members.append(f'"{name}":{encoded}')
+    if device.mig_profiles:
+        profiles = ",".join(_encode_mig_profile(profile) for profile in device.mig_profiles)
+        members.append(f'"migProfiles":[{profiles}]')
+    if device.healthy:
+        members.append('"health":true')
+    return "{" + ",".join(members) + "}"
+
+
+def encode_node_devices(devices: Sequence[GpuDevice]) -> str:
+    """The v2.10 JSON form: compact, Go field order, zero values omitted (section 1.5.1)."""
+    return "[" + ",".join(_encode_gpu_device(device) for device in devices) + "]"
+
+
+def encode_node_devices_legacy(devices: Sequence[GpuDevice], fields: int = 9) -> str:
+    """The v2.5-v2.7 comma form (9 fields) or the v2.4 one (7 fields); read-compat tests only."""
+    if fields not in (7, 9):
+        raise ValueError("fields must be 7 or 9")
+    parts = []
+    for device in devices:
+        for text, what in ((device.uuid, "uuid"), (device.type, "type"), (device.mode, "mode")):
+            _check_field(ANNOTATION_NODE_REGISTER, text, what)
+        items = [
+            device.uuid,
+            str(device.split_count),
+            str(device.memory_mib),
+            str(device.cores_percent),
+            device.type,
+            str(device.numa_node),
+            "true" if device.healthy else "false",
+        ]
+        if fields == 9:
+            items += [str(device.index), device.mode]
+        parts.append(",".join(items) + ":")
+    return "".join(parts)
+
+
+def decode_node_devices(value: str) -> tuple[GpuDevice, ...]:
+    """Decode `hami.io/node-nvidia-register`: the JSON form, or the older comma form.
+
+    Raises AnnotationError with HAMi's messages (reference 1.5): an empty JSON list is
+    "no gpu found on node".
+    """
+    key = ANNOTATION_NODE_REGISTER
+    _check_size(key, value)
+    if value.lstrip(" \t\r\n").startswith("["):
+        return _decode_node_json(value)
+    return _decode_node_comma(value)
+
+
+def _go_json_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Go matches struct keys case-insensitively and the last duplicate wins.
+    return {name.lower(): item for name, item in pairs}
+
+
+def _json_int(key: str, obj: Mapping[str, Any], name: str, low: int, high: int) -> int:
+    raw = obj.get(name.lower())
+    if raw is None:
+        return 0
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise AnnotationError(key, f"cannot unmarshal {_excerpt(repr(raw))} into field {name}")
+    if not low <= raw <= high:
+        raise AnnotationError(key, f"value {raw} of field {name} out of range")
+    return raw
+
+
+def _json_str(key: str, obj: Mapping[str, Any], name: str) -> str:
+    raw = obj.get(name.lower())
+    if raw is None:
+        return ""
+    if not isinstance(raw, str):
+        raise AnnotationError(key, f"cannot unmarshal {_excerpt(repr(raw))} into field {name}")
+    return raw
+
+
+def _json_list(key: str, obj: Mapping[str, Any], name: str) -> list[Any]:
+    raw = obj.get(name.lower())
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise AnnotationError(key, f"field {name} must be a list")
+    return raw
+
+
+def _json_object(key: str, raw: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(raw, dict):
+        raise AnnotationError(key, f"{what} must be a JSON object, got {_excerpt(repr(raw))}")
+    return raw
+
+
+def _decode_mig_profile(key: str, raw: Any) -> MigProfile:
+    obj = _json_object(key, raw, "a MIG profile")
+    placements = []
+    for item in _json_list(key, obj, "placements"):
+        placement = _json_object(key, item, "a MIG placement")
+        placements.append(
+            MigPlacement(
+                _json_int(key, placement, "start", 0, 2**32 - 1),
+                _json_int(key, placement, "size", 0, 2**32 - 1),
+            )
+        )
+    return MigProfile(
+        name=_json_str(key, obj, "name"),
+        memory_mib=_json_int(key, obj, "memoryMB", INT32_MIN, INT32_MAX),
+        cores=_json_int(key, obj, "core", INT32_MIN, INT32_MAX),
+        slice_count=_json_int(key, obj, "sliceCount", INT32_MIN, INT32_MAX),
+        placements=tuple(placements),
+    )
+
+
+def _decode_node_json(value: str) -> tuple[GpuDevice, ...]:
+    key = ANNOTATION_NODE_REGISTER
+    try:
+        parsed = json.loads(value, object_pairs_hook=_go_json_pairs)
+    except (ValueError, RecursionError) as error:
+        raise AnnotationError(key, f"invalid JSON: {error}") from None
+    if parsed is None or parsed == []:
+        raise AnnotationError(key, "no gpu found on node")
+    if not isinstance(parsed, list):
+        raise AnnotationError(key, "expected a JSON array of devices")
+    devices = []
+    for raw in parsed:
+        obj = _json_object(key, raw, "a device")
+        health = obj.get("health")
+        if health is not None and not isinstance(health, bool):
+            raise AnnotationError(key, f"cannot unmarshal {_excerpt(repr(health))} into health")
+        devices.append(
+            GpuDevice(
+                uuid=_json_str(key, obj, "id"),
+                index=_json_int(key, obj, "index", 0, UINT64_MAX),
+                split_count=_json_int(key, obj, "count", INT32_MIN, INT32_MAX),
+                memory_mib=_json_int(key, obj, "devmem", INT32_MIN, INT32_MAX),
+                cores_percent=_json_int(key, obj, "devcore", INT32_MIN, INT32_MAX),
+                type=_json_str(key, obj, "type"),
+                numa_node=_json_int(key, obj, "numa", INT64_MIN, INT64_MAX),
+                mode=_json_str(key, obj, "mode"),
+                healthy=bool(health),
+                mig_profiles=tuple(
+                    _decode_mig_profile(key, item) for item in _json_list(key, obj, "migProfiles")
+                ),
+            )
+        )
+    return tuple(devices)
+
+
+def _decode_node_comma(value: str) -> tuple[GpuDevice, ...]:
+    key = ANNOTATION_NODE_REGISTER
+    if ":" not in value:
+        raise AnnotationError(key, "node annotation missing device separator")
+    devices = []
+    for segment in value.split(":"):
+        if not segment:
+            continue
+        if "," not in segment:
+            raise AnnotationError(key, f"malformed node annotation segment: {_excerpt(segment)}")
+        fields = segment.split(",")
+        if len(fields) not in (7, 9):
+            raise AnnotationError(key, f"unexpected field count {len(fields)} in node annotation")
+        try:
+            count = parse_go_int(fields[1])
+            memory = parse_go_int(fields[2])
+            cores = parse_go_int(fields[3])
+            healthy = parse_go_bool(fields[6])
+            numa = parse_go_int(fields[5], bits=64)
+            index, mode = 0, MODE_HAMI_CORE
+            if len(fields) == 9:
+                index = parse_go_int(fields[7], bits=64)
+                if index < 0:
+                    raise ValueError(f"negative device index {index}")
+                mode = fields[8]
+        except ValueError as error:
+            raise AnnotationError(key, f"{error} in segment {_excerpt(segment)}") from None
+        devices.append(
+            GpuDevice(
+                uuid=fields[0],
+                index=index,
+                split_count=count,
+                memory_mib=memory,
+                cores_percent=cores,
+                type=fields[4],
+                numa_node=numa,
+                mode=mode,
+                healthy=healthy,
+            )
+        )
+    return tuple(devices)
+
+
+# --- node lock (section 1.7) and handshake (section 1.6) ----------------------------------
+
+
+def _parse_rfc3339(text: str) -> datetime:
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        raise ValueError(f"time {_excerpt(text)} is not RFC3339")
+    year, month, day, hour, minute, second, fraction, zone = match.groups()
+    if zone == "Z":
+        tz = UTC
+    else:
+        sign = 1 if zone[0] == "+" else -1
+        offset = timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6]))
+        if offset >= timedelta(hours=24):
+            raise ValueError(f"time {_excerpt(text)} has an invalid zone offset")
+        tz = timezone(sign * offset)
+    micros = int((fraction or "0")[:6].ljust(6, "0"))
+    return datetime(
+        int(year), int(month), int(day), int(hour), int(minute), int(second), micros, tzinfo=tz
+    )
+
+
+def format_rfc3339(when: datetime) -> str:
+    """Go's time.RFC3339 layout: seconds precision, `Z` for UTC, else `+hh:mm`."""
+    if when.tzinfo is None:
+        raise ValueError("an RFC3339 time needs a time zone")
+    text = when.strftime("%Y-%m-%dT%H:%M:%S")
+    offset = when.utcoffset()
+    if not offset:
+        return text + "Z"
+    minutes = int(offset.total_seconds()) // 60
+    sign = "+" if minutes >= 0 else "-"
+    return f"{text}{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
+
+
+def parse_node_lock(value: str) -> NodeLock:
+    """`<RFC3339>,<namespace>,<pod>` or the legacy `<RFC3339>` alone."""
+    key = ANNOTATION_NODE_LOCK
+    _check_size(key, value)
+    parts = value.split(",")
+    if len(parts) not in (1, 3):
+        raise AnnotationError(
+            key, f"malformed lock annotation: expected 3 parts, got {len(parts)} from {value}"
+        )
+    try:
+        when = _parse_rfc3339(parts[0])
+    except ValueError as error:
+        raise AnnotationError(key, str(error)) from None
+    if len(parts) == 1:
+        return NodeLock(when)
+    return NodeLock(when, parts[1], parts[2])
+
+
+def format_node_lock(lock: NodeLock) -> str:
+    """The value HAMi's scheduler writes; a legacy lock (no owner) is the time alone."""
+    text = format_rfc3339(lock.time)
+    if lock.namespace is None or lock.pod_name is None:
+        return text
+    return f"{text},{lock.namespace},{lock.pod_name}"
+
+
+def _parse_handshake_time(text: str) -> datetime | None:
+    match = _HANDSHAKE_TIME.match(text)
+    if match is None:
+        return None
+    year, month, day, hour, minute, second = (int(group) for group in match.groups())
+    try:
+        return datetime(year, month, day, hour, minute, second)
+    except ValueError:
+        return None
+
+
+def parse_handshake(value: str) -> Handshake:
+    """Classify `hami.io/node-handshake`; never raises (garbage is state UNKNOWN).
+
+    Times are naive: HAMi writes the scheduler's local wall-clock time without a zone.
+    """
+    _check_size(ANNOTATION_NODE_HANDSHAKE, value)
+    if "Requesting" in value:
+        _, underscore, rest = value.partition("_")
+        when = _parse_handshake_time(rest) if underscore else None
+        return Handshake(HandshakeState.REQUESTING, when, value)
+    if value.startswith("Deleted_"):
+        return Handshake(HandshakeState.DELETED, _parse_handshake_time(value[8:]), value)
+    if value.startswith("Reported "):
+        return Handshake(HandshakeState.REPORTED, _parse_handshake_time(value[9:]), value)
+    return Handshake(HandshakeState.UNKNOWN, None, value)
+
+
+def format_handshake_requesting(now: datetime) -> str:
+    """`Requesting_<YYYY-MM-DD HH:MM:SS>` in the wall-clock time of `now`."""
+    return "Requesting_" + now.strftime("%Y-%m-%d %H:%M:%S")
+
+
+# --- user annotations on the pod (sections 1.1, 3.5.4, 3.6) -------------------------------
+
+
+def parse_gpu_policy(text: str, key: str = ANNOTATION_GPU_SCHEDULER_POLICY) -> GpuPolicy:
+    """`binpack`, `spread`, `mutex`, `topology-aware`, `numa` or a comma chain of them.
+
+    Unknown names are an error (HAMi silently falls back to spread).
+    """
+    _check_size(key, text)
+    items = [item.strip() for item in text.split(",")]
+    names: list[GpuPolicyName] = []
+    for item in items:
+        if not item:
+            continue
+        try:
+            name = GpuPolicyName(item)
+        except ValueError:
+            allowed = ", ".join(policy.value for policy in GpuPolicyName)
+            raise AnnotationError(
+                key, f"unknown GPU scheduler policy {_excerpt(item)} (allowed: {allowed})"
+            ) from None
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise AnnotationError(key, "empty GPU scheduler policy")
+    chain = "," in text or names == [GpuPolicyName.NUMA]
+    return GpuPolicy(tuple(names), chain)
+
+
+def parse_node_policy(text: str, key: str = ANNOTATION_NODE_SCHEDULER_POLICY) -> NodePolicy:
+    """`binpack` or `spread`; anything else is an error (HAMi silently uses binpack)."""
+    _check_size(key, text)
+    try:
+        return NodePolicy(text.strip())
+    except ValueError:
+        raise AnnotationError(
+            key, f"unknown node scheduler policy {_excerpt(text)} (allowed: binpack, spread)"
+        ) from None
+
+
+def parse_scoring_weights(
+    text: str, key: str = ANNOTATION_DEVICE_SCORING_WEIGHTS
+) -> ScoringWeights:
+    """`slot=<int>,core=<int>,memory=<int>` in any order, HAMi v2.10's messages on error."""
+    _check_size(key, text)
+    entries = text.split(",")
+    if len(entries) != 3:
+        raise AnnotationError(key, "expected slot, core, and memory weights")
+    weights: dict[str, int] = {}
+    for entry in entries:
+        name, equals, raw = entry.partition("=")
+        if not equals:
+            raise AnnotationError(key, "expected key=value entries")
+        name = name.strip()
+        if name not in ("slot", "core", "memory"):
+            raise AnnotationError(key, f"unknown weight {go_quote(name)}")
+        if name in weights:
+            raise AnnotationError(key, f"duplicate {go_quote(name)} weight")
+        try:
+            weight = parse_go_int(raw.strip(), bits=64)
+        except ValueError:
+            raise AnnotationError(key, f"{go_quote(name)} weight must be an integer") from None
+        if weight < 0:
+            raise AnnotationError(key, f"{go_quote(name)} weight must not be negative")
+        weights[name] = weight
+    if not any(weights.values()):
+        raise AnnotationError(key, "at least one weight must be positive")
+    return ScoringWeights(weights["slot"], weights["core"], weights["memory"])
+
+
+def parse_device_cordon(value: str) -> frozenset[str]:
+    """`hami.io/device-cordon`: comma list of GPU UUIDs, whitespace trimmed, empties skipped."""
+    _check_size(ANNOTATION_DEVICE_CORDON, value)
+    return frozenset(_trimmed_items(value))
+
+
+def _trimmed_items(value: str) -> Iterator[str]:
+    return (item.strip() for item in value.split(",") if item.strip())
+
+
+def _type_items(value: str) -> tuple[str, ...]:
+    # Card-type filters are substring matches; HAMi skips blank items.
+    return tuple(item for item in value.split(",") if item.strip())
+
+
+def parse_pod_gpu_options(annotations: Mapping[str, str]) -> PodGpuOptions:
+    """Read every GPU placement annotation a user can put on a pod.
+
+    Raises AnnotationError for an invalid policy or scoring-weights value. `numa-bind` follows
+    Go's ParseBool and, like HAMi, only a true value enables it (anything else is false).
+    """
+
+    def get(key: str) -> str | None:
+        value = annotations.get(key)
+        if value is not None:
+            _check_size(key, value)
+        return value
+
+    use_types = get(ANNOTATION_USE_GPUTYPE)
+    nouse_types = get(ANNOTATION_NOUSE_GPUTYPE)
+    use_uuids = get(ANNOTATION_USE_GPUUUID)
+    nouse_uuids = get(ANNOTATION_NOUSE_GPUUUID)
+    numa_bind = get(ANNOTATION_NUMA_BIND)
+    vgpu_mode = get(ANNOTATION_VGPU_MODE)
+    gpu_policy = get(ANNOTATION_GPU_SCHEDULER_POLICY)
+    node_policy = get(ANNOTATION_NODE_SCHEDULER_POLICY)
+    weights = get(ANNOTATION_DEVICE_SCORING_WEIGHTS)
+    return PodGpuOptions(
+        use_gpu_types=_type_items(use_types) if use_types else (),
+        nouse_gpu_types=_type_items(nouse_types) if nouse_types else (),
+        use_gpu_uuids=tuple(_trimmed_items(use_uuids)) if use_uuids else (),
+        nouse_gpu_uuids=tuple(_trimmed_items(nouse_uuids)) if nouse_uuids else (),
+        numa_bind=numa_bind in _GO_TRUE,
+        vgpu_mode=vgpu_mode if vgpu_mode else None,
+        gpu_policy=parse_gpu_policy(gpu_policy) if gpu_policy else None,
+        node_policy=parse_node_policy(node_policy) if node_policy else None,
+        scoring_weights=parse_scoring_weights(weights) if weights else None,
+    )

@@ -1,0 +1,283 @@
+"""`hami decode` and `hami encode`: inspect and build real HAMi annotation values.
+
+JSON shapes (stable, every field present):
+- `hami.io/vgpu-devices-to-allocate`, `hami.io/vgpu-devices-allocated`: a list of containers,
+  each a list of `{"uuid", "type", "usedmem", "usedcores"}`;
+- `hami.io/node-nvidia-register`: a list of
+  `{"id", "index", "count", "devmem", "devcore", "type", "numa", "mode", "health"}`
+  (plus `"migProfiles"` when the GPU has any);
+- `hami.io/mutex.lock`: `{"time", "namespace", "pod"}` (namespace and pod null for a legacy lock).
+`decode` also reads the pod-level user annotations and the handshake (no `encode` for those).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from hami_plugin import codec
+from hami_plugin.model import (
+    ANNOTATION_DEVICE_CORDON,
+    ANNOTATION_DEVICE_SCORING_WEIGHTS,
+    ANNOTATION_DEVICES_ALLOCATED,
+    ANNOTATION_DEVICES_TO_ALLOCATE,
+    ANNOTATION_GPU_SCHEDULER_POLICY,
+    ANNOTATION_NODE_HANDSHAKE,
+    ANNOTATION_NODE_LOCK,
+    ANNOTATION_NODE_REGISTER,
+    ANNOTATION_NODE_SCHEDULER_POLICY,
+    ANNOTATION_NOUSE_GPUTYPE,
+    ANNOTATION_NOUSE_GPUUUID,
+    ANNOTATION_NUMA_BIND,
+    ANNOTATION_USE_GPUTYPE,
+    ANNOTATION_USE_GPUUUID,
+    ContainerDevice,
+    GpuDevice,
+    MigPlacement,
+    MigProfile,
+    NodeLock,
+    PodDevices,
+)
+
+_POD_DEVICE_KEYS = (ANNOTATION_DEVICES_TO_ALLOCATE, ANNOTATION_DEVICES_ALLOCATED)
+
+
+class _InputError(ValueError):
+    """The JSON given to `hami encode` does not have the documented shape."""
+
+
+# --- values -> JSON ----------------------------------------------------------------------
+
+
+def pod_devices_to_json(pod: PodDevices) -> list[list[dict[str, Any]]]:
+    return [
+        [
+            {
+                "uuid": device.uuid,
+                "type": device.type,
+                "usedmem": device.used_mem_mib,
+                "usedcores": device.used_cores,
+            }
+            for device in container
+        ]
+        for container in pod
+    ]
+
+
+def gpu_device_to_json(device: GpuDevice) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "id": device.uuid,
+        "index": device.index,
+        "count": device.split_count,
+        "devmem": device.memory_mib,
+        "devcore": device.cores_percent,
+        "type": device.type,
+        "numa": device.numa_node,
+        "mode": device.mode,
+        "health": device.healthy,
+    }
+    if device.mig_profiles:
+        obj["migProfiles"] = [
+            {
+                "name": profile.name,
+                "memoryMB": profile.memory_mib,
+                "core": profile.cores,
+                "sliceCount": profile.slice_count,
+                "placements": [{"start": p.start, "size": p.size} for p in profile.placements],
+            }
+            for profile in device.mig_profiles
+        ]
+    return obj
+
+
+def _decode_to_json(key: str, value: str) -> Any:
+    if key in _POD_DEVICE_KEYS:
+        return pod_devices_to_json(codec.decode_pod_devices(value, key))
+    if key == ANNOTATION_NODE_REGISTER:
+        return [gpu_device_to_json(device) for device in codec.decode_node_devices(value)]
+    if key == ANNOTATION_NODE_LOCK:
+        lock = codec.parse_node_lock(value)
+        return {
+            "time": codec.format_rfc3339(lock.time),
+            "namespace": lock.namespace,
+            "pod": lock.pod_name,
+        }
+    if key == ANNOTATION_NODE_HANDSHAKE:
+        handshake = codec.parse_handshake(value)
+        when = handshake.time.strftime("%Y-%m-%d %H:%M:%S") if handshake.time else None
+        return {"state": handshake.state.value, "time": when}
+    if key == ANNOTATION_DEVICE_SCORING_WEIGHTS:
+        weights = codec.parse_scoring_weights(value)
+        return {"slot": weights.slot, "core": weights.core, "memory": weights.memory}
+    if key == ANNOTATION_GPU_SCHEDULER_POLICY:
+        policy = codec.parse_gpu_policy(value)
+        return {"names": [name.value for name in policy.names], "chain": policy.chain}
+    if key == ANNOTATION_NODE_SCHEDULER_POLICY:
+        return codec.parse_node_policy(value).value
+    if key == ANNOTATION_DEVICE_CORDON:
+        return sorted(codec.parse_device_cordon(value))
+    options = codec.parse_pod_gpu_options({key: value})
+    simple: dict[str, Callable[[], Any]] = {
+        ANNOTATION_USE_GPUTYPE: lambda: list(options.use_gpu_types),
+        ANNOTATION_NOUSE_GPUTYPE: lambda: list(options.nouse_gpu_types),
+        ANNOTATION_USE_GPUUUID: lambda: list(options.use_gpu_uuids),
+        ANNOTATION_NOUSE_GPUUUID: lambda: list(options.nouse_gpu_uuids),
+        ANNOTATION_NUMA_BIND: lambda: options.numa_bind,
+    }
+    if key in simple:
+        return simple[key]()
+    raise _InputError(f"unsupported annotation key {key!r}")
+
+
+# --- JSON -> values ----------------------------------------------------------------------
+
+
+def _field(obj: Any, name: str, kind: type, where: str) -> Any:
+    if not isinstance(obj, dict):
+        raise _InputError(f"{where} must be a JSON object")
+    if name not in obj:
+        raise _InputError(f'{where} has no "{name}"')
+    value = obj[name]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise _InputError(f'{where}: "{name}" must be an integer')
+    if not isinstance(value, kind):
+        raise _InputError(f'{where}: "{name}" must be a {kind.__name__}')
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise _InputError(f"{where} must be a JSON list")
+    return value
+
+
+def pod_devices_from_json(data: Any) -> PodDevices:
+    containers = []
+    for c_index, container in enumerate(_list(data, "the input")):
+        devices = []
+        for d_index, obj in enumerate(_list(container, f"container {c_index}")):
+            where = f"container {c_index} device {d_index}"
+            devices.append(
+                ContainerDevice(
+                    uuid=_field(obj, "uuid", str, where),
+                    type=_field(obj, "type", str, where),
+                    used_mem_mib=_field(obj, "usedmem", int, where),
+                    used_cores=_field(obj, "usedcores", int, where),
+                )
+            )
+        containers.append(tuple(devices))
+    return tuple(containers)
+
+
+def _mig_profiles_from_json(obj: dict[str, Any], where: str) -> tuple[MigProfile, ...]:
+    profiles = []
+    for p_index, raw in enumerate(_list(obj.get("migProfiles", []), f"{where} migProfiles")):
+        at = f"{where} migProfiles[{p_index}]"
+        placements = tuple(
+            MigPlacement(
+                _field(item, "start", int, f"{at} placement"),
+                _field(item, "size", int, f"{at} placement"),
+            )
+            for item in _list(_field(raw, "placements", list, at), f"{at} placements")
+        )
+        profiles.append(
+            MigProfile(
+                name=_field(raw, "name", str, at),
+                memory_mib=_field(raw, "memoryMB", int, at),
+                cores=_field(raw, "core", int, at),
+                slice_count=_field(raw, "sliceCount", int, at),
+                placements=placements,
+            )
+        )
+    return tuple(profiles)
+
+
+def gpu_devices_from_json(data: Any) -> list[GpuDevice]:
+    devices = []
+    for index, obj in enumerate(_list(data, "the input")):
+        where = f"device {index}"
+        devices.append(
+            GpuDevice(
+                uuid=_field(obj, "id", str, where),
+                index=_field(obj, "index", int, where),
+                split_count=_field(obj, "count", int, where),
+                memory_mib=_field(obj, "devmem", int, where),
+                cores_percent=_field(obj, "devcore", int, where),
+                type=_field(obj, "type", str, where),
+                numa_node=_field(obj, "numa", int, where),
+                mode=_field(obj, "mode", str, where),
+                healthy=_field(obj, "health", bool, where),
+                mig_profiles=_mig_profiles_from_json(obj, where),
+            )
+        )
+    return devices
+
+
+def _encode_from_json(key: str, data: Any) -> str:
+    if key in _POD_DEVICE_KEYS:
+        return codec.encode_pod_devices(pod_devices_from_json(data), key)
+    if key == ANNOTATION_NODE_REGISTER:
+        return codec.encode_node_devices(gpu_devices_from_json(data))
+    if key == ANNOTATION_NODE_LOCK:
+        lock = codec.parse_node_lock(_field(data, "time", str, "the lock"))
+        namespace, pod = data.get("namespace"), data.get("pod")
+        if (namespace is None) != (pod is None):
+            raise _InputError('the lock needs both "namespace" and "pod", or neither')
+        return codec.format_node_lock(NodeLock(lock.time, namespace, pod))
+    raise _InputError(f"cannot encode annotation key {key!r}")
+
+
+# --- sub-commands ------------------------------------------------------------------------
+
+
+def _read_value(value: str) -> str:
+    if value != "-":
+        return value
+    text = sys.stdin.read()
+    return text[:-1] if text.endswith("\n") else text
+
+
+def run_decode(args: argparse.Namespace) -> int:
+    try:
+        result = _decode_to_json(args.key, _read_value(args.value))
+    except (codec.AnnotationError, _InputError) as error:
+        print(f"hami decode: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=args.indent, ensure_ascii=False))
+    return 0
+
+
+def run_encode(args: argparse.Namespace) -> int:
+    try:
+        data = json.loads(sys.stdin.read())
+        value = _encode_from_json(args.key, data)
+    except json.JSONDecodeError as error:
+        print(f"hami encode: input is not JSON: {error}", file=sys.stderr)
+        return 1
+    except (codec.AnnotationError, _InputError, ValueError) as error:
+        print(f"hami encode: {error}", file=sys.stderr)
+        return 1
+    print(value)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    decode = subparsers.add_parser(
+        "decode",
+        help="decode a HAMi annotation value into JSON",
+        description="Decode a HAMi annotation value and print it as JSON.",
+    )
+    decode.add_argument("key", help="annotation key, e.g. hami.io/vgpu-devices-allocated")
+    decode.add_argument("value", help="annotation value, or - to read it from stdin")
+    decode.add_argument("--indent", type=int, default=None, help="pretty-print with this indent")
+    decode.set_defaults(func=run_decode)
+    encode = subparsers.add_parser(
+        "encode",
+        help="encode JSON (stdin) into a HAMi annotation value",
+        description="Read JSON on stdin (the shape `hami decode` prints) and print the value.",
+    )
+    encode.add_argument("key", help="annotation key")
+    encode.set_defaults(func=run_encode)
