@@ -1,0 +1,122 @@
+"""`hami decode` / `hami encode`, in-process and through the installed console script."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hami_plugin.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
+REGISTER = "hami.io/node-nvidia-register"
+A100 = (
+    '[{"id":"GPU-8dcd427f-483b-b48f-d7e5-75fb19a52b76","count":10,"devmem":81920,"devcore":100,'
+    '"type":"NVIDIA A100-SXM4-80GB","mode":"hami-core"}]'
+)
+
+
+def run(
+    argv: list[str], capsys: pytest.CaptureFixture[str], stdin: str = ""
+) -> tuple[int, str, str]:
+    old = sys.stdin
+    sys.stdin = io.StringIO(stdin)
+    try:
+        code = main(argv)
+    finally:
+        sys.stdin = old
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_decode_pod_devices(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["decode", TO_ALLOCATE, ";GPU-aaa,NVIDIA,1000,30:;"], capsys)
+    assert (code, err) == (0, "")
+    assert json.loads(out) == [
+        [],
+        [{"uuid": "GPU-aaa", "type": "NVIDIA", "usedmem": 1000, "usedcores": 30}],
+        [],
+    ]
+
+
+def test_decode_register_has_every_field(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["decode", REGISTER, A100], capsys)
+    assert code == 0
+    assert json.loads(out) == [
+        {
+            "id": "GPU-8dcd427f-483b-b48f-d7e5-75fb19a52b76",
+            "index": 0,
+            "count": 10,
+            "devmem": 81920,
+            "devcore": 100,
+            "type": "NVIDIA A100-SXM4-80GB",
+            "numa": 0,
+            "mode": "hami-core",
+            "health": False,
+        }
+    ]
+
+
+def test_register_round_trip_through_json(capsys: pytest.CaptureFixture[str]) -> None:
+    _, decoded, _ = run(["decode", REGISTER, A100], capsys)
+    code, out, _ = run(["encode", REGISTER], capsys, stdin=decoded)
+    assert (code, out) == (0, A100 + "\n")
+
+
+def test_encode_pod_devices(capsys: pytest.CaptureFixture[str]) -> None:
+    payload = json.dumps([[{"uuid": "GPU-a", "type": "NVIDIA", "usedmem": 3000, "usedcores": 30}]])
+    code, out, _ = run(["encode", TO_ALLOCATE], capsys, stdin=payload)
+    assert (code, out) == (0, "GPU-a,NVIDIA,3000,30:;\n")
+
+
+def test_decode_value_from_stdin(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["decode", "hami.io/mutex.lock", "-"], capsys, "2024-05-10T08:01:02Z,ns,p\n")
+    assert code == 0
+    assert json.loads(out) == {"time": "2024-05-10T08:01:02Z", "namespace": "ns", "pod": "p"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "stdin", "needle"),
+    [
+        (["decode", TO_ALLOCATE, "uuid,type,100:;"], "", "missing fields"),
+        (["decode", "example.com/unknown", "x"], "", "unsupported annotation key"),
+        (["decode", REGISTER, "[]"], "", "no gpu found on node"),
+        (["encode", TO_ALLOCATE], "not json", "input is not JSON"),
+        (["encode", TO_ALLOCATE], '[[{"uuid":"a"}]]', 'has no "type"'),
+        (["encode", REGISTER], '[{"id":"a"}]', 'has no "index"'),
+        (
+            ["encode", TO_ALLOCATE],
+            '[[{"uuid":"a:b","type":"N","usedmem":1,"usedcores":1}]]',
+            "contains",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_1(
+    argv: list[str], stdin: str, needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(argv, capsys, stdin)
+    assert code == 1
+    assert out == ""
+    assert needle in err
+    assert err.count("\n") == 1
+
+
+def test_console_script_and_module_entry_point() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "hami_plugin", "decode", TO_ALLOCATE, "GPU-a,NVIDIA,1,2:;"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)[0][0]["uuid"] == "GPU-a"
+    script = Path(sys.executable).parent / "hami"
+    result = subprocess.run([str(script), "--help"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0
+    assert "decode" in result.stdout

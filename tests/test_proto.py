@@ -1,0 +1,154 @@
+"""Our kubelet v1beta1 proto against kubelet's field table (kubelet-deviceplugin.md 1.2-1.3)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from google.protobuf.descriptor import FieldDescriptor
+
+from hami_plugin.deviceplugin.api import api_pb2
+
+ROOT = Path(__file__).resolve().parent.parent
+STR, BOOL, I32, I64, MSG = (
+    FieldDescriptor.TYPE_STRING,
+    FieldDescriptor.TYPE_BOOL,
+    FieldDescriptor.TYPE_INT32,
+    FieldDescriptor.TYPE_INT64,
+    FieldDescriptor.TYPE_MESSAGE,
+)
+ONE, MANY = "one", "many"
+
+# message -> [(field name, number, type, cardinality, message type or None)]
+FIELD_TABLE: dict[str, list[tuple[str, int, int, str, str | None]]] = {
+    "DevicePluginOptions": [
+        ("pre_start_required", 1, BOOL, ONE, None),
+        ("get_preferred_allocation_available", 2, BOOL, ONE, None),
+    ],
+    "RegisterRequest": [
+        ("version", 1, STR, ONE, None),
+        ("endpoint", 2, STR, ONE, None),
+        ("resource_name", 3, STR, ONE, None),
+        ("options", 4, MSG, ONE, "DevicePluginOptions"),
+    ],
+    "Empty": [],
+    "ListAndWatchResponse": [("devices", 1, MSG, MANY, "Device")],
+    "TopologyInfo": [("nodes", 1, MSG, MANY, "NUMANode")],
+    "NUMANode": [("ID", 1, I64, ONE, None)],
+    "Device": [
+        ("ID", 1, STR, ONE, None),
+        ("health", 2, STR, ONE, None),
+        ("topology", 3, MSG, ONE, "TopologyInfo"),
+    ],
+    "PreStartContainerRequest": [("devices_ids", 1, STR, MANY, None)],
+    "PreStartContainerResponse": [],
+    "PreferredAllocationRequest": [
+        ("container_requests", 1, MSG, MANY, "ContainerPreferredAllocationRequest")
+    ],
+    "ContainerPreferredAllocationRequest": [
+        ("available_deviceIDs", 1, STR, MANY, None),
+        ("must_include_deviceIDs", 2, STR, MANY, None),
+        ("allocation_size", 3, I32, ONE, None),
+    ],
+    "PreferredAllocationResponse": [
+        ("container_responses", 1, MSG, MANY, "ContainerPreferredAllocationResponse")
+    ],
+    "ContainerPreferredAllocationResponse": [("deviceIDs", 1, STR, MANY, None)],
+    "AllocateRequest": [("container_requests", 1, MSG, MANY, "ContainerAllocateRequest")],
+    "ContainerAllocateRequest": [("devices_ids", 1, STR, MANY, None)],
+    "CDIDevice": [("name", 1, STR, ONE, None)],
+    "AllocateResponse": [("container_responses", 1, MSG, MANY, "ContainerAllocateResponse")],
+    "ContainerAllocateResponse": [
+        ("envs", 1, MSG, MANY, "ContainerAllocateResponse.EnvsEntry"),
+        ("mounts", 2, MSG, MANY, "Mount"),
+        ("devices", 3, MSG, MANY, "DeviceSpec"),
+        ("annotations", 4, MSG, MANY, "ContainerAllocateResponse.AnnotationsEntry"),
+        ("cdi_devices", 5, MSG, MANY, "CDIDevice"),
+    ],
+    "Mount": [
+        ("container_path", 1, STR, ONE, None),
+        ("host_path", 2, STR, ONE, None),
+        ("read_only", 3, BOOL, ONE, None),
+    ],
+    "DeviceSpec": [
+        ("container_path", 1, STR, ONE, None),
+        ("host_path", 2, STR, ONE, None),
+        ("permissions", 3, STR, ONE, None),
+    ],
+}
+
+# service -> [(method, input, output, server streaming)]
+SERVICES = {
+    "Registration": [("Register", "RegisterRequest", "Empty", False)],
+    "DevicePlugin": [
+        ("GetDevicePluginOptions", "Empty", "DevicePluginOptions", False),
+        ("ListAndWatch", "Empty", "ListAndWatchResponse", True),
+        (
+            "GetPreferredAllocation",
+            "PreferredAllocationRequest",
+            "PreferredAllocationResponse",
+            False,
+        ),
+        ("Allocate", "AllocateRequest", "AllocateResponse", False),
+        ("PreStartContainer", "PreStartContainerRequest", "PreStartContainerResponse", False),
+    ],
+}
+
+
+def test_package_is_v1beta1() -> None:
+    assert api_pb2.DESCRIPTOR.package == "v1beta1"
+    assert set(api_pb2.DESCRIPTOR.message_types_by_name) == set(FIELD_TABLE)
+
+
+@pytest.mark.parametrize("message", sorted(FIELD_TABLE))
+def test_message_fields_match_kubelet(message: str) -> None:
+    descriptor = api_pb2.DESCRIPTOR.message_types_by_name[message]
+    actual = []
+    for field in descriptor.fields:
+        repeated = field.is_repeated
+        message_type = None
+        if field.message_type is not None:
+            message_type = field.message_type.full_name.removeprefix("v1beta1.")
+        actual.append(
+            (field.name, field.number, field.type, MANY if repeated else ONE, message_type)
+        )
+    assert actual == FIELD_TABLE[message]
+
+
+def test_map_fields_are_string_to_string() -> None:
+    descriptor = api_pb2.DESCRIPTOR.message_types_by_name["ContainerAllocateResponse"]
+    for name in ("envs", "annotations"):
+        entry = descriptor.fields_by_name[name].message_type
+        assert entry.GetOptions().map_entry
+        assert [(f.name, f.type) for f in entry.fields] == [("key", STR), ("value", STR)]
+
+
+@pytest.mark.parametrize("service", sorted(SERVICES))
+def test_services_and_streaming(service: str) -> None:
+    descriptor = api_pb2.DESCRIPTOR.services_by_name[service]
+    assert descriptor.full_name == f"v1beta1.{service}"
+    actual = [
+        (
+            method.name,
+            method.input_type.name,
+            method.output_type.name,
+            method.server_streaming,
+        )
+        for method in descriptor.methods
+    ]
+    assert actual == SERVICES[service]
+    assert not any(method.client_streaming for method in descriptor.methods)
+
+
+def test_committed_stubs_match_regeneration(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("proto_generate", ROOT / "proto" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    generator.generate(tmp_path)
+    committed = ROOT / "hami_plugin" / "deviceplugin" / "api"
+    for name in ("__init__.py", "api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"):
+        assert (tmp_path / name).read_text() == (committed / name).read_text(), (
+            f"{name} is stale: run `make proto`"
+        )
