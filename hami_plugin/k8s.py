@@ -1,0 +1,587 @@
+"""The Kubernetes API as hami-plugin needs it: nodes, pods, metadata patches, events.
+
+The only module of the package that imports `kubernetes`. It is built on the real client
+(`kubernetes.client.CoreV1Api`: configuration, auth, TLS, request building), and adds what the
+daemons need on top of it:
+
+* plain frozen dataclasses (`NodeRecord`, `PodRecord`) instead of the generated models. Responses
+  are requested with `_preload_content=False` and decoded here from JSON: the generated pydantic
+  models cost far more per pod than the handful of fields we read, and our own decoding turns a
+  malformed body into a `KubeError` instead of whatever the model layer happens to raise;
+* a timeout on every request and retries with exponential backoff and jitter on 429, 5xx,
+  connection errors and timeouts (`RetryPolicy`); urllib3's own retries are switched off so a
+  hanging server costs `timeout_seconds` per attempt, not four times that;
+* one error-translation point (`_translate_errors`) that maps `ApiException` and urllib3 errors to
+  `NotFound`, `Conflict`, `Retryable` or `KubeError`, chained with `from`;
+* metadata patches sent as JSON merge patch (`application/merge-patch+json`). The client would
+  otherwise send a dict body as strategic merge patch (see `_MERGE_PATCH`); merge patch is what
+  HAMi uses for the node lock, and it gives `null` = delete and the `resourceVersion`
+  precondition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, TypeVar, cast
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+logger = logging.getLogger(__name__)
+
+# kubernetes 37.0.2 picks the first JSON type the endpoint accepts (`json-patch+json`) and the
+# REST layer rewrites it to `strategic-merge-patch+json` for a dict body. Strategic merge behaves
+# like merge patch on string maps, but it is not what HAMi sends, so we force the type.
+_MERGE_PATCH = "application/merge-patch+json"
+# 37.0.2 sends create (POST) bodies without a Content-Type and ignores `_content_type` there.
+_JSON = "application/json"
+
+_T = TypeVar("_T")
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+class KubeError(Exception):
+    """A Kubernetes API call failed; the message names the call and the object.
+
+    `status` is the HTTP status when the server answered, else None.
+    """
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class NotFound(KubeError):  # noqa: N818 - names are the shared contract
+    """The object does not exist (HTTP 404)."""
+
+
+class Conflict(KubeError):  # noqa: N818 - names are the shared contract
+    """The write lost a race (HTTP 409): resourceVersion mismatch or the object already exists."""
+
+
+class Retryable(KubeError):  # noqa: N818 - names are the shared contract
+    """A transient failure (429, 5xx, connection error, timeout) that outlived the retries.
+
+    Inside the retry loop it also carries the server's `Retry-After` hint, in seconds.
+    """
+
+    def __init__(
+        self, message: str, status: int | None = None, retry_after_seconds: float | None = None
+    ) -> None:
+        super().__init__(message, status)
+        self.retry_after_seconds = retry_after_seconds
+
+
+# --- records ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerSpec:
+    """A container of a pod spec, reduced to what Allocate reads."""
+
+    name: str
+    env: dict[str, str]
+    """Only literal `value` env entries; `valueFrom` entries are left out."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """The fields of a Pod that the scheduler and the device plugin read."""
+
+    namespace: str
+    name: str
+    uid: str
+    phase: str
+    node_name: str
+    annotations: dict[str, str]
+    labels: dict[str, str]
+    init_containers: tuple[ContainerSpec, ...]
+    containers: tuple[ContainerSpec, ...]
+    resource_version: str
+    creation_timestamp: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """The fields of a Node that the scheduler and the device plugin read."""
+
+    name: str
+    annotations: dict[str, str]
+    labels: dict[str, str]
+    allocatable: dict[str, str]
+    resource_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How hard each API call tries.
+
+    `attempts` counts the first try; the wait before retry k (1-based) is drawn uniformly from
+    [b/2, b] with b = min(initial * 2**(k-1), max), or the server's Retry-After when it is given
+    (capped at max). `timeout_seconds` bounds each attempt (connect + response).
+    """
+
+    attempts: int = 5
+    initial_backoff_seconds: float = 0.1
+    max_backoff_seconds: float = 2.0
+    timeout_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"RetryPolicy.attempts must be >= 1, got {self.attempts}")
+        if self.initial_backoff_seconds < 0 or self.max_backoff_seconds < 0:
+            raise ValueError("RetryPolicy backoff seconds must be >= 0")
+        if self.timeout_seconds <= 0:
+            raise ValueError(f"RetryPolicy.timeout_seconds must be > 0, got {self.timeout_seconds}")
+
+    def backoff_seconds(self, retry: int, rng: random.Random) -> float:
+        """The wait before retry number `retry` (1-based), with jitter."""
+        ceiling = min(self.initial_backoff_seconds * 2 ** (retry - 1), self.max_backoff_seconds)
+        return rng.uniform(ceiling / 2, ceiling)
+
+
+# --- error translation ------------------------------------------------------------------------
+
+# Failures below HTTP: refused or dropped connections, timeouts, broken responses.
+_TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
+
+
+@contextlib.contextmanager
+def _translate_errors(what: str) -> Iterator[None]:
+    """Map client-library failures inside the block to `KubeError` types, chained with `from`.
+
+    `what` names the call and the object ("get pod default/p1"). A `ValueError` means a body we
+    could not decode (bad JSON, wrong shape) and becomes a plain `KubeError`.
+    """
+    try:
+        yield
+    except KubeError:
+        raise
+    except ApiException as exc:
+        raise _from_api_exception(what, exc) from exc
+    except _TRANSPORT_ERRORS as exc:
+        raise Retryable(f"{what}: {_describe_transport_error(exc)}") from exc
+    except ValueError as exc:
+        raise KubeError(f"{what}: malformed response from the API server: {exc}") from exc
+
+
+def _from_api_exception(what: str, exc: ApiException) -> KubeError:
+    status = exc.status if isinstance(exc.status, int) else None
+    detail = _status_message(exc.body) or str(exc.reason or "").strip() or "no detail"
+    if not status:
+        # status 0: the client could not build or send the request (TLS setup, body encoding).
+        return KubeError(f"{what}: {detail}")
+    message = f"{what}: HTTP {status}: {detail}"
+    if status == 404:
+        return NotFound(message, status)
+    if status == 409:
+        return Conflict(message, status)
+    if status == 429 or 500 <= status <= 599:
+        return Retryable(message, status, _retry_after_seconds(exc))
+    return KubeError(message, status)
+
+
+def _status_message(body: object) -> str:
+    """The `message` of a metav1.Status body, else the first 200 characters of the body."""
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if not isinstance(body, str) or not body.strip():
+        return ""
+    try:
+        decoded = json.loads(body)
+    except ValueError:
+        return body.strip()[:200]
+    if isinstance(decoded, dict) and isinstance(decoded.get("message"), str):
+        return str(decoded["message"])
+    return body.strip()[:200]
+
+
+def _retry_after_seconds(exc: ApiException) -> float | None:
+    headers = exc.headers
+    if not headers:
+        return None
+    value = headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def _describe_transport_error(exc: BaseException) -> str:
+    # MaxRetryError wraps the real cause; name that one.
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, BaseException):
+        exc = reason
+    # urllib3 makes NewConnectionError a ConnectTimeoutError; a refused connection is no timeout.
+    timeout = urllib3.exceptions.TimeoutError | TimeoutError
+    if isinstance(exc, timeout) and not isinstance(exc, urllib3.exceptions.NewConnectionError):
+        return f"timed out ({exc})"
+    return f"connection failed: {type(exc).__name__}: {exc}"
+
+
+# --- decoding ---------------------------------------------------------------------------------
+
+
+def _json_object(data: bytes) -> dict[str, Any]:
+    decoded = json.loads(data)
+    if not isinstance(decoded, dict):
+        raise ValueError(f"expected a JSON object, got {type(decoded).__name__}")
+    return decoded
+
+
+def _field(obj: Mapping[str, Any], key: str, kind: type[_T], default: _T) -> _T:
+    value = obj.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        raise ValueError(f"field {key!r} should be {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _str_map(obj: Mapping[str, Any], key: str) -> dict[str, str]:
+    value = _field(obj, key, dict, {})
+    for k, v in value.items():
+        if not isinstance(v, str):
+            raise ValueError(f"{key}[{k!r}] should be a string, got {type(v).__name__}")
+    return dict(value)
+
+
+def _timestamp(text: str) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise ValueError(f"bad timestamp {text!r}") from exc
+
+
+def _container(obj: object) -> ContainerSpec:
+    if not isinstance(obj, dict):
+        raise ValueError(f"container should be an object, got {type(obj).__name__}")
+    env: dict[str, str] = {}
+    for entry in _field(obj, "env", list, []):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise ValueError(f"bad env entry {entry!r}")
+        value = entry.get("value")
+        if isinstance(value, str):
+            env[entry["name"]] = value
+    return ContainerSpec(name=_field(obj, "name", str, ""), env=env)
+
+
+def _pod_record(obj: Mapping[str, Any]) -> PodRecord:
+    metadata = _field(obj, "metadata", dict, {})
+    spec = _field(obj, "spec", dict, {})
+    status = _field(obj, "status", dict, {})
+    return PodRecord(
+        namespace=_field(metadata, "namespace", str, ""),
+        name=_field(metadata, "name", str, ""),
+        uid=_field(metadata, "uid", str, ""),
+        phase=_field(status, "phase", str, ""),
+        node_name=_field(spec, "nodeName", str, ""),
+        annotations=_str_map(metadata, "annotations"),
+        labels=_str_map(metadata, "labels"),
+        init_containers=tuple(_container(c) for c in _field(spec, "initContainers", list, [])),
+        containers=tuple(_container(c) for c in _field(spec, "containers", list, [])),
+        resource_version=_field(metadata, "resourceVersion", str, ""),
+        creation_timestamp=_timestamp(_field(metadata, "creationTimestamp", str, "")),
+    )
+
+
+def _pod_records(obj: Mapping[str, Any]) -> list[PodRecord]:
+    records = []
+    for item in _field(obj, "items", list, []):
+        if not isinstance(item, dict):
+            raise ValueError(f"list item should be an object, got {type(item).__name__}")
+        records.append(_pod_record(item))
+    return records
+
+
+def _node_record(obj: Mapping[str, Any]) -> NodeRecord:
+    metadata = _field(obj, "metadata", dict, {})
+    status = _field(obj, "status", dict, {})
+    return NodeRecord(
+        name=_field(metadata, "name", str, ""),
+        annotations=_str_map(metadata, "annotations"),
+        labels=_str_map(metadata, "labels"),
+        allocatable=_str_map(status, "allocatable"),
+        resource_version=_field(metadata, "resourceVersion", str, ""),
+    )
+
+
+# --- the client -------------------------------------------------------------------------------
+
+
+class KubeClient:
+    """Typed, retried, timed Kubernetes calls over one `kubernetes.client.ApiClient`.
+
+    The client takes ownership of `api_client`: it switches off urllib3's built-in retries when
+    the configuration left them at the default (the policy here does the retrying) and closes
+    it in `close()`. Safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        retry: RetryPolicy = RetryPolicy(),
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        if api_client.configuration.retries is None:
+            api_client.configuration.retries = False
+            api_client.rest_client.close()
+            api_client.rest_client = k8s.rest.RESTClientObject(api_client.configuration)
+        self._api_client = api_client
+        self._core = k8s.CoreV1Api(api_client)
+        self._retry = retry
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+
+    @classmethod
+    def from_config(
+        cls,
+        kubeconfig: str | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+    ) -> KubeClient:
+        """Connect with the kubeconfig file given, else `$KUBECONFIG`, else in-cluster config.
+
+        Raises KubeError naming the source tried when none of them gives a usable configuration.
+        """
+        configuration = k8s.Configuration()
+        source = kubeconfig or os.environ.get("KUBECONFIG") or ""
+        try:
+            if source:
+                k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                    config_file=source, client_configuration=configuration, persist_config=False
+                )
+            else:
+                k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                    client_configuration=configuration
+                )
+        except (ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
+            where = (
+                f"kubeconfig {source!r}"
+                if source
+                else "in-cluster config (no --kubeconfig and no $KUBECONFIG)"
+            )
+            raise KubeError(f"cannot load Kubernetes configuration from {where}: {exc}") from exc
+        configuration.retries = False
+        logger.info("Kubernetes API server %s", configuration.host)
+        return cls(k8s.ApiClient(configuration), retry)
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the pooled connections."""
+        self._api_client.rest_client.close()
+        self._api_client.close()  # type: ignore[no-untyped-call]
+
+    def __enter__(self) -> KubeClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- nodes ----------------------------------------------------------------------------
+
+    def get_node(self, name: str) -> NodeRecord:
+        """GET the node. Raises NotFound, Retryable or KubeError."""
+        what = f"get node {name}"
+        return self._call(what, lambda: self._core.read_node(name, **self._raw()), _node_record)
+
+    def patch_node_annotations(
+        self,
+        name: str,
+        annotations: Mapping[str, str | None],
+        resource_version: str | None = None,
+    ) -> NodeRecord:
+        """Merge-patch node annotations (None deletes a key) and return the updated node.
+
+        With `resource_version` the patch only applies to that version of the node, else it
+        raises Conflict. Also raises NotFound, Retryable or KubeError.
+        """
+        metadata: dict[str, Any] = {"annotations": dict(annotations)}
+        if resource_version is not None:
+            metadata["resourceVersion"] = resource_version
+        body = {"metadata": metadata}
+        what = f"patch node {name} annotations"
+        return self._call(
+            what,
+            lambda: self._core.patch_node(name, body, _content_type=_MERGE_PATCH, **self._raw()),
+            _node_record,
+        )
+
+    # --- pods -----------------------------------------------------------------------------
+
+    def get_pod(self, namespace: str, name: str) -> PodRecord:
+        """GET the pod. Raises NotFound, Retryable or KubeError."""
+        what = f"get pod {namespace}/{name}"
+        return self._call(
+            what,
+            lambda: self._core.read_namespaced_pod(name, namespace, **self._raw()),
+            _pod_record,
+        )
+
+    def list_pods_on_node(self, node_name: str) -> list[PodRecord]:
+        """All pods bound to the node, every namespace (field selector `spec.nodeName`).
+
+        Raises Retryable or KubeError.
+        """
+        what = f"list pods on node {node_name}"
+        selector = f"spec.nodeName={node_name}"
+        return self._call(
+            what,
+            lambda: self._core.list_pod_for_all_namespaces(field_selector=selector, **self._raw()),
+            _pod_records,
+        )
+
+    def patch_pod_metadata(
+        self,
+        namespace: str,
+        name: str,
+        annotations: Mapping[str, str | None],
+        labels: Mapping[str, str | None] | None = None,
+    ) -> PodRecord:
+        """Merge-patch pod annotations and labels (None deletes a key); return the updated pod.
+
+        Raises NotFound, Retryable or KubeError.
+        """
+        metadata: dict[str, Any] = {"annotations": dict(annotations)}
+        if labels is not None:
+            metadata["labels"] = dict(labels)
+        body = {"metadata": metadata}
+        what = f"patch pod {namespace}/{name} metadata"
+        return self._call(
+            what,
+            lambda: self._core.patch_namespaced_pod(
+                name, namespace, body, _content_type=_MERGE_PATCH, **self._raw()
+            ),
+            _pod_record,
+        )
+
+    # --- events ---------------------------------------------------------------------------
+
+    def create_pod_event(
+        self,
+        pod: PodRecord,
+        reason: str,
+        message: str,
+        event_type: str = "Normal",
+        component: str = "hami-device-plugin",
+    ) -> None:
+        """Record a core/v1 Event about the pod. Best effort: failures are logged, not raised.
+
+        The event name is `<pod>.<hex nanoseconds>` as client-go writes it, so a retry after a
+        timeout that had in fact succeeded gets 409 and counts as done.
+        """
+        now = datetime.now(UTC)
+        what = f"create event {reason} for pod {pod.namespace}/{pod.name}"
+        try:
+            event = k8s.CoreV1Event(
+                metadata=k8s.V1ObjectMeta(
+                    name=f"{pod.name}.{time.time_ns():x}", namespace=pod.namespace
+                ),
+                involved_object=k8s.V1ObjectReference(
+                    api_version="v1",
+                    kind="Pod",
+                    namespace=pod.namespace,
+                    name=pod.name,
+                    uid=pod.uid or None,
+                    resource_version=pod.resource_version or None,
+                ),
+                reason=reason,
+                message=message,
+                type=event_type,
+                source=k8s.V1EventSource(component=component),
+                first_timestamp=now,
+                last_timestamp=now,
+                count=1,
+            )
+            self._call(
+                what,
+                lambda: self._core.create_namespaced_event(
+                    pod.namespace, event, _headers={"Content-Type": _JSON}, **self._raw()
+                ),
+                _ignore_body,
+            )
+        except Conflict:
+            logger.debug("%s: already recorded", what)
+        except KubeError as exc:
+            logger.warning("event not recorded: %s", exc)
+        except ValueError as exc:  # the model rejected a field (pydantic ValidationError)
+            logger.warning("event not recorded: %s: %s", what, exc)
+
+    # --- plumbing -------------------------------------------------------------------------
+
+    def _raw(self) -> dict[str, Any]:
+        """Per-request options: raw response (decoded here) and the timeout."""
+        return {"_preload_content": False, "_request_timeout": self._retry.timeout_seconds}
+
+    def _call(
+        self,
+        what: str,
+        request: Callable[[], object],
+        decode: Callable[[dict[str, Any]], _T],
+    ) -> _T:
+        """Run `request` (it returns a raw urllib3 response) with retries; `decode` the body.
+
+        Raises NotFound, Conflict, KubeError at once and Retryable after the last attempt.
+        A body that does not decode (ValueError) is a KubeError, not retried.
+        """
+        retry = 0
+        while True:
+            try:
+                with _translate_errors(what):
+                    return decode(_read_object(request()))
+            except Retryable as exc:
+                retry += 1
+                if retry >= self._retry.attempts:
+                    raise Retryable(
+                        f"{exc} (gave up after {retry} attempts)", exc.status
+                    ) from exc.__cause__
+                delay = self._retry.backoff_seconds(retry, self._rng)
+                if exc.retry_after_seconds is not None:
+                    delay = min(exc.retry_after_seconds, self._retry.max_backoff_seconds)
+                logger.debug("%s; retry %d in %.3f s", exc, retry, delay)
+                self._sleep(delay)
+
+
+def _read_object(response: object) -> dict[str, Any]:
+    """Read, release and decode a raw (`_preload_content=False`) urllib3 response."""
+    raw = cast(urllib3.BaseHTTPResponse, response)
+    try:
+        data = raw.data
+    finally:
+        raw.release_conn()
+    return _json_object(data)
+
+
+def _ignore_body(body: dict[str, Any]) -> None:
+    return None

@@ -1,0 +1,1009 @@
+"""An HTTP test double of the Kubernetes API server, for the real `kubernetes` client.
+
+Serves a slice of core/v1 over real HTTP/1.1 on 127.0.0.1 (random port), from a
+`ThreadingHTTPServer` in a background thread: Nodes, Pods and Events in memory.
+
+What it implements, as the real API server does it:
+* GET one object, LIST with `fieldSelector` (`=`, `==`, `!=` on the fields listed in
+  `_FIELD_SELECTORS`) and `labelSelector` (`k=v`, `k==v`, `k!=v`, `k`, `!k`), list bodies with
+  `kind`, `apiVersion` and `metadata.resourceVersion`;
+* POST (create; `generateName` works; 409 AlreadyExists), PUT (replace), DELETE;
+* PATCH with `application/merge-patch+json` (RFC 7386), `application/strategic-merge-patch+json`
+  (treated as a merge patch: equal on metadata maps, lists are replaced whole) and
+  `application/json-patch+json` (RFC 6902 add/remove/replace/test/copy/move); other types
+  answer 415;
+* one cluster-wide `resourceVersion` counter bumped on every write; a PATCH or PUT that carries a
+  `metadata.resourceVersion` that is not the current one answers 409 Conflict;
+* `POST pods/<name>/binding` sets `spec.nodeName` (409 if the pod is already bound);
+* errors as `metav1.Status` bodies with the API server's reasons and messages.
+
+Test controls: `inject_fault` (next K matching requests answer status S, a raw body, hang for T
+seconds, or drop the connection), `requests` (a log of every request), and helpers to add, get and
+delete objects as plain dicts. All thread-safe.
+
+Watch is not implemented: `?watch=true` answers 501 from `_serve_watch`, the seam for the
+scheduler issue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import re
+import secrets
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import yaml
+from kubernetes import client as k8s
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+@dataclass(frozen=True, slots=True)
+class _Resource:
+    plural: str
+    kind: str
+    namespaced: bool
+
+
+_RESOURCES = {
+    "nodes": _Resource("nodes", "Node", namespaced=False),
+    "pods": _Resource("pods", "Pod", namespaced=True),
+    "events": _Resource("events", "Event", namespaced=True),
+}
+
+# Field selectors the real API server accepts for these resources (a subset).
+_FIELD_SELECTORS: dict[str, frozenset[str]] = {
+    "nodes": frozenset({"metadata.name", "spec.unschedulable"}),
+    "pods": frozenset(
+        {
+            "metadata.name",
+            "metadata.namespace",
+            "spec.nodeName",
+            "spec.schedulerName",
+            "status.phase",
+        }
+    ),
+    "events": frozenset(
+        {
+            "metadata.name",
+            "metadata.namespace",
+            "involvedObject.kind",
+            "involvedObject.name",
+            "involvedObject.namespace",
+            "involvedObject.uid",
+            "reason",
+            "type",
+        }
+    ),
+}
+
+_ROUTES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"/api/v1/(?P<res>nodes|pods|events)"), "collection"),
+    (re.compile(r"/api/v1/(?P<res>nodes)/(?P<name>[^/]+)"), "object"),
+    (re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|events)"), "collection"),
+    (
+        re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|events)/(?P<name>[^/]+)"),
+        "object",
+    ),
+    (re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/binding"), "binding"),
+]
+
+
+# --- public records ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    """One request as the fake received it."""
+
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    """Header names in lower case."""
+    content_type: str
+    body: bytes
+
+    def json(self) -> Any:
+        """The body decoded as JSON (raises ValueError if it is not JSON)."""
+        return json.loads(self.body)
+
+
+@dataclass(slots=True)
+class Fault:
+    """A rule that changes the answer to matching requests; see `FakeApiServer.inject_fault`."""
+
+    method: str
+    path: str
+    times: int | None
+    status: int | None = None
+    body: bytes | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    hang_seconds: float = 0.0
+    disconnect: bool = False
+    fired: int = 0
+    """How many requests this rule has answered so far."""
+
+    def _matches(self, method: str, path: str) -> bool:
+        return (
+            (self.times is None or self.fired < self.times)
+            and re.fullmatch(self.method, method, re.IGNORECASE) is not None
+            and re.fullmatch(self.path, path) is not None
+        )
+
+
+class ApiError(Exception):
+    """Raised inside the fake to answer with a metav1.Status."""
+
+    def __init__(self, code: int, reason: str, message: str, details: JsonObject | None = None):
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = details or {}
+
+    def status_body(self) -> JsonObject:
+        body: JsonObject = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+        if self.details:
+            body["details"] = self.details
+        return body
+
+
+_REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    501: "NotImplemented",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+def status_body(code: int, message: str | None = None) -> JsonObject:
+    """A metav1.Status failure body for `code`."""
+    reason = _REASONS.get(code, "Unknown")
+    return ApiError(code, reason, message or f"injected fault: {reason}").status_body()
+
+
+# --- object builders --------------------------------------------------------------------------
+
+
+def make_node(
+    name: str,
+    *,
+    annotations: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    allocatable: Mapping[str, str] | None = None,
+) -> JsonObject:
+    """A Node object as the API server stores it (without server-set fields)."""
+    return {
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "annotations": dict(annotations or {}),
+            "labels": dict(labels or {"kubernetes.io/hostname": name}),
+        },
+        "spec": {},
+        "status": {
+            "allocatable": dict(allocatable or {"cpu": "8", "memory": "32Gi", "pods": "110"}),
+            "capacity": dict(allocatable or {"cpu": "8", "memory": "32Gi", "pods": "110"}),
+        },
+    }
+
+
+def make_container(
+    name: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    limits: Mapping[str, str] | None = None,
+    image: str = "busybox",
+) -> JsonObject:
+    """A container entry for `make_pod`."""
+    container: JsonObject = {"name": name, "image": image, "resources": {}}
+    if env:
+        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    if limits:
+        container["resources"] = {"limits": dict(limits)}
+    return container
+
+
+def make_pod(
+    name: str,
+    namespace: str = "default",
+    *,
+    node_name: str = "",
+    phase: str = "Pending",
+    annotations: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    containers: Iterable[JsonObject] | None = None,
+    init_containers: Iterable[JsonObject] | None = None,
+) -> JsonObject:
+    """A Pod object as the API server stores it (without server-set fields)."""
+    spec: JsonObject = {
+        "containers": list(containers) if containers is not None else [make_container("main")],
+        "schedulerName": "default-scheduler",
+    }
+    if init_containers is not None:
+        spec["initContainers"] = list(init_containers)
+    if node_name:
+        spec["nodeName"] = node_name
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "annotations": dict(annotations or {}),
+            "labels": dict(labels or {}),
+        },
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+# --- patch algorithms -------------------------------------------------------------------------
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: objects merge, `null` deletes, everything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise ValueError(f"bad JSON pointer {path!r}")
+    return [part.replace("~1", "/").replace("~0", "~") for part in path[1:].split("/")]
+
+
+def _parent(doc: Any, parts: list[str]) -> Any:
+    node = doc
+    for part in parts[:-1]:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise ValueError(f"path element {part!r} not found")
+    return node
+
+
+def _get(doc: Any, parts: list[str]) -> Any:
+    if not parts:
+        return doc
+    parent, last = _parent(doc, parts), parts[-1]
+    if isinstance(parent, dict) and last in parent:
+        return parent[last]
+    if isinstance(parent, list) and last.isdigit() and int(last) < len(parent):
+        return parent[int(last)]
+    raise ValueError(f"path {'/'.join(parts)!r} not found")
+
+
+def _remove(doc: Any, parts: list[str]) -> Any:
+    value = _get(doc, parts)
+    parent, last = _parent(doc, parts), parts[-1]
+    if isinstance(parent, dict):
+        del parent[last]
+    else:
+        del parent[int(last)]
+    return value
+
+
+def _add(doc: Any, parts: list[str], value: Any) -> Any:
+    if not parts:
+        return copy.deepcopy(value)
+    parent, last = _parent(doc, parts), parts[-1]
+    if isinstance(parent, dict):
+        parent[last] = copy.deepcopy(value)
+    elif isinstance(parent, list):
+        index = len(parent) if last == "-" else int(last) if last.isdigit() else -1
+        if not 0 <= index <= len(parent):
+            raise ValueError(f"bad array index {last!r}")
+        parent.insert(index, copy.deepcopy(value))
+    else:
+        raise ValueError(f"cannot add below a {type(parent).__name__}")
+    return doc
+
+
+def json_patch(doc: Any, operations: Any) -> Any:
+    """RFC 6902 JSON patch on a copy of `doc`. Raises ValueError on a bad or failed operation."""
+    if not isinstance(operations, list):
+        raise ValueError("a JSON patch must be a list of operations")
+    doc = copy.deepcopy(doc)
+    for op in operations:
+        if not isinstance(op, dict) or not isinstance(op.get("path"), str):
+            raise ValueError(f"bad operation {op!r}")
+        parts = _pointer(op["path"])
+        name = op.get("op")
+        if name == "add":
+            doc = _add(doc, parts, op.get("value"))
+        elif name == "remove":
+            _remove(doc, parts)
+        elif name == "replace":
+            _get(doc, parts)
+            if parts:
+                _remove(doc, parts)
+            doc = _add(doc, parts, op.get("value"))
+        elif name == "test":
+            if _get(doc, parts) != op.get("value"):
+                raise ValueError(f"test failed at {op['path']!r}")
+        elif name in ("copy", "move"):
+            source = _pointer(str(op.get("from", "")))
+            value = _remove(doc, source) if name == "move" else copy.deepcopy(_get(doc, source))
+            doc = _add(doc, parts, value)
+        else:
+            raise ValueError(f"unknown operation {name!r}")
+    return doc
+
+
+# --- selectors --------------------------------------------------------------------------------
+
+
+def _field_value(obj: JsonObject, dotted: str) -> str:
+    node: Any = obj
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if node is None:
+        return ""
+    if isinstance(node, bool):
+        return "true" if node else "false"
+    return str(node)
+
+
+def _parse_field_selector(resource: str, text: str) -> list[tuple[str, str, bool]]:
+    terms: list[tuple[str, str, bool]] = []
+    for term in filter(None, (t.strip() for t in text.split(","))):
+        match = re.fullmatch(r"([^=!]+)(==|=|!=)(.*)", term)
+        if match is None:
+            raise ApiError(400, "BadRequest", f"invalid field selector: {term!r}")
+        key, op, value = match.groups()
+        if key not in _FIELD_SELECTORS[resource]:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'Unable to find "/v1, Resource={resource}" that match label selector "", '
+                f'field selector "{text}": field label not supported: {key}',
+            )
+        terms.append((key, value, op != "!="))
+    return terms
+
+
+def _label_matches(labels: Mapping[str, str], text: str) -> bool:
+    for term in filter(None, (t.strip() for t in text.split(","))):
+        if match := re.fullmatch(r"([^=!]+)(==|=|!=)(.*)", term):
+            key, op, value = match.groups()
+            if (labels.get(key) == value) != (op != "!="):
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif re.fullmatch(r"[A-Za-z0-9./_-]+", term):
+            if term not in labels:
+                return False
+        else:
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: {term!r}")
+    return True
+
+
+# --- the server -------------------------------------------------------------------------------
+
+
+class FakeApiServer:
+    """In-memory core/v1 API server over real HTTP. Use as a context manager or start()/stop()."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._objects: dict[str, dict[tuple[str, str], JsonObject]] = {r: {} for r in _RESOURCES}
+        self._resource_version = 0
+        self._faults: list[Fault] = []
+        self._requests: list[RecordedRequest] = []
+        self._stopping = threading.Event()
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> FakeApiServer:
+        """Bind a random port on 127.0.0.1 and serve in a background thread."""
+        if self._httpd is not None:
+            raise RuntimeError("FakeApiServer already started")
+        self._stopping.clear()
+        self._httpd = _HTTPServer(self)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"fake-apiserver-{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, wake hung requests, drop open connections and join every thread."""
+        httpd, thread = self._httpd, self._thread
+        if httpd is None or thread is None:
+            return
+        self._stopping.set()
+        httpd.shutdown()
+        httpd.close_connections()
+        httpd.server_close()
+        thread.join()
+        self._httpd = self._thread = None
+
+    def __enter__(self) -> FakeApiServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("FakeApiServer not started")
+        return int(self._httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # --- client factories -----------------------------------------------------------------
+
+    def configuration(self) -> k8s.Configuration:
+        """A client Configuration pointing at this server."""
+        configuration = k8s.Configuration(host=self.url)
+        configuration.api_key = {"BearerToken": "Bearer fake-token"}
+        return configuration
+
+    def api_client(self) -> k8s.ApiClient:
+        """A fresh `kubernetes.client.ApiClient` bound to this server (caller closes it)."""
+        return k8s.ApiClient(self.configuration())
+
+    def write_kubeconfig(self, path: str | Path, *, token: str = "fake-token") -> Path:
+        """Write a kubeconfig file for this server (for `--kubeconfig` tests); returns the path."""
+        path = Path(path)
+        document = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": token}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+            "current-context": "fake",
+        }
+        path.write_text(yaml.safe_dump(document), encoding="utf-8")
+        return path
+
+    # --- test controls --------------------------------------------------------------------
+
+    def inject_fault(
+        self,
+        method: str = ".*",
+        path: str = ".*",
+        *,
+        times: int | None = 1,
+        status: int | None = None,
+        body: bytes | JsonObject | None = None,
+        headers: Mapping[str, str] | None = None,
+        hang_seconds: float = 0.0,
+        disconnect: bool = False,
+    ) -> Fault:
+        """Change the answer to the next `times` requests (None = forever) matching the rule.
+
+        `method` and `path` are regular expressions matched in full (path without the query).
+        The first matching rule wins. Actions, applied in this order:
+        `hang_seconds` waits (cut short by `stop()`); `disconnect` closes the connection with
+        no answer; `status` answers with that code and `body` (default: a metav1.Status);
+        `body` alone answers 200 with that body (raw bytes are sent as they are, e.g. bad JSON).
+        A hang without another action then serves the request normally.
+        """
+        raw_body = json.dumps(body).encode() if isinstance(body, dict) else body
+        fault = Fault(
+            method=method,
+            path=path,
+            times=times,
+            status=status,
+            body=raw_body,
+            headers=dict(headers or {}),
+            hang_seconds=hang_seconds,
+            disconnect=disconnect,
+        )
+        with self._lock:
+            self._faults.append(fault)
+        return fault
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """Every request received so far, oldest first (a copy)."""
+        with self._lock:
+            return list(self._requests)
+
+    def requests_matching(self, method: str = ".*", path: str = ".*") -> list[RecordedRequest]:
+        """Requests whose method and path fully match the regular expressions."""
+        return [
+            r
+            for r in self.requests
+            if re.fullmatch(method, r.method, re.IGNORECASE) and re.fullmatch(path, r.path)
+        ]
+
+    def clear_requests(self) -> None:
+        with self._lock:
+            self._requests.clear()
+
+    # --- object helpers -------------------------------------------------------------------
+
+    def add_object(self, obj: Mapping[str, Any]) -> JsonObject:
+        """Store a Node, Pod or Event dict (by `kind`) as if created; returns the stored copy."""
+        plural = {r.kind: r.plural for r in _RESOURCES.values()}.get(str(obj.get("kind")))
+        if plural is None:
+            raise ValueError(f"unsupported kind {obj.get('kind')!r}")
+        namespace = str(obj.get("metadata", {}).get("namespace") or "default")
+        with self._lock:
+            return copy.deepcopy(self._create(plural, namespace, copy.deepcopy(dict(obj))))
+
+    def add_node(self, node: Mapping[str, Any] | str, **kwargs: Any) -> JsonObject:
+        """Store a node (a dict, or a name passed to `make_node` with `kwargs`)."""
+        return self.add_object(make_node(node, **kwargs) if isinstance(node, str) else node)
+
+    def add_pod(
+        self, pod: Mapping[str, Any] | str, namespace: str = "default", **kwargs: Any
+    ) -> JsonObject:
+        """Store a pod (a dict, or a name passed to `make_pod` with `namespace` and `kwargs`)."""
+        if isinstance(pod, str):
+            pod = make_pod(pod, namespace, **kwargs)
+        return self.add_object(pod)
+
+    def load_yaml(self, path: str | Path) -> list[JsonObject]:
+        """Store every object of a (multi-document) YAML file, e.g. from tests/fixtures/."""
+        text = Path(path).read_text(encoding="utf-8")
+        return [self.add_object(doc) for doc in yaml.safe_load_all(text) if doc]
+
+    def get_node(self, name: str) -> JsonObject | None:
+        return self._get_copy("nodes", "", name)
+
+    def get_pod(self, namespace: str, name: str) -> JsonObject | None:
+        return self._get_copy("pods", namespace, name)
+
+    def delete_pod(self, namespace: str, name: str) -> bool:
+        with self._lock:
+            return self._objects["pods"].pop((namespace, name), None) is not None
+
+    def update_object(
+        self, plural: str, namespace: str, name: str, change: Callable[[JsonObject], None]
+    ) -> JsonObject:
+        """Change a stored object in place (as another client would) and bump its version."""
+        with self._lock:
+            obj = self._objects[plural][(namespace if _RESOURCES[plural].namespaced else "", name)]
+            change(obj)
+            obj["metadata"]["resourceVersion"] = self._next_resource_version()
+            return copy.deepcopy(obj)
+
+    def events(self, namespace: str | None = None) -> list[JsonObject]:
+        """Stored events, oldest first, optionally of one namespace."""
+        with self._lock:
+            return [
+                copy.deepcopy(e)
+                for (ns, _), e in self._objects["events"].items()
+                if namespace is None or ns == namespace
+            ]
+
+    @property
+    def resource_version(self) -> int:
+        """The cluster-wide resourceVersion counter (the last write's version)."""
+        with self._lock:
+            return self._resource_version
+
+    def _get_copy(self, plural: str, namespace: str, name: str) -> JsonObject | None:
+        with self._lock:
+            obj = self._objects[plural].get((namespace, name))
+            return copy.deepcopy(obj) if obj is not None else None
+
+    # --- request handling (called from handler threads) ----------------------------------
+
+    def _record(self, request: RecordedRequest) -> Fault | None:
+        with self._lock:
+            self._requests.append(request)
+            for fault in self._faults:
+                if fault._matches(request.method, request.path):
+                    fault.fired += 1
+                    return fault
+        return None
+
+    def _wait(self, seconds: float) -> None:
+        self._stopping.wait(seconds)
+
+    def _handle(self, request: RecordedRequest) -> tuple[int, JsonObject]:
+        """Route one request; returns (status, JSON body). Raises ApiError for failures."""
+        for pattern, kind in _ROUTES:
+            match = pattern.fullmatch(request.path)
+            if match is None:
+                continue
+            groups = match.groupdict()
+            plural = groups.get("res") or "pods"
+            namespace = groups.get("ns") or ""
+            name = groups.get("name")
+            with self._lock:
+                if kind == "binding":
+                    return self._bind(namespace, str(name), request)
+                if kind == "collection":
+                    return self._collection(plural, namespace, request)
+                return self._object(plural, namespace, str(name), request)
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+    def _collection(
+        self, plural: str, namespace: str, request: RecordedRequest
+    ) -> tuple[int, JsonObject]:
+        if request.method == "GET":
+            if _query(request, "watch") in ("true", "1"):
+                return self._serve_watch(plural, namespace, request)
+            return 200, self._list(plural, namespace, request)
+        if request.method == "POST":
+            if _RESOURCES[plural].namespaced and not namespace:
+                raise ApiError(405, "MethodNotAllowed", "create needs a namespace in the path")
+            return 201, copy.deepcopy(self._create(plural, namespace, _body_object(request)))
+        raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported here")
+
+    def _serve_watch(
+        self, plural: str, namespace: str, request: RecordedRequest
+    ) -> tuple[int, JsonObject]:
+        """Seam for watch support (scheduler issue); not implemented yet."""
+        raise ApiError(501, "NotImplemented", f"watch on {plural} is not implemented by the fake")
+
+    def _object(
+        self, plural: str, namespace: str, name: str, request: RecordedRequest
+    ) -> tuple[int, JsonObject]:
+        key = (namespace, name)
+        store = self._objects[plural]
+        obj = store.get(key)
+        if obj is None and request.method != "PUT":
+            raise _not_found(plural, name)
+        if request.method == "GET":
+            assert obj is not None
+            return 200, copy.deepcopy(obj)
+        if request.method == "DELETE":
+            del store[key]
+            self._next_resource_version()
+            assert obj is not None
+            return 200, copy.deepcopy(obj)
+        if request.method == "PATCH":
+            assert obj is not None
+            patched = self._apply_patch(obj, request)
+            self._check_precondition(plural, name, obj, patched)
+            return 200, copy.deepcopy(self._store_update(plural, key, obj, patched))
+        if request.method == "PUT":
+            replacement = _body_object(request)
+            if obj is None:
+                raise _not_found(plural, name)
+            self._check_precondition(plural, name, obj, replacement)
+            return 200, copy.deepcopy(self._store_update(plural, key, obj, replacement))
+        raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported here")
+
+    def _apply_patch(self, obj: JsonObject, request: RecordedRequest) -> JsonObject:
+        try:
+            patch = request.json()
+        except ValueError as exc:
+            raise ApiError(400, "BadRequest", f"error decoding patch: {exc}") from exc
+        content_type = request.content_type
+        try:
+            if content_type in (MERGE_PATCH, STRATEGIC_MERGE_PATCH):
+                if not isinstance(patch, dict):
+                    raise ValueError("a merge patch must be a JSON object")
+                result = merge_patch(obj, patch)
+            elif content_type == JSON_PATCH:
+                result = json_patch(obj, patch)
+            else:
+                raise ApiError(
+                    415,
+                    "UnsupportedMediaType",
+                    f"the body of the request was in an unknown format - accepted media types "
+                    f"include: {JSON_PATCH}, {MERGE_PATCH}, {STRATEGIC_MERGE_PATCH}; "
+                    f'got "{content_type}"',
+                )
+        except ValueError as exc:
+            raise ApiError(422, "Invalid", f"the patch could not be applied: {exc}") from exc
+        if not isinstance(result, dict) or not isinstance(result.get("metadata"), dict):
+            raise ApiError(422, "Invalid", "the patched object has no metadata")
+        return result
+
+    def _check_precondition(
+        self, plural: str, name: str, current: JsonObject, proposed: JsonObject
+    ) -> None:
+        # A patch that leaves metadata.resourceVersion alone carries the current value.
+        wanted = proposed["metadata"].get("resourceVersion")
+        if wanted not in (None, "") and wanted != current["metadata"]["resourceVersion"]:
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {plural} "{name}": the object has been '
+                "modified; please apply your changes to the latest version and try again",
+                {"name": name, "kind": plural},
+            )
+
+    def _store_update(
+        self, plural: str, key: tuple[str, str], current: JsonObject, proposed: JsonObject
+    ) -> JsonObject:
+        metadata = proposed.setdefault("metadata", {})
+        for immutable in ("name", "namespace", "uid", "creationTimestamp"):
+            if immutable in current["metadata"]:
+                metadata[immutable] = current["metadata"][immutable]
+        proposed["kind"] = current["kind"]
+        proposed["apiVersion"] = current["apiVersion"]
+        metadata["resourceVersion"] = self._next_resource_version()
+        self._objects[plural][key] = proposed
+        return proposed
+
+    def _create(self, plural: str, namespace: str, obj: JsonObject) -> JsonObject:
+        resource = _RESOURCES[plural]
+        metadata = obj.setdefault("metadata", {})
+        if not isinstance(metadata, dict):
+            raise ApiError(400, "BadRequest", "metadata must be an object")
+        if not metadata.get("name") and metadata.get("generateName"):
+            metadata["name"] = f"{metadata['generateName']}{secrets.token_hex(3)[:5]}"
+        name = metadata.get("name")
+        if not isinstance(name, str) or not name:
+            raise ApiError(422, "Invalid", f"{resource.kind} name is required")
+        if resource.namespaced:
+            body_ns = metadata.get("namespace")
+            if body_ns and namespace and body_ns != namespace:
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace sent "
+                    "on the request",
+                )
+            namespace = namespace or body_ns or "default"
+            metadata["namespace"] = namespace
+        else:
+            namespace = ""
+        key = (namespace, name)
+        if key in self._objects[plural]:
+            raise ApiError(
+                409,
+                "AlreadyExists",
+                f'{plural} "{name}" already exists',
+                {"name": name, "kind": plural},
+            )
+        obj["kind"] = resource.kind
+        obj["apiVersion"] = "v1"
+        metadata["uid"] = str(uuid.uuid4())
+        metadata.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        metadata["resourceVersion"] = self._next_resource_version()
+        if plural == "pods":
+            obj.setdefault("status", {}).setdefault("phase", "Pending")
+        self._objects[plural][key] = obj
+        return obj
+
+    def _list(self, plural: str, namespace: str, request: RecordedRequest) -> JsonObject:
+        field_terms = _parse_field_selector(plural, _query(request, "fieldSelector") or "")
+        label_text = _query(request, "labelSelector") or ""
+        items = []
+        for (ns, _), obj in self._objects[plural].items():
+            if namespace and ns != namespace:
+                continue
+            if any((_field_value(obj, k) == v) != eq for k, v, eq in field_terms):
+                continue
+            if not _label_matches(obj["metadata"].get("labels") or {}, label_text):
+                continue
+            item = copy.deepcopy(obj)
+            # The real API server leaves kind/apiVersion off list items.
+            item.pop("kind", None)
+            item.pop("apiVersion", None)
+            items.append(item)
+        return {
+            "kind": f"{_RESOURCES[plural].kind}List",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(self._resource_version)},
+            "items": items,
+        }
+
+    def _bind(self, namespace: str, name: str, request: RecordedRequest) -> tuple[int, JsonObject]:
+        if request.method != "POST":
+            raise ApiError(405, "MethodNotAllowed", "binding only supports POST")
+        binding = _body_object(request)
+        target = binding.get("target")
+        if not isinstance(target, dict) or not target.get("name"):
+            raise ApiError(422, "Invalid", "Binding.target.name is required")
+        pod = self._objects["pods"].get((namespace, name))
+        if pod is None:
+            raise _not_found("pods", name)
+        bound = pod.get("spec", {}).get("nodeName")
+        if bound:
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is already '
+                f'assigned to node "{bound}"',
+                {"name": name, "kind": "pods/binding"},
+            )
+        pod.setdefault("spec", {})["nodeName"] = str(target["name"])
+        pod["metadata"]["resourceVersion"] = self._next_resource_version()
+        return 201, {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "code": 201,
+        }
+
+    def _next_resource_version(self) -> str:
+        self._resource_version += 1
+        return str(self._resource_version)
+
+
+def _query(request: RecordedRequest, name: str) -> str | None:
+    values = request.query.get(name)
+    return values[-1] if values else None
+
+
+def _body_object(request: RecordedRequest) -> JsonObject:
+    try:
+        body = request.json()
+    except ValueError as exc:
+        raise ApiError(400, "BadRequest", f"error decoding body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "BadRequest", "the body must be a JSON object")
+    return body
+
+
+def _not_found(plural: str, name: str) -> ApiError:
+    return ApiError(404, "NotFound", f'{plural} "{name}" not found', {"name": name, "kind": plural})
+
+
+# --- HTTP plumbing ----------------------------------------------------------------------------
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    # Handler threads are joined by server_close() so a test never leaks one.
+    daemon_threads = False
+    block_on_close = True
+    allow_reuse_address = True
+
+    def __init__(self, fake: FakeApiServer) -> None:
+        self.fake = fake
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._connections_lock:
+            self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._connections_lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        """Wake handler threads blocked reading a kept-alive connection."""
+        with self._connections_lock:
+            connections = list(self._connections)
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _HTTPServer
+    timeout = 30  # an idle kept-alive connection is dropped after this
+
+    def do_GET(self) -> None:
+        self._serve()
+
+    def do_POST(self) -> None:
+        self._serve()
+
+    def do_PUT(self) -> None:
+        self._serve()
+
+    def do_PATCH(self) -> None:
+        self._serve()
+
+    def do_DELETE(self) -> None:
+        self._serve()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("%s " + format, self.address_string(), *args)
+
+    def _serve(self) -> None:
+        fake = self.server.fake
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        url = urlsplit(self.path)
+        request = RecordedRequest(
+            method=self.command,
+            path=url.path,
+            query=parse_qs(url.query),
+            headers={k.lower(): v for k, v in self.headers.items()},
+            content_type=(self.headers.get("Content-Type") or "").split(";")[0].strip(),
+            body=body,
+        )
+        fault = fake._record(request)
+        if fault is not None:
+            if fault.hang_seconds:
+                fake._wait(fault.hang_seconds)
+            if fault.disconnect:
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            if fault.status is not None or fault.body is not None:
+                status = fault.status or 200
+                payload = fault.body
+                if payload is None:
+                    payload = json.dumps(status_body(status)).encode()
+                self._send(status, payload, fault.headers)
+                return
+        try:
+            status, answer = fake._handle(request)
+        except ApiError as exc:
+            status, answer = exc.code, exc.status_body()
+        except Exception as exc:  # a bug in the fake: answer 500 and say so in the log
+            logger.exception("fake API server failed on %s %s", request.method, request.path)
+            status, answer = 500, ApiError(500, "InternalError", str(exc)).status_body()
+        self._send(status, json.dumps(answer).encode(), {})
+
+    def _send(self, status: int, payload: bytes, headers: Mapping[str, str]) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(payload)
+        except OSError:
+            # The client gave up (timeout) and closed the socket.
+            self.close_connection = True
