@@ -1,0 +1,522 @@
+"""What the device plugin answers to kubelet's Allocate and GetPreferredAllocation.
+
+Pure decisions, no I/O: the gRPC edge (`deviceplugin.server`) fetches the pod and the node lock,
+calls these functions and carries out the result (host directories, annotation patches, events).
+
+HAMi v2.10 behaviour being matched (reference 4.4 / 4.5):
+- the pending pod is the one the node lock names, else a Pending pod bound to this node whose
+  `hami.io/bind-phase` is `allocating` (oldest `hami.io/bind-time` first, a stable rule where
+  HAMi takes whatever the API list order gives);
+- each ContainerAllocateRequest consumes the next non-empty entry of
+  `hami.io/vgpu-devices-to-allocate`; the number of devices must equal kubelet's;
+- the environment and the mounts are HAMi-core's, in HAMi's order.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from hami_plugin import codec
+from hami_plugin.deviceplugin.inventory import physical_uuid_of
+from hami_plugin.model import (
+    ANNOTATION_BIND_PHASE,
+    ANNOTATION_BIND_TIME,
+    ANNOTATION_DEVICES_TO_ALLOCATE,
+    ANNOTATION_VGPU_NODE,
+    BindPhase,
+    ContainerDevice,
+    ContainerDevices,
+    PodDevices,
+)
+
+POD_PHASE_PENDING = "Pending"
+VGPU_LOCK_CONTAINER_PATH = "/tmp/vgpulock"
+LD_SO_PRELOAD_CONTAINER_PATH = "/etc/ld.so.preload"
+LICENSE_CONTAINER_PATH = "/tmp/license"
+VGPU_VALIDATOR_CONTAINER_PATH = "/usr/bin/vgpuvalidator"
+ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+
+class ContainerLike(Protocol):
+    """The parts of a pod's container the decision reads (k8s.ContainerSpec fits)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def env(self) -> Mapping[str, str]: ...
+
+
+class PodLike(Protocol):
+    """The parts of a pod the decision reads (k8s.PodRecord fits)."""
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def uid(self) -> str: ...
+
+    @property
+    def phase(self) -> str: ...
+
+    @property
+    def annotations(self) -> Mapping[str, str]: ...
+
+    @property
+    def init_containers(self) -> Sequence[ContainerLike]: ...
+
+    @property
+    def containers(self) -> Sequence[ContainerLike]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AllocateConfig:
+    """The stable configuration Allocate depends on (kubelet replays responses, so nothing else).
+
+    `libvgpu_host_path` is `<hook>/vgpu/libvgpu.so.<version>` when the edge found that file, else
+    `<hook>/vgpu/libvgpu.so`; `license_present` says whether `<hook>/vgpu/license` exists.
+    """
+
+    hook_path: str = "/usr/local"
+    memory_scaling: float = 1.0
+    libcuda_log_level: str | None = None
+    disable_core_limit: bool = False
+    enable_preferred_allocation: bool = True
+    vgpulock_host_path: str = VGPU_LOCK_CONTAINER_PATH
+    libvgpu_host_path: str | None = None
+    license_present: bool = False
+
+    @property
+    def vgpu_dir(self) -> str:
+        """`<hook>/vgpu`, the directory HAMi-core lives in (same path in the container)."""
+        return self.hook_path.rstrip("/") + "/vgpu"
+
+    def container_dir(self, pod_uid: str, container_name: str) -> str:
+        """Host directory of one container's shared-region files."""
+        return f"{self.vgpu_dir}/containers/{pod_uid}_{container_name}"
+
+
+# --- outputs -----------------------------------------------------------------------------------
+
+
+class FailureReason(enum.StrEnum):
+    """Why an Allocate could not be answered; the edge maps each to a gRPC status."""
+
+    NO_PENDING_POD = "NoPendingPod"
+    MALFORMED_ANNOTATION = "MalformedAnnotation"
+    NO_PENDING_ENTRY = "NoPendingEntry"
+    DEVICE_COUNT_MISMATCH = "DeviceCountMismatch"
+    INVALID_REQUEST = "InvalidRequest"
+
+
+class AllocateFailure(Exception):  # noqa: N818 - the name the edge and the brief use
+    """Allocate cannot be answered; `str(error)` says what was wrong, in words for the user.
+
+    `pod_known` is False when no pod was found (then nothing is patched: HAMi returns the error
+    to kubelet only).
+    """
+
+    def __init__(self, reason: FailureReason, message: str, *, pod_known: bool = True) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.pod_known = pod_known
+
+
+@dataclass(frozen=True, slots=True)
+class MountSpec:
+    container_path: str
+    host_path: str
+    read_only: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerAllocation:
+    """The answer for one ContainerAllocateRequest and the host directory it needs."""
+
+    container_name: str
+    entry_index: int
+    devices: ContainerDevices
+    envs: Mapping[str, str]
+    mounts: tuple[MountSpec, ...]
+    host_dir: str
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationDecision:
+    """What Allocate does to the pod: the responses, the new to-allocate value, and whether the
+    pod is complete (every entry consumed, so `hami.io/bind-phase` becomes `success`)."""
+
+    containers: tuple[ContainerAllocation, ...]
+    remaining_to_allocate: str
+    complete: bool
+
+
+PodT = TypeVar("PodT", bound=PodLike)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPodChoice(Generic[PodT]):
+    """The pod Allocate works on. `lock_warning` explains a node lock that could not be used."""
+
+    pod: PodT
+    via_lock: bool
+    lock_warning: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PreferredRequest:
+    """One ContainerPreferredAllocationRequest."""
+
+    available: Sequence[str]
+    must_include: Sequence[str] = ()
+    size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PreferredAnswer:
+    """The device IDs for one request; `fallback_note` is set when the hint could not be used."""
+
+    device_ids: tuple[str, ...]
+    fallback_note: str | None = field(default=None)
+
+
+# --- pending pod ---------------------------------------------------------------------------------
+
+
+def _bind_time_key(pod: PodLike) -> tuple[int, int, str, str]:
+    text = pod.annotations.get(ANNOTATION_BIND_TIME, "")
+    try:
+        return (0, int(text), pod.namespace, pod.name)
+    except ValueError:
+        # An unreadable bind-time sorts after every readable one.
+        return (1, 0, pod.namespace, pod.name)
+
+
+def is_pending_on(pod: PodLike, node_name: str) -> bool:
+    """True when the pod waits for its devices on `node_name` (reference 4.4 step 1)."""
+    annotations = pod.annotations
+    return (
+        pod.phase == POD_PHASE_PENDING
+        and ANNOTATION_BIND_TIME in annotations
+        and annotations.get(ANNOTATION_BIND_PHASE) == BindPhase.ALLOCATING
+        and annotations.get(ANNOTATION_VGPU_NODE) == node_name
+    )
+
+
+def select_pending_pod(
+    node_name: str, lock_value: str | None, pods: Sequence[PodT]
+) -> PendingPodChoice[PodT]:
+    """Choose the pod kubelet is admitting, from the node lock value and the pods on the node.
+
+    The pod the lock names wins when it is a Pending pod on this node. Otherwise the Pending pod
+    with bind-phase `allocating` and `hami.io/vgpu-node` = this node with the oldest bind-time.
+    A malformed lock does not block allocation (HAMi fails every Allocate until the lock expires);
+    the choice carries a warning instead.
+
+    Raises AllocateFailure(NO_PENDING_POD) when no pod qualifies.
+    """
+    warning: str | None = None
+    if lock_value:
+        try:
+            lock = codec.parse_node_lock(lock_value)
+        except ValueError as error:
+            warning = f"ignoring node lock: {error}"
+        else:
+            if lock.namespace is not None and lock.pod_name is not None:
+                for pod in pods:
+                    if (
+                        pod.namespace == lock.namespace
+                        and pod.name == lock.pod_name
+                        and pod.phase == POD_PHASE_PENDING
+                    ):
+                        return PendingPodChoice(pod=pod, via_lock=True)
+    candidates = sorted((p for p in pods if is_pending_on(p, node_name)), key=_bind_time_key)
+    if not candidates:
+        raise AllocateFailure(
+            FailureReason.NO_PENDING_POD,
+            f"no binding pod found on node {node_name}",
+            pod_known=False,
+        )
+    return PendingPodChoice(pod=candidates[0], via_lock=False, lock_warning=warning)
+
+
+# --- Allocate ------------------------------------------------------------------------------------
+
+
+def decode_to_allocate(pod: PodLike) -> PodDevices:
+    """Decode the pod's `hami.io/vgpu-devices-to-allocate` (missing → no entries).
+
+    Raises AllocateFailure(MALFORMED_ANNOTATION) naming the key and the bad part.
+    """
+    value = pod.annotations.get(ANNOTATION_DEVICES_TO_ALLOCATE)
+    if value is None:
+        return ()
+    try:
+        return codec.decode_pod_devices(value, ANNOTATION_DEVICES_TO_ALLOCATE)
+    except ValueError as error:
+        raise AllocateFailure(FailureReason.MALFORMED_ANNOTATION, str(error)) from error
+
+
+def _container_at(pod: PodLike, index: int) -> ContainerLike:
+    # v2.9+ indexes: init containers first, then app containers (reference 1.4.4).
+    init = pod.init_containers
+    if index < len(init):
+        return init[index]
+    app_index = index - len(init)
+    if app_index < len(pod.containers):
+        return pod.containers[app_index]
+    raise AllocateFailure(
+        FailureReason.MALFORMED_ANNOTATION,
+        f"annotation {ANNOTATION_DEVICES_TO_ALLOCATE}: entry {index} has no matching container "
+        f"(pod has {len(init)} init and {len(pod.containers)} app containers)",
+    )
+
+
+def _go_parse_bool_true(value: str | None) -> bool:
+    # HAMi reads CUDA_DISABLE_CONTROL with Go's ParseBool; anything unparsable counts as false.
+    if value is None:
+        return False
+    try:
+        return codec.parse_go_bool(value)
+    except ValueError:
+        return False
+
+
+def _align_with_kubelet(devices: ContainerDevices, kubelet_ids: Sequence[str]) -> ContainerDevices:
+    # HAMi with preferred allocation on: the i-th device takes the physical GPU of kubelet's
+    # i-th ID, so the container gets the GPU kubelet accounted for.
+    aligned = []
+    for device, device_id in zip(devices, kubelet_ids, strict=True):
+        gpu_uuid = physical_uuid_of(device_id)
+        aligned.append(
+            device
+            if not gpu_uuid or gpu_uuid == device.uuid
+            else ContainerDevice(
+                uuid=gpu_uuid,
+                type=device.type,
+                used_mem_mib=device.used_mem_mib,
+                used_cores=device.used_cores,
+            )
+        )
+    return tuple(aligned)
+
+
+def container_envs(
+    devices: ContainerDevices, config: AllocateConfig, cache_id: str
+) -> dict[str, str]:
+    """HAMi-core's environment for one container's devices (reference 4.4), in HAMi's order."""
+    visible = list(dict.fromkeys(device.uuid for device in devices))
+    envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(visible)}
+    for position, device in enumerate(devices):
+        envs[f"CUDA_DEVICE_MEMORY_LIMIT_{position}"] = f"{device.used_mem_mib}m"
+    envs["CUDA_DEVICE_SM_LIMIT"] = str(devices[0].used_cores)
+    envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{config.vgpu_dir}/{cache_id}.cache"
+    if config.memory_scaling > 1:
+        envs["CUDA_OVERSUBSCRIBE"] = "true"
+    if config.libcuda_log_level:
+        envs["LIBCUDA_LOG_LEVEL"] = config.libcuda_log_level
+    if config.disable_core_limit:
+        envs["GPU_CORE_UTILIZATION_POLICY"] = "disable"
+    return envs
+
+
+def container_mounts(
+    container: ContainerLike, host_dir: str, config: AllocateConfig
+) -> tuple[MountSpec, ...]:
+    """HAMi-core's mounts for one container, in HAMi's order (reference 4.4)."""
+    vgpu_dir = config.vgpu_dir
+    mounts = [
+        MountSpec(
+            container_path=f"{vgpu_dir}/libvgpu.so",
+            host_path=config.libvgpu_host_path or f"{vgpu_dir}/libvgpu.so",
+            read_only=True,
+        ),
+        MountSpec(container_path=vgpu_dir, host_path=host_dir, read_only=False),
+        MountSpec(
+            container_path=VGPU_LOCK_CONTAINER_PATH,
+            host_path=config.vgpulock_host_path,
+            read_only=False,
+        ),
+    ]
+    if not _go_parse_bool_true(container.env.get(ENV_DISABLE_CONTROL)):
+        mounts.append(
+            MountSpec(
+                container_path=LD_SO_PRELOAD_CONTAINER_PATH,
+                host_path=f"{vgpu_dir}/ld.so.preload",
+                read_only=True,
+            )
+        )
+    if config.license_present:
+        mounts.append(
+            MountSpec(
+                container_path=LICENSE_CONTAINER_PATH,
+                host_path=f"{vgpu_dir}/license",
+                read_only=True,
+            )
+        )
+        mounts.append(
+            MountSpec(
+                container_path=VGPU_VALIDATOR_CONTAINER_PATH,
+                host_path=f"{vgpu_dir}/vgpuvalidator",
+                read_only=True,
+            )
+        )
+    return tuple(mounts)
+
+
+def decide_allocation(
+    pod: PodLike,
+    requests: Sequence[Sequence[str]],
+    config: AllocateConfig,
+    new_cache_id: Callable[[], str],
+) -> AllocationDecision:
+    """Answer kubelet's Allocate for `pod`: one ContainerAllocation per request, in order.
+
+    `requests` holds the `devices_ids` of each ContainerAllocateRequest; `new_cache_id` returns
+    a fresh UUIDv4 string for `CUDA_DEVICE_MEMORY_SHARED_CACHE`.
+
+    Raises AllocateFailure: MALFORMED_ANNOTATION, NO_PENDING_ENTRY ("no pending device
+    allocation found"), DEVICE_COUNT_MISMATCH ("device number not matched"), INVALID_REQUEST.
+    """
+    if not requests:
+        raise AllocateFailure(FailureReason.INVALID_REQUEST, "allocate request has no containers")
+    entries = list(decode_to_allocate(pod))
+    answers = []
+    next_index = 0
+    for kubelet_ids in requests:
+        while next_index < len(entries) and not entries[next_index]:
+            next_index += 1
+        if next_index >= len(entries):
+            raise AllocateFailure(
+                FailureReason.NO_PENDING_ENTRY,
+                f"no pending device allocation found for pod {pod.namespace}/{pod.name}",
+            )
+        devices = entries[next_index]
+        if len(devices) != len(kubelet_ids):
+            raise AllocateFailure(
+                FailureReason.DEVICE_COUNT_MISMATCH,
+                f"device number not matched: pod {pod.namespace}/{pod.name} entry {next_index} "
+                f"has {len(devices)} device(s), kubelet asked for {len(kubelet_ids)}",
+            )
+        container = _container_at(pod, next_index)
+        if config.enable_preferred_allocation:
+            devices = _align_with_kubelet(devices, kubelet_ids)
+        host_dir = config.container_dir(pod.uid, container.name)
+        answers.append(
+            ContainerAllocation(
+                container_name=container.name,
+                entry_index=next_index,
+                devices=devices,
+                envs=container_envs(devices, config, new_cache_id()),
+                mounts=container_mounts(container, host_dir, config),
+                host_dir=host_dir,
+            )
+        )
+        entries[next_index] = ()
+    return AllocationDecision(
+        containers=tuple(answers),
+        remaining_to_allocate=codec.encode_pod_devices(tuple(entries)),
+        complete=not any(entries),
+    )
+
+
+# --- GetPreferredAllocation ----------------------------------------------------------------------
+
+
+def pending_entries(pod: PodLike | None) -> tuple[ContainerDevices, ...]:
+    """The non-empty to-allocate entries of `pod`, in order; () when none or unreadable."""
+    if pod is None:
+        return ()
+    try:
+        return tuple(entry for entry in decode_to_allocate(pod) if entry)
+    except AllocateFailure:
+        return ()
+
+
+def _prefer_one(request: PreferredRequest, wanted: ContainerDevices) -> PreferredAnswer:
+    size = max(request.size, 0)
+    chosen: list[str] = list(dict.fromkeys(request.must_include))
+    if len(chosen) >= size:
+        return PreferredAnswer(device_ids=tuple(chosen))
+    taken = set(chosen)
+    # Each must-include ID already covers one annotated device on its GPU.
+    covered: dict[str, int] = {}
+    for device_id in chosen:
+        gpu = physical_uuid_of(device_id)
+        covered[gpu] = covered.get(gpu, 0) + 1
+    missing: list[str] = []
+    for device in wanted[:size]:
+        if covered.get(device.uuid, 0) > 0:
+            covered[device.uuid] -= 1
+            continue
+        pick = next(
+            (
+                device_id
+                for device_id in request.available
+                if device_id not in taken and physical_uuid_of(device_id) == device.uuid
+            ),
+            None,
+        )
+        if pick is None:
+            missing.append(device.uuid)
+            continue
+        chosen.append(pick)
+        taken.add(pick)
+        if len(chosen) >= size:
+            break
+    note = None
+    if missing:
+        note = "no available device on GPU(s) " + ",".join(missing)
+    elif not wanted:
+        note = "no pending allocation to follow"
+    if len(chosen) < size:
+        _top_up(chosen, taken, request.available, size)
+    return PreferredAnswer(device_ids=tuple(chosen), fallback_note=note)
+
+
+def _top_up(chosen: list[str], taken: set[str], available: Sequence[str], size: int) -> None:
+    # Fallback: first IDs on GPUs not used yet (a vGPU count means distinct GPUs), then any.
+    used_gpus = {physical_uuid_of(device_id) for device_id in chosen}
+    for device_id in available:
+        if len(chosen) >= size:
+            return
+        gpu = physical_uuid_of(device_id)
+        if device_id not in taken and gpu not in used_gpus:
+            chosen.append(device_id)
+            taken.add(device_id)
+            used_gpus.add(gpu)
+    for device_id in available:
+        if len(chosen) >= size:
+            return
+        if device_id not in taken:
+            chosen.append(device_id)
+            taken.add(device_id)
+
+
+def decide_preferred(
+    pod: PodLike | None, requests: Sequence[PreferredRequest]
+) -> tuple[PreferredAnswer, ...]:
+    """Answer GetPreferredAllocation; never fails.
+
+    The i-th request follows the i-th non-empty to-allocate entry of `pod` (reference 4.5):
+    must-include IDs first, then for each annotated GPU the first available ID on it. When the
+    pod is unknown, its annotation unreadable or a chosen GPU has no available ID (it died), the
+    answer is topped up from `available` (distinct GPUs first), so it always holds
+    `size` IDs when `available` has that many, and always every must-include ID.
+    """
+    entries = pending_entries(pod)
+    answers = []
+    for position, request in enumerate(requests):
+        wanted = entries[position] if position < len(entries) else ()
+        answers.append(_prefer_one(request, wanted))
+    return tuple(answers)
