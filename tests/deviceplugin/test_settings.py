@@ -1,0 +1,303 @@
+"""Settings: precedence flag > env > per-node override > config file > defaults, validation."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from hami_plugin.deviceplugin.settings import (
+    DEFAULT_IGNORED_XIDS,
+    DevicePluginSettings,
+    SettingsError,
+    add_arguments,
+    resolve_settings,
+)
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "deviceplugin"
+HAMI_CONFIG = str(FIXTURES / "hami-device-config.yaml")
+NODE_CONFIG = str(FIXTURES / "node-config.json")
+
+
+def resolve(argv: list[str], env: dict[str, str] | None = None) -> DevicePluginSettings:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return resolve_settings(parser.parse_args(argv), env or {})
+
+
+def test_defaults_need_only_a_node_name() -> None:
+    settings = resolve(["--node-name", "n1"])
+    assert settings == DevicePluginSettings(node_name="n1")
+    assert settings.split_count == 10
+    assert settings.memory_scaling == 1.0
+    assert settings.resource_name == "nvidia.com/gpu"
+    assert settings.socket_name == "nvidia-gpu.sock"
+    assert settings.hook_path == "/usr/local"
+    assert settings.ignored_xids == frozenset({13, 31, 43, 45, 68, 109})
+    assert settings.fail_on_init_error is True
+    assert settings.health_recovery_seconds == 300.0
+
+
+def test_node_name_is_required() -> None:
+    with pytest.raises(SettingsError, match=r"node name is required: set --node-name or NODE_NAME"):
+        resolve([])
+
+
+def test_every_flag_has_an_env_variable() -> None:
+    env = {
+        "NODE_NAME": "n1",
+        "KUBECONFIG": "/k",
+        "DEVICE_PLUGIN_PATH": "/dp/",
+        "NVML_BACKEND": "fake",
+        "FAKE_GPUS_FILE": "/gpus.yaml",
+        "DEVICE_SPLIT_COUNT": "3",
+        "DEVICE_MEMORY_SCALING": "1.25",
+        "DEVICE_CORES_SCALING": "0.5",
+        "ENABLE_NUMA_TOPOLOGY": "true",
+        "RESOURCE_NAME": "nvidia.com/vgpu",
+        "HOOK_PATH": "/opt/hook",
+        "FAIL_ON_INIT_ERROR": "false",
+        "HEALTH_RECOVERY_SECONDS": "0",
+        "HEALTH_WAIT_MS": "100",
+        "REGISTER_INTERVAL_SECONDS": "5",
+        "LIBCUDA_LOG_LEVEL": "4",
+        "DISABLE_CORE_LIMIT": "yes",
+        "PRECONFIGURED_DEVICE_MEMORY": "1024",
+        "FILTER_DEVICE_UUIDS": "GPU-a, GPU-b",
+        "FILTER_DEVICE_INDEXES": "1,2",
+        "ENABLE_PREFERRED_ALLOCATION": "off",
+    }
+    settings = resolve([], env)
+    assert settings == DevicePluginSettings(
+        node_name="n1",
+        kubeconfig="/k",
+        device_plugin_path="/dp/",
+        nvml="fake",
+        fake_gpus="/gpus.yaml",
+        split_count=3,
+        memory_scaling=1.25,
+        cores_scaling=0.5,
+        enable_numa_topology=True,
+        resource_name="nvidia.com/vgpu",
+        hook_path="/opt/hook",
+        fail_on_init_error=False,
+        health_recovery_seconds=0.0,
+        health_wait_ms=100,
+        register_interval_seconds=5.0,
+        socket_name="nvidia-vgpu.sock",
+        libcuda_log_level="4",
+        disable_core_limit=True,
+        preconfigured_device_memory_mib=1024,
+        filter_uuids=frozenset({"GPU-a", "GPU-b"}),
+        filter_indexes=frozenset({1, 2}),
+        enable_preferred_allocation=False,
+    )
+
+
+def test_flag_beats_env() -> None:
+    settings = resolve(
+        ["--node-name", "from-flag", "--device-split-count", "7", "--fail-on-init-error=false"],
+        {"NODE_NAME": "from-env", "DEVICE_SPLIT_COUNT": "3", "FAIL_ON_INIT_ERROR": "true"},
+    )
+    assert settings.node_name == "from-flag"
+    assert settings.split_count == 7
+    assert settings.fail_on_init_error is False
+
+
+def test_bool_flag_without_value_means_true() -> None:
+    assert resolve(["--node-name", "n", "--enable-numa-topology"]).enable_numa_topology is True
+    assert (
+        resolve(["--node-name", "n", "--enable-numa-topology", "false"]).enable_numa_topology
+        is False
+    )
+
+
+def test_hami_configmap_shape_and_node_override_in_the_same_file() -> None:
+    settings = resolve(["--node-name", "node-a", "--config-file", HAMI_CONFIG])
+    # nodeconfig entry for node-a overrides the nvidia section ...
+    assert settings.split_count == 6
+    assert settings.memory_scaling == 2.0
+    assert settings.filter_uuids == frozenset({"GPU-filtered"})
+    assert settings.filter_indexes == frozenset({3})
+    # ... and leaves what it does not set to the nvidia section.
+    assert settings.cores_scaling == 1.0
+    assert settings.libcuda_log_level == "2"
+    assert settings.resource_name == "nvidia.com/gpu"
+
+
+def test_node_without_override_entry_gets_the_file_values() -> None:
+    settings = resolve(["--node-name", "node-z", "--config-file", HAMI_CONFIG])
+    assert settings.split_count == 4
+    assert settings.memory_scaling == 1.5
+    assert settings.filter_uuids == frozenset()
+
+
+def test_separate_node_config_file_wins_over_the_config_file_entry() -> None:
+    settings = resolve(
+        ["--node-name", "node-a", "--config-file", HAMI_CONFIG],
+        {"NODE_CONFIG_FILE": NODE_CONFIG},
+    )
+    assert settings.split_count == 8
+    assert settings.memory_scaling == 3.0
+    assert settings.libcuda_log_level == "3"
+    assert settings.enable_numa_topology is True
+    assert settings.enable_preferred_allocation is False
+    # the JSON sets empty filter lists, which replace the config file's
+    assert settings.filter_uuids == frozenset()
+
+
+def test_env_beats_node_override_and_flag_beats_env(tmp_path: Path) -> None:
+    env = {"DEVICE_SPLIT_COUNT": "2", "CONFIG_FILE": HAMI_CONFIG}
+    assert resolve(["--node-name", "node-a"], env).split_count == 2
+    assert resolve(["--node-name", "node-a", "--device-split-count", "9"], env).split_count == 9
+
+
+def test_flat_keys_beat_the_nvidia_section(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "nvidia:\n  deviceSplitCount: 4\n"
+        "split_count: 5\nnode_name: from-file\nhook_path: /h\n"
+        "disable_healthchecks: '48'\n"
+        "filter_devices: {uuid: [GPU-x], index: [0]}\n"
+    )
+    settings = resolve(["--config-file", str(config)])
+    assert settings.split_count == 5
+    assert settings.node_name == "from-file"
+    assert settings.hook_path == "/h"
+    assert settings.ignored_xids == DEFAULT_IGNORED_XIDS | {48}
+    assert settings.filter_uuids == frozenset({"GPU-x"})
+    assert settings.filter_indexes == frozenset({0})
+
+
+def test_nvidia_keys_match_case_insensitively(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("nvidia:\n  devicesplitcount: 3\n  DEVICEMEMORYSCALING: 0.5\n")
+    settings = resolve(["--node-name", "n", "--config-file", str(config)])
+    assert (settings.split_count, settings.memory_scaling) == (3, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--device-split-count", "0"], {}, "device split count must be at least 1, got 0"),
+        (["--device-split-count", "ten"], {}, "--device-split-count: expected an integer"),
+        ([], {"DEVICE_MEMORY_SCALING": "-1"}, "device memory scaling must be > 0"),
+        ([], {"DEVICE_MEMORY_SCALING": "lots"}, "DEVICE_MEMORY_SCALING: expected a number"),
+        (["--device-cores-scaling", "0"], {}, "device cores scaling must be > 0"),
+        (["--fail-on-init-error", "maybe"], {}, "--fail-on-init-error: expected true or false"),
+        (["--nvml", "cuda"], {}, "--nvml must be 'nvml' or 'fake'"),
+        (["--nvml", "fake"], {}, "--nvml fake needs --fake-gpus FILE"),
+        (["--resource-name", "gpu"], {}, "resource name must look like <domain>/<name>"),
+        (["--health-recovery-seconds", "-5"], {}, "health recovery seconds must be >= 0"),
+        (["--health-wait-ms", "0"], {}, "health wait must be at least 1 ms"),
+        (["--socket-name", "a/b.sock"], {}, "socket name must be a plain file name"),
+    ],
+)
+def test_invalid_values_name_their_source(
+    argv: list[str], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        resolve(["--node-name", "n", *argv], env)
+
+
+def test_bad_value_in_config_file_names_file_and_key(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("nvidia:\n  deviceSplitCount: many\n")
+    with pytest.raises(SettingsError) as caught:
+        resolve(["--node-name", "n", "--config-file", str(config)])
+    assert str(caught.value) == (
+        f"config file {config}: nvidia.deviceSplitCount: expected an integer, got 'many'"
+    )
+
+
+def test_bad_value_in_node_entry_names_the_entry(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("nodeconfig:\n  - name: n\n    devicesplitcount: true\n")
+    with pytest.raises(SettingsError, match=r"nodeconfig entry for 'n' .*devicesplitcount"):
+        resolve(["--node-name", "n", "--config-file", str(config)])
+
+
+def test_unsupported_operating_mode_for_this_node_is_an_error(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("nodeconfig:\n  - {name: n, operatingmode: mig}\n  - {name: m}\n")
+    with pytest.raises(SettingsError, match=r"operatingmode='mig' is not supported"):
+        resolve(["--node-name", "n", "--config-file", str(config)])
+    assert resolve(["--node-name", "m", "--config-file", str(config)]).split_count == 10
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("split_count: [1\n", r"not valid YAML at line 2"),
+        ("- a\n- b\n", r"expected a mapping at the top level"),
+        ("splitcount: 3\n", r"unknown setting 'splitcount'"),
+        ("nvidia: 3\n", r"'nvidia' must be a mapping"),
+        ("nodeconfig: {name: n}\n", r"'nodeconfig' must be a list"),
+    ],
+)
+def test_bad_config_files_give_one_clear_error(tmp_path: Path, content: str, message: str) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(content)
+    with pytest.raises(SettingsError, match=message) as caught:
+        resolve(["--node-name", "n", "--config-file", str(config)])
+    assert str(config) in str(caught.value)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(SettingsError, match=rf"config file {missing}: cannot read"):
+        resolve(["--node-name", "n", "--config-file", str(missing)])
+
+
+@pytest.mark.parametrize(
+    ("disable", "enable", "disabled", "ignored", "only"),
+    [
+        (None, None, False, DEFAULT_IGNORED_XIDS, None),
+        ("all", None, True, DEFAULT_IGNORED_XIDS, None),
+        ("xids", None, True, DEFAULT_IGNORED_XIDS, None),
+        ("XIDS", None, True, DEFAULT_IGNORED_XIDS, None),
+        ("48, 94,oops", None, False, DEFAULT_IGNORED_XIDS | {48, 94}, None),
+        (None, "13,43", False, DEFAULT_IGNORED_XIDS - {13, 43}, None),
+        ("48", "48,31", False, DEFAULT_IGNORED_XIDS - {31}, None),
+        (None, "all", False, frozenset(), None),
+        ("all", "all", False, frozenset(), None),
+        ("all", "79", False, DEFAULT_IGNORED_XIDS, frozenset({79})),
+    ],
+)
+def test_dp_healthcheck_variables(
+    disable: str | None,
+    enable: str | None,
+    disabled: bool,
+    ignored: frozenset[int],
+    only: frozenset[int] | None,
+) -> None:
+    env = {"NODE_NAME": "n"}
+    if disable is not None:
+        env["DP_DISABLE_HEALTHCHECKS"] = disable
+    if enable is not None:
+        env["DP_ENABLE_HEALTHCHECKS"] = enable
+    settings = resolve([], env)
+    assert settings.healthchecks_disabled is disabled
+    assert settings.ignored_xids == ignored
+    assert settings.only_xids == only
+
+
+def test_xid_is_critical_follows_the_settings() -> None:
+    default = DevicePluginSettings(node_name="n")
+    assert default.xid_is_critical(79)
+    assert not default.xid_is_critical(13)
+    only = resolve([], {"NODE_NAME": "n", "DP_DISABLE_HEALTHCHECKS": "all",
+                        "DP_ENABLE_HEALTHCHECKS": "79"})  # fmt: skip
+    assert only.xid_is_critical(79)
+    assert not only.xid_is_critical(48)
+    off = resolve(["--node-name", "n", "--disable-healthchecks", "all"])
+    assert not off.xid_is_critical(79)
+
+
+def test_healthcheck_flag_beats_env() -> None:
+    settings = resolve(
+        ["--node-name", "n", "--disable-healthchecks", "48"], {"DP_DISABLE_HEALTHCHECKS": "all"}
+    )
+    assert settings.healthchecks_disabled is False
+    assert 48 in settings.ignored_xids
