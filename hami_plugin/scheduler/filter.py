@@ -1,0 +1,186 @@
+"""The placement decision: a pod and candidate nodes in, a node and the annotations out.
+
+HAMi's Filter (reference 3.4) fits the pod on every candidate and then takes the best-scored
+fitting node. The node score does not depend on the pod, and the ledger keeps nodes sorted by
+it, so `decide` walks the candidates in policy order (binpack: highest score first, spread:
+lowest first; equal scores: smaller node name first) and stops at the first node that fits.
+That node is exactly the one HAMi's rule picks, ties made deterministic (decision 5).
+
+What is reported for the other nodes depends on the mode:
+* default (the scheduler's hot path): `failed_nodes` holds the candidates that are not
+  registered and every node tried and rejected before the chosen one; nodes after it are not
+  fitted, so they appear in neither `failed_nodes` nor `scores`. When no node fits, every
+  candidate was tried and `failed_nodes` is HAMi's complete map.
+* `exhaustive=True` (the dry run): every candidate is fitted; `failed_nodes` is complete and
+  `scores`/`placements` cover every fitting node, as HAMi's FilteringSucceed event lists them.
+
+The ledger is only read. After the pod's annotations are written, the caller books the
+allocation with `assume` (HAMi tracks it at once, before the informer sees the patch); before
+deciding for a pod that is already tracked (re-scheduling), it calls `ledger.untrack`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from hami_plugin.codec import AnnotationError, encode_pod_devices, parse_pod_gpu_options
+from hami_plugin.model import (
+    ANNOTATION_DEVICES_ALLOCATED,
+    ANNOTATION_DEVICES_TO_ALLOCATE,
+    ANNOTATION_VGPU_NODE,
+    ANNOTATION_VGPU_TIME,
+    NodePolicy,
+    PodDevices,
+)
+from hami_plugin.scheduler.fit import (
+    NODE_UNREGISTERED,
+    FitContext,
+    FitFailure,
+    fit_pod,
+)
+from hami_plugin.scheduler.ledger import Ledger
+from hami_plugin.scheduler.objects import PodInfo, read_pod
+from hami_plugin.scheduler.policy import prefers_higher_score
+from hami_plugin.scheduler.requests import PodRequests, pod_requests
+from hami_plugin.scheduler.settings import SchedulerSettings
+from hami_plugin.scheduler.usage import NodeUsage, collapse_pod_devices
+
+__all__ = ["FilterResult", "assume", "decide"]
+
+_WALK_GLOBAL_ORDER_FRACTION = 4
+"""Walk the ledger's sorted order (skipping non-candidates) when at least 1/4 of the registered
+nodes are candidates; sort the few candidates instead when there are fewer."""
+
+
+@dataclass(frozen=True, slots=True)
+class FilterResult:
+    """The outcome of one decision.
+
+    `node` is None when the pod asks no GPU (`requests.wants_gpu` False: every candidate
+    passes, nothing to write), when no node fits, or when `error` is set (invalid pod
+    annotation: HAMi's Filter returns an error for the pod).
+    """
+
+    node: str | None
+    requests: PodRequests
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    devices: PodDevices = ()
+    failed_nodes: Mapping[str, FitFailure] = field(default_factory=dict)
+    scores: Mapping[str, float] = field(default_factory=dict)
+    placements: Mapping[str, PodDevices] = field(default_factory=dict)
+    node_policy: NodePolicy | None = None
+    error: str | None = None
+    fitted: int = 0
+    """How many nodes were fitted (registered candidates tried)."""
+
+
+def _candidates(
+    ledger: Ledger,
+    names: Iterable[str] | None,
+    higher_first: bool,
+    failed: dict[str, FitFailure],
+) -> Iterator[NodeUsage]:
+    if names is None:
+        return ledger.by_preference(higher_first)
+    registered: list[NodeUsage] = []
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            continue
+        seen.add(name)
+        usage = ledger.node(name)
+        if usage is None:
+            failed[name] = NODE_UNREGISTERED
+        else:
+            registered.append(usage)
+    if len(registered) * _WALK_GLOBAL_ORDER_FRACTION >= len(ledger):
+        wanted = {usage.name for usage in registered}
+        return (usage for usage in ledger.by_preference(higher_first) if usage.name in wanted)
+    if higher_first:
+        registered.sort(key=lambda usage: (-usage.score, usage.name))
+    else:
+        registered.sort(key=lambda usage: (usage.score, usage.name))
+    return iter(registered)
+
+
+def decide(
+    ledger: Ledger,
+    pod: PodInfo | object,
+    candidates: Iterable[str] | None,
+    now: datetime,
+    settings: SchedulerSettings,
+    *,
+    exhaustive: bool = False,
+) -> FilterResult:
+    """Choose a node for the pod among `candidates` (None: every registered node).
+
+    Raises ObjectError when the pod object cannot be read; an invalid GPU annotation on the
+    pod is reported in `FilterResult.error` instead (it is the pod's fault, not the caller's).
+    """
+    info = read_pod(pod)
+    requests = pod_requests(info, settings)
+    if not requests.wants_gpu:
+        return FilterResult(node=None, requests=requests)
+    try:
+        options = parse_pod_gpu_options(info.annotations)
+    except AnnotationError as error:
+        return FilterResult(node=None, requests=requests, error=str(error))
+    node_policy = options.node_policy or settings.node_policy
+    context = FitContext.for_pod(
+        options, settings.gpu_policy, numa_grouped_order=settings.numa_grouped_order
+    )
+    failed: dict[str, FitFailure] = {}
+    scores: dict[str, float] = {}
+    placements: dict[str, PodDevices] = {}
+    chosen: str | None = None
+    fitted = 0
+    for usage in _candidates(ledger, candidates, prefers_higher_score(node_policy), failed):
+        fitted += 1
+        outcome = fit_pod(usage, requests, context)
+        if isinstance(outcome, FitFailure):
+            failed[usage.name] = outcome
+            continue
+        scores[usage.name] = usage.score
+        placements[usage.name] = outcome.devices
+        if chosen is None:
+            chosen = usage.name
+            if not exhaustive:
+                break
+    if chosen is None:
+        return FilterResult(
+            node=None,
+            requests=requests,
+            failed_nodes=failed,
+            node_policy=node_policy,
+            fitted=fitted,
+        )
+    devices = placements[chosen]
+    encoded = encode_pod_devices(devices)
+    annotations = {
+        ANNOTATION_VGPU_NODE: chosen,
+        ANNOTATION_VGPU_TIME: str(int(now.timestamp())),
+        ANNOTATION_DEVICES_TO_ALLOCATE: encoded,
+        ANNOTATION_DEVICES_ALLOCATED: encoded,
+    }
+    return FilterResult(
+        node=chosen,
+        requests=requests,
+        annotations=annotations,
+        devices=devices,
+        failed_nodes=failed,
+        scores=scores,
+        placements=placements if exhaustive else {},
+        node_policy=node_policy,
+        fitted=fitted,
+    )
+
+
+def assume(ledger: Ledger, pod_key: str, result: FilterResult) -> None:
+    """Book a decision's allocation in the ledger right away (HAMi tracks it before the pod
+    update arrives); the later pod event replaces it with the same usage. No-op without node."""
+    if result.node is None:
+        return
+    tallies = collapse_pod_devices(result.devices, result.requests.init_count)
+    ledger.track(pod_key, result.node, tallies)

@@ -1,0 +1,306 @@
+"""The usage ledger: every node's registered GPUs and what tracked pods book on them.
+
+Fed one event at a time (a node or pod added, changed or deleted), it never rescans the
+cluster: a pod update subtracts the pod's previous tallies and adds the new ones on its node,
+a node update only re-books that node's pods. Rules of reference 3.3:
+
+* a pod is tracked when it carries `hami.io/vgpu-node`; its usage is its decoded
+  `hami.io/vgpu-devices-allocated` collapsed per GPU (`collapse_pod_devices`);
+* Failed and Succeeded pods are dropped (terminating ones are kept);
+* once every init container finished with exit code 0 only app containers count, for good;
+* a GPU a pod names but the node does not have is ignored.
+
+Registered nodes are also kept sorted by node score in both directions (ties by name), so a
+decision walks them in policy order without sorting; a usage change moves one node.
+
+Not thread-safe: the caller serialises updates and decisions (the extender holds one lock).
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from hami_plugin.codec import (
+    AnnotationError,
+    decode_node_devices,
+    decode_pod_devices,
+    parse_device_cordon,
+)
+from hami_plugin.model import (
+    ANNOTATION_DEVICE_CORDON,
+    ANNOTATION_DEVICES_ALLOCATED,
+    ANNOTATION_NODE_REGISTER,
+    ANNOTATION_VGPU_NODE,
+    GpuDevice,
+)
+from hami_plugin.scheduler.objects import NodeInfo, PodInfo, read_node, read_pod
+from hami_plugin.scheduler.score import node_score
+from hami_plugin.scheduler.usage import DeviceTally, NodeUsage, collapse_pod_devices
+
+__all__ = ["Ledger", "TrackedPod"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TrackedPod:
+    """A pod's booked usage. `app_only`: its init containers are done and no longer count."""
+
+    key: str
+    node: str
+    tallies: tuple[DeviceTally, ...]
+    app_only: bool = False
+
+
+class _NodeEntry:
+    """Mutable bookkeeping of one registered node; `usage` is its current immutable snapshot."""
+
+    __slots__ = (
+        "candidates",
+        "cordoned",
+        "devices",
+        "positions",
+        "total_cores",
+        "total_memory_mib",
+        "total_slots",
+        "usage",
+        "used",
+        "used_cores",
+        "used_memory_mib",
+    )
+
+    def __init__(self, name: str, devices: tuple[GpuDevice, ...], cordoned: frozenset[str]):
+        self.devices = devices
+        self.cordoned = cordoned
+        self.positions = {device.uuid: position for position, device in enumerate(devices)}
+        self.candidates = tuple(
+            position for position, device in enumerate(devices) if "nvidia" in device.type.lower()
+        )
+        self.total_slots = sum(device.split_count for device in devices)
+        self.total_cores = sum(device.cores_percent for device in devices)
+        self.total_memory_mib = sum(device.memory_mib for device in devices)
+        self.used = [0] * len(devices)
+        self.used_memory_mib = [0] * len(devices)
+        self.used_cores = [0] * len(devices)
+        self.usage = self._snapshot(name)
+
+    def book(self, tallies: Iterable[DeviceTally], sign: int, node: str, pod: str) -> None:
+        for tally in tallies:
+            position = self.positions.get(tally.uuid)
+            if position is None:
+                logger.debug("pod %s books GPU %s, not on node %s", pod, tally.uuid, node)
+                continue
+            self.used[position] += sign * tally.slots
+            self.used_memory_mib[position] += sign * tally.memory_mib
+            self.used_cores[position] += sign * tally.cores
+
+    def _snapshot(self, name: str) -> NodeUsage:
+        return NodeUsage(
+            name=name,
+            devices=self.devices,
+            used=tuple(self.used),
+            used_memory_mib=tuple(self.used_memory_mib),
+            used_cores=tuple(self.used_cores),
+            cordoned=self.cordoned,
+            candidates=self.candidates,
+            score=node_score(
+                self.total_slots,
+                self.total_cores,
+                self.total_memory_mib,
+                sum(self.used),
+                sum(self.used_cores),
+                sum(self.used_memory_mib),
+            ),
+        )
+
+    def refresh(self) -> None:
+        self.usage = self._snapshot(self.usage.name)
+
+
+def _device_order(device: GpuDevice) -> tuple[int, str]:
+    return device.index, device.uuid
+
+
+class Ledger:
+    """Registered nodes and tracked pods, updated incrementally."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, _NodeEntry] = {}
+        self._pods: dict[str, TrackedPod] = {}
+        self._pods_on: dict[str, set[str]] = {}
+        self._ascending: list[tuple[float, str]] = []  # (score, name)
+        self._descending: list[tuple[float, str]] = []  # (-score, name)
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Number of registered nodes."""
+        return len(self._nodes)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._nodes
+
+    def node(self, name: str) -> NodeUsage | None:
+        """The node's current usage snapshot, or None when it is not registered."""
+        entry = self._nodes.get(name)
+        return None if entry is None else entry.usage
+
+    def node_names(self) -> list[str]:
+        """Registered node names, sorted."""
+        return sorted(self._nodes)
+
+    def tracked(self, key: str) -> TrackedPod | None:
+        """The usage booked for pod `<namespace>/<name>`, if it is tracked."""
+        return self._pods.get(key)
+
+    @property
+    def pod_count(self) -> int:
+        return len(self._pods)
+
+    def by_preference(self, higher_score_first: bool) -> Iterator[NodeUsage]:
+        """Registered nodes, fullest first (binpack) or emptiest first (spread); equal scores
+        by node name. Do not update the ledger while iterating."""
+        order = self._descending if higher_score_first else self._ascending
+        nodes = self._nodes
+        for _, name in order:
+            yield nodes[name].usage
+
+    # --- nodes -------------------------------------------------------------------------------
+
+    def set_node(
+        self, name: str, devices: Sequence[GpuDevice], cordoned: frozenset[str] = frozenset()
+    ) -> None:
+        """Register (or re-register) a node's GPUs; no GPUs unregisters it. The node's tracked
+        pods are booked again on the new device list."""
+        ordered = tuple(sorted(devices, key=_device_order))
+        entry = self._nodes.get(name)
+        if entry is not None and entry.devices == ordered and entry.cordoned == cordoned:
+            return
+        if entry is not None:
+            self._unlist(entry)
+            del self._nodes[name]
+        if not ordered:
+            return
+        entry = _NodeEntry(name, ordered, cordoned)
+        for key in self._pods_on.get(name, ()):
+            entry.book(self._pods[key].tallies, 1, name, key)
+        entry.refresh()
+        self._nodes[name] = entry
+        self._list(entry)
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node's GPUs (its pods stay tracked and are booked again if it returns)."""
+        entry = self._nodes.pop(name, None)
+        if entry is not None:
+            self._unlist(entry)
+
+    def update_node(self, node: NodeInfo | object) -> None:
+        """Apply a node add/update event: register from `hami.io/node-nvidia-register` and
+        `hami.io/device-cordon`. A missing or malformed register annotation unregisters the
+        node (logged once per event); raises ObjectError for an unreadable object."""
+        info = read_node(node)
+        value = info.annotations.get(ANNOTATION_NODE_REGISTER)
+        if value is None:
+            self.remove_node(info.name)
+            return
+        try:
+            devices = decode_node_devices(value)
+            cordoned = parse_device_cordon(info.annotations.get(ANNOTATION_DEVICE_CORDON, ""))
+        except AnnotationError as error:
+            logger.warning("node %s not registered: %s", info.name, error)
+            self.remove_node(info.name)
+            return
+        self.set_node(info.name, devices, cordoned)
+
+    # --- pods --------------------------------------------------------------------------------
+
+    def track(
+        self, key: str, node: str, tallies: tuple[DeviceTally, ...], app_only: bool = False
+    ) -> None:
+        """Book a pod's usage on a node, replacing what it booked before."""
+        previous = self._pods.get(key)
+        pod = TrackedPod(key, node, tallies, app_only)
+        if previous == pod:
+            return
+        if previous is not None:
+            self._unbook(previous)
+        self._pods[key] = pod
+        self._pods_on.setdefault(node, set()).add(key)
+        entry = self._nodes.get(node)
+        if entry is not None:
+            entry.book(tallies, 1, node, key)
+            self._moved(entry)
+
+    def untrack(self, key: str) -> None:
+        """Release a pod's usage (no-op for an untracked pod)."""
+        previous = self._pods.pop(key, None)
+        if previous is not None:
+            self._unbook(previous)
+
+    def update_pod(self, pod: PodInfo | object) -> None:
+        """Apply a pod add/update event (reference 3.3). A malformed allocation annotation
+        makes the pod untracked (logged). Raises ObjectError for an unreadable object."""
+        info = read_pod(pod)
+        node = info.annotations.get(ANNOTATION_VGPU_NODE)
+        value = info.annotations.get(ANNOTATION_DEVICES_ALLOCATED)
+        if not node or value is None or info.finished:
+            self.untrack(info.key)
+            return
+        try:
+            devices = decode_pod_devices(value, ANNOTATION_DEVICES_ALLOCATED)
+        except AnnotationError as error:
+            logger.warning("pod %s not tracked: %s", info.key, error)
+            self.untrack(info.key)
+            return
+        previous = self._pods.get(info.key)
+        # Once shrunk to the app containers, a pod is never re-inflated (HAMi does the same).
+        app_only = info.init_containers_done or (
+            previous is not None and previous.node == node and previous.app_only
+        )
+        tallies = collapse_pod_devices(devices, len(info.init_containers), app_only)
+        self.track(info.key, node, tallies, app_only)
+
+    def delete_pod(self, pod: PodInfo | object | str) -> None:
+        """Apply a pod delete event (by object or `<namespace>/<name>` key)."""
+        self.untrack(pod if isinstance(pod, str) else read_pod(pod).key)
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _unbook(self, pod: TrackedPod) -> None:
+        keys = self._pods_on.get(pod.node)
+        if keys is not None:
+            keys.discard(pod.key)
+            if not keys:
+                del self._pods_on[pod.node]
+        entry = self._nodes.get(pod.node)
+        if entry is not None:
+            entry.book(pod.tallies, -1, pod.node, pod.key)
+            self._moved(entry)
+
+    def _moved(self, entry: _NodeEntry) -> None:
+        before = entry.usage.score
+        entry.refresh()
+        if entry.usage.score != before:
+            name = entry.usage.name
+            self._remove_key(self._ascending, (before, name))
+            self._remove_key(self._descending, (-before, name))
+            insort(self._ascending, (entry.usage.score, name))
+            insort(self._descending, (-entry.usage.score, name))
+
+    def _list(self, entry: _NodeEntry) -> None:
+        insort(self._ascending, (entry.usage.score, entry.usage.name))
+        insort(self._descending, (-entry.usage.score, entry.usage.name))
+
+    def _unlist(self, entry: _NodeEntry) -> None:
+        self._remove_key(self._ascending, (entry.usage.score, entry.usage.name))
+        self._remove_key(self._descending, (-entry.usage.score, entry.usage.name))
+
+    @staticmethod
+    def _remove_key(order: list[tuple[float, str]], key: tuple[float, str]) -> None:
+        index = bisect_left(order, key)
+        if index == len(order) or order[index] != key:
+            raise AssertionError(f"ledger order lost node {key[1]}")  # a bug, never input
+        del order[index]

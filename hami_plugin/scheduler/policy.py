@@ -1,0 +1,111 @@
+"""GPU order and node order as values, built once from the parsed policies (reference 3.5.4).
+
+HAMi sorts a node's GPUs with a comparator that re-reads the policy string on every call;
+here a `GpuOrder` is a tuple of sort keys decided once per pod. Fit walks the sorted list from
+the end, so whatever sorts last is tried first.
+
+| policy (pod annotation or default)   | numa-bind | keys, first decides                   |
+|--------------------------------------|-----------|---------------------------------------|
+| chain (`a,b`, or exactly `numa`)     | no        | chain keys in written order, index    |
+| chain                                | yes       | numa first, then the other chain keys |
+| `mutex`                              | any       | more used slots first, lower NUMA     |
+| `binpack`                            | yes       | higher NUMA first, lower score        |
+| `spread` / other                     | yes       | lower NUMA first, higher score        |
+| `binpack`                            | no        | lower score first, lower NUMA         |
+| `spread` / other                     | no        | higher score first, lower NUMA        |
+
+Chain keys: `binpack` = lower score first, `spread` = higher score first, `numa` = lower NUMA
+first; a chain naming none of them sorts as `spread`; every chain ends with "lower device
+index first". `mutex` and `topology-aware` in a chain are filters, not keys.
+With `numa_grouped_order` (the design note's order, decision 4) the numa-bind rows apply to
+single `binpack`/`spread` policies even without numa-bind.
+Equal keys keep the input order (Python's sort is stable, as Go's is for up to 12 GPUs).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from hami_plugin.model import GpuPolicy, GpuPolicyName, NodePolicy
+
+__all__ = ["GpuOrder", "SortKey", "gpu_order", "prefers_higher_score"]
+
+
+class SortKey(enum.Enum):
+    """One comparison of the GPU order; "ASC" puts smaller values first (tried last)."""
+
+    SCORE_ASC = "score ascending"
+    SCORE_DESC = "score descending"
+    NUMA_ASC = "numa ascending"
+    NUMA_DESC = "numa descending"
+    USED_DESC = "used slots descending"
+    INDEX_ASC = "index ascending"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuOrder:
+    """How one pod orders a node's GPUs. `key(...)` builds the tuple Python sorts by."""
+
+    keys: tuple[SortKey, ...]
+
+    @property
+    def numa_first(self) -> bool:
+        """GPUs of one NUMA node are contiguous in this order."""
+        return self.keys[0] in (SortKey.NUMA_ASC, SortKey.NUMA_DESC)
+
+    @property
+    def uses_score(self) -> bool:
+        return SortKey.SCORE_ASC in self.keys or SortKey.SCORE_DESC in self.keys
+
+    def key(self, score: float, numa: int, used: int, index: int) -> tuple[float | int, ...]:
+        """The sort key of one GPU; sort ascending, then walk from the end."""
+        values: list[float | int] = []
+        for sort_key in self.keys:
+            if sort_key is SortKey.SCORE_ASC:
+                values.append(score)
+            elif sort_key is SortKey.SCORE_DESC:
+                values.append(-score)
+            elif sort_key is SortKey.NUMA_ASC:
+                values.append(numa)
+            elif sort_key is SortKey.NUMA_DESC:
+                values.append(-numa)
+            elif sort_key is SortKey.USED_DESC:
+                values.append(-used)
+            else:
+                values.append(index)
+        return tuple(values)
+
+
+_CHAIN_KEYS = {
+    GpuPolicyName.BINPACK: SortKey.SCORE_ASC,
+    GpuPolicyName.SPREAD: SortKey.SCORE_DESC,
+    GpuPolicyName.NUMA: SortKey.NUMA_ASC,
+}
+
+
+def gpu_order(policy: GpuPolicy, numa_bind: bool, numa_grouped_order: bool = False) -> GpuOrder:
+    """The GPU order for a pod with this policy and `nvidia.com/numa-bind` setting."""
+    if policy.chain:
+        keys = [_CHAIN_KEYS[name] for name in policy.names if name in _CHAIN_KEYS]
+        if not keys:
+            keys = [SortKey.SCORE_DESC]
+        if numa_bind and keys[0] is not SortKey.NUMA_ASC:
+            keys = [SortKey.NUMA_ASC, *(key for key in keys if key is not SortKey.NUMA_ASC)]
+        return GpuOrder((*keys, SortKey.INDEX_ASC))
+    if policy.names == (GpuPolicyName.MUTEX,):
+        return GpuOrder((SortKey.USED_DESC, SortKey.NUMA_ASC))
+    binpack = policy.names == (GpuPolicyName.BINPACK,)
+    single = policy.names[0] in (GpuPolicyName.BINPACK, GpuPolicyName.SPREAD)
+    if numa_bind or (numa_grouped_order and single):
+        if binpack:
+            return GpuOrder((SortKey.NUMA_DESC, SortKey.SCORE_ASC))
+        return GpuOrder((SortKey.NUMA_ASC, SortKey.SCORE_DESC))
+    if binpack:
+        return GpuOrder((SortKey.SCORE_ASC, SortKey.NUMA_ASC))
+    return GpuOrder((SortKey.SCORE_DESC, SortKey.NUMA_ASC))
+
+
+def prefers_higher_score(policy: NodePolicy) -> bool:
+    """Binpack takes the fullest node (highest score), spread the emptiest (lowest)."""
+    return policy is NodePolicy.BINPACK
