@@ -1,0 +1,342 @@
+"""The NVML adapter: the physical GPUs of this node and their error events.
+
+The only module that imports `pynvml` (lazily, in `load_nvml_module`). Everything
+NVML-specific is translated here: the rest of the daemon sees `PhysicalGpu`, `GpuEvent` and the
+errors `NvmlError` / `NvmlUnavailable` / `EventsNotSupportedError`, never a pynvml class. The
+NVML module is passed in, so `fake.FakeNvml` (a YAML-driven look-alike) drives the same code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_XID_CRITICAL = 0x8
+_DOUBLE_BIT_ECC = 0x2
+_SINGLE_BIT_ECC = 0x1
+_MIB = 1024 * 1024
+
+# NVML return codes that mean "the driver is not there" rather than "NVML misbehaved".
+_DRIVER_MISSING_CODES = frozenset({9, 12})  # DriverNotLoaded, LibraryNotFound
+_DRIVER_HINT = (
+    " (is the NVIDIA driver mounted? libnvidia-ml.so.1 must be on the library path of this "
+    "container; use --nvml fake --fake-gpus FILE to run without a GPU)"
+)
+
+
+class NvmlError(Exception):
+    """An NVML call failed; the message says which call and NVML's reason."""
+
+
+class NvmlUnavailable(NvmlError):  # noqa: N818 (name fixed by the shared interface)
+    """NVML could not be initialised; the message is the one log line to show the user."""
+
+
+class EventsNotSupportedError(NvmlError):
+    """The GPU (or driver) does not support the error events we want to watch."""
+
+
+@dataclass(frozen=True, slots=True)
+class PhysicalGpu:
+    """One physical GPU as NVML reports it."""
+
+    uuid: str
+    index: int
+    name: str
+    memory_mib: int
+    numa_node: int
+    """NUMA node of the GPU's PCI device; -1 when unknown."""
+    mig_enabled: bool
+    pci_bus_id: str
+    minor_number: int | None
+
+    @property
+    def card_type(self) -> str:
+        """The card type HAMi registers: the NVML name, prefixed `NVIDIA-` unless it has it."""
+        return self.name if self.name.startswith("NVIDIA") else f"NVIDIA-{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEvent:
+    """One NVML event. `uuid` is None when NVML could not say which GPU it came from."""
+
+    uuid: str | None
+    event_type: int
+    data: int
+
+    @property
+    def is_xid_critical(self) -> bool:
+        return bool(self.event_type & _XID_CRITICAL)
+
+    @property
+    def xid(self) -> int | None:
+        """The Xid of an XidCriticalError event, else None."""
+        return self.data if self.is_xid_critical else None
+
+
+def load_nvml_module(kind: str, fake_gpus_path: str | None) -> Any:
+    """The NVML module to use: `pynvml` for "nvml", a `FakeNvml` for "fake".
+
+    Raises NvmlUnavailable when pynvml is not installed, ValueError for an unknown kind or a
+    fake without a file.
+    """
+    if kind == "nvml":
+        try:
+            return importlib.import_module("pynvml")
+        except ImportError as error:
+            raise NvmlUnavailable(
+                f"NVML init failed: the nvidia-ml-py package is not installed ({error})"
+            ) from None
+    if kind == "fake":
+        if not fake_gpus_path:
+            raise ValueError("--nvml fake needs --fake-gpus FILE")
+        from hami_plugin.deviceplugin.fake import FakeNvml
+
+        return FakeNvml(fake_gpus_path)
+    raise ValueError(f"unknown NVML backend {kind!r} (expected nvml or fake)")
+
+
+def sysfs_pci_address(bus_id: str) -> str:
+    """NVML's bus id (`00000000:3B:00.0`) as sysfs names the device (`0000:3b:00.0`)."""
+    domain, sep, rest = bus_id.strip().partition(":")
+    if sep and len(domain) == 8:
+        domain = domain[4:]
+    return f"{domain}{sep}{rest}".lower()
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlBackend:
+    """GPU inventory and error events through an NVML module (pynvml or the fake).
+
+    Call `start()` before anything else and `shutdown()` at the end. Methods other than
+    `start` raise NvmlError when NVML fails as a whole; per-GPU failures are logged and that GPU
+    is left out (or keeps its last known record, see `scan`).
+    """
+
+    def __init__(
+        self, nvml: Any, sysfs_root: str = "/sys", *, preconfigured_memory_mib: int = 0
+    ) -> None:
+        self._nvml = nvml
+        self._sysfs_root = sysfs_root
+        self._preconfigured_memory_mib = preconfigured_memory_mib
+        self._error_type: type[Exception] = nvml.NVMLError
+        self._known: dict[str, PhysicalGpu] = {}
+
+    def _code(self, error: BaseException) -> int | None:
+        value = getattr(error, "value", None)
+        return value if isinstance(value, int) else None
+
+    def _not_supported(self, error: BaseException) -> bool:
+        # NotSupported (3) or FunctionNotFound (13): the driver or GPU lacks this call.
+        return self._code(error) in (3, 13)
+
+    def start(self) -> None:
+        """Initialise NVML. Raises NvmlUnavailable with the message to log."""
+        try:
+            self._nvml.nvmlInit()
+        except self._error_type as error:
+            hint = _DRIVER_HINT if self._code(error) in _DRIVER_MISSING_CODES else ""
+            raise NvmlUnavailable(f"NVML init failed: {error}{hint}") from error
+        try:
+            version = _text(self._nvml.nvmlSystemGetDriverVersion())
+        except self._error_type as error:
+            version = f"unknown ({error})"
+        logger.info("NVML started, driver version %s", version)
+
+    def shutdown(self) -> None:
+        """Release NVML; failures are only logged."""
+        try:
+            self._nvml.nvmlShutdown()
+        except self._error_type as error:
+            logger.warning("NVML shutdown failed: %s", error)
+
+    def scan(self) -> list[PhysicalGpu]:
+        """All GPUs, in NVML index order, MIG-enabled ones included (flagged).
+
+        A GPU whose queries fail is logged and left out, unless an earlier scan saw it: then
+        its last record is kept, so a lost GPU stays in the inventory (health reports it)
+        instead of vanishing. Raises NvmlError when the GPU count cannot be read.
+        """
+        try:
+            count = int(self._nvml.nvmlDeviceGetCount())
+        except self._error_type as error:
+            raise NvmlError(f"NVML device count failed: {error}") from error
+        gpus: list[PhysicalGpu] = []
+        for index in range(count):
+            gpu = self._read_gpu(index)
+            if gpu is not None:
+                gpus.append(gpu)
+        return gpus
+
+    def _read_gpu(self, index: int) -> PhysicalGpu | None:
+        nvml = self._nvml
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        except self._error_type as error:
+            logger.error("GPU at NVML index %d skipped: cannot read its UUID: %s", index, error)
+            return None
+        try:
+            name = _text(nvml.nvmlDeviceGetName(handle))
+            memory_mib = self._memory_mib(handle)
+            mig_enabled = self._mig_enabled(handle)
+            pci_bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+            minor_number = self._minor_number(handle)
+        except _GpuUnusableError as skip:
+            logger.error("GPU %s (NVML index %d) skipped: %s", uuid, index, skip)
+            return None
+        except self._error_type as error:
+            known = self._known.get(uuid)
+            if known is not None:
+                logger.warning(
+                    "GPU %s (NVML index %d) does not answer NVML (%s); keeping its last record",
+                    uuid,
+                    index,
+                    error,
+                )
+                return known
+            logger.error(
+                "GPU %s (NVML index %d) skipped: NVML query failed: %s", uuid, index, error
+            )
+            return None
+        gpu = PhysicalGpu(
+            uuid=uuid,
+            index=index,
+            name=name,
+            memory_mib=memory_mib,
+            numa_node=self._numa_node(handle, pci_bus_id),
+            mig_enabled=mig_enabled,
+            pci_bus_id=pci_bus_id,
+            minor_number=minor_number,
+        )
+        self._known[uuid] = gpu
+        return gpu
+
+    def _memory_mib(self, handle: Any) -> int:
+        try:
+            return int(self._nvml.nvmlDeviceGetMemoryInfo(handle).total) // _MIB
+        except self._error_type as error:
+            if not self._not_supported(error):
+                raise
+        # HAMi: NVML cannot report memory (e.g. some vGPU guests) -> preconfigured or skip.
+        if self._preconfigured_memory_mib > 0:
+            return self._preconfigured_memory_mib
+        raise _GpuUnusableError(
+            "NVML cannot report its memory; set --preconfigured-device-memory to use it"
+        )
+
+    def _mig_enabled(self, handle: Any) -> bool:
+        try:
+            current = self._nvml.nvmlDeviceGetMigMode(handle)[0]
+        except self._error_type as error:
+            if self._not_supported(error):
+                return False  # not a MIG-capable GPU
+            raise
+        return bool(current == self._nvml.NVML_DEVICE_MIG_ENABLE)
+
+    def _minor_number(self, handle: Any) -> int | None:
+        try:
+            return int(self._nvml.nvmlDeviceGetMinorNumber(handle))
+        except self._error_type as error:
+            if self._not_supported(error):
+                return None
+            raise
+
+    def _numa_node(self, handle: Any, bus_id: str) -> int:
+        getter = getattr(self._nvml, "nvmlDeviceGetNumaNodeId", None)
+        if getter is not None:
+            try:
+                node = int(getter(handle))
+            except self._error_type as error:
+                # Older drivers lack the call (NotSupported / FunctionNotFound): use sysfs.
+                logger.debug("NVML NUMA query failed (%s); reading sysfs for %s", error, bus_id)
+            else:
+                return node if node >= 0 else -1
+        return self._sysfs_numa_node(bus_id)
+
+    def _sysfs_numa_node(self, bus_id: str) -> int:
+        path = os.path.join(
+            self._sysfs_root, "bus", "pci", "devices", sysfs_pci_address(bus_id), "numa_node"
+        )
+        try:
+            with open(path, encoding="ascii") as stream:
+                node = int(stream.read().strip())
+        except (OSError, ValueError):
+            return -1
+        return node if node >= 0 else -1
+
+    def is_responsive(self, uuid: str) -> bool:
+        """True when the GPU answers NVML (handle by UUID and a memory query succeed)."""
+        try:
+            handle = self._nvml.nvmlDeviceGetHandleByUUID(uuid)
+            self._nvml.nvmlDeviceGetMemoryInfo(handle)
+        except self._error_type as error:
+            logger.debug("GPU %s does not answer NVML: %s", uuid, error)
+            return False
+        return True
+
+    # -- events (used by health.py) --
+
+    def create_event_set(self) -> Any:
+        """A new NVML event set. Raises NvmlError."""
+        try:
+            return self._nvml.nvmlEventSetCreate()
+        except self._error_type as error:
+            raise NvmlError(f"NVML event set creation failed: {error}") from error
+
+    def register_events(self, event_set: Any, uuid: str) -> None:
+        """Watch the GPU for Xid critical errors and double/single-bit ECC errors.
+
+        The wanted types are masked with the ones the GPU supports. Raises EventsNotSupportedError
+        when it supports none of them (or NVML says not supported), NvmlError otherwise.
+        """
+        wanted = _XID_CRITICAL | _DOUBLE_BIT_ECC | _SINGLE_BIT_ECC
+        try:
+            handle = self._nvml.nvmlDeviceGetHandleByUUID(uuid)
+            mask = wanted & int(self._nvml.nvmlDeviceGetSupportedEventTypes(handle))
+            if mask == 0:
+                raise EventsNotSupportedError(f"GPU {uuid} supports none of the error events")
+            self._nvml.nvmlDeviceRegisterEvents(handle, mask, event_set)
+        except NvmlError:
+            raise
+        except self._error_type as error:
+            if self._not_supported(error):
+                raise EventsNotSupportedError(
+                    f"GPU {uuid}: event registration not supported: {error}"
+                ) from error
+            raise NvmlError(f"GPU {uuid}: event registration failed: {error}") from error
+
+    def wait_event(self, event_set: Any, timeout_ms: int) -> GpuEvent | None:
+        """The next event, or None when `timeout_ms` passed without one. Raises NvmlError."""
+        try:
+            data = self._nvml.nvmlEventSetWait(event_set, timeout_ms)
+        except self._error_type as error:
+            if self._code(error) == 10:  # NVML_ERROR_TIMEOUT
+                return None
+            raise NvmlError(f"NVML event wait failed: {error}") from error
+        uuid: str | None
+        try:
+            uuid = _text(self._nvml.nvmlDeviceGetUUID(data.device))
+        except self._error_type as error:
+            logger.warning("NVML event without a readable GPU UUID: %s", error)
+            uuid = None
+        return GpuEvent(uuid=uuid, event_type=int(data.eventType), data=int(data.eventData))
+
+    def free_event_set(self, event_set: Any) -> None:
+        """Release an event set; failures are only logged."""
+        try:
+            self._nvml.nvmlEventSetFree(event_set)
+        except self._error_type as error:
+            logger.warning("NVML event set release failed: %s", error)
+
+
+class _GpuUnusableError(Exception):
+    """This GPU cannot be used; the message says why."""
