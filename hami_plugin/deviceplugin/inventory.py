@@ -1,0 +1,104 @@
+"""Physical GPUs -> the vGPU devices kubelet sees and the devices the node registers (pure).
+
+HAMi (reference 4.2/4.3) advertises each physical GPU as `split_count` kubelet devices with
+IDs `<UUID>-0 ... <UUID>-<n-1>` and registers the GPU itself in `hami.io/node-nvidia-register`
+with its memory and cores scaled. No I/O here: the daemon passes the scan and health state in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from hami_plugin.deviceplugin.nvml import PhysicalGpu
+from hami_plugin.deviceplugin.settings import DevicePluginSettings
+from hami_plugin.model import MODE_HAMI_CORE, GpuDevice
+
+
+def vgpu_device_ids(gpu_uuid: str, split_count: int) -> list[str]:
+    """The kubelet device IDs of one GPU: `<UUID>-0` ... `<UUID>-<split_count-1>`."""
+    return [f"{gpu_uuid}-{slot}" for slot in range(split_count)]
+
+
+def physical_uuid_of(device_id: str) -> str:
+    """The physical GPU UUID behind a kubelet device ID (inverse of `vgpu_device_ids`).
+
+    HAMi's rule: IDs containing `MIG` pass through; `<uuid>::<n>` loses the `::<n>` part; an
+    ID with exactly 6 dashes whose last part is a number loses `-<n>` (a GPU UUID has 5).
+    Anything else is returned unchanged.
+    """
+    if "MIG" in device_id:
+        return device_id
+    if "::" in device_id:
+        return device_id.split("::", 1)[0]
+    if device_id.count("-") == 6:
+        head, _, slot = device_id.rpartition("-")
+        if slot.isdigit():
+            return head
+    return device_id
+
+
+@dataclass(frozen=True, slots=True)
+class VgpuDevice:
+    """One kubelet device (a vGPU slot of a physical GPU)."""
+
+    id: str
+    gpu_uuid: str
+    healthy: bool
+    numa_node: int | None
+    """NUMA node to report to kubelet; None when topology is disabled or unknown."""
+
+
+def advertised_gpus(
+    gpus: Sequence[PhysicalGpu], settings: DevicePluginSettings
+) -> list[PhysicalGpu]:
+    """The GPUs this plugin offers: MIG-enabled ones and `filterdevices` matches left out."""
+    return [
+        gpu
+        for gpu in gpus
+        if not gpu.mig_enabled
+        and gpu.uuid not in settings.filter_uuids
+        and gpu.index not in settings.filter_indexes
+    ]
+
+
+def build_vgpu_devices(
+    gpus: Sequence[PhysicalGpu], unhealthy: Collection[str], settings: DevicePluginSettings
+) -> list[VgpuDevice]:
+    """`split_count` kubelet devices per advertised GPU; all slots of a GPU share its health.
+
+    `unhealthy` holds physical UUIDs. The caller logs skipped MIG-enabled GPUs.
+    """
+    devices: list[VgpuDevice] = []
+    for gpu in advertised_gpus(gpus, settings):
+        numa = gpu.numa_node if settings.enable_numa_topology and gpu.numa_node >= 0 else None
+        healthy = gpu.uuid not in unhealthy
+        devices.extend(
+            VgpuDevice(id=device_id, gpu_uuid=gpu.uuid, healthy=healthy, numa_node=numa)
+            for device_id in vgpu_device_ids(gpu.uuid, settings.split_count)
+        )
+    return devices
+
+
+def build_register_devices(
+    gpus: Sequence[PhysicalGpu], unhealthy: Collection[str], settings: DevicePluginSettings
+) -> list[GpuDevice]:
+    """The devices written to `hami.io/node-nvidia-register` for the advertised GPUs.
+
+    As HAMi: devmem = memory MiB x memory scaling, truncated; devcore = int(cores scaling x
+    100); count = split count; type = card type; numa = NUMA node, 0 when unknown.
+    """
+    return [
+        GpuDevice(
+            uuid=gpu.uuid,
+            index=gpu.index,
+            split_count=settings.split_count,
+            memory_mib=int(gpu.memory_mib * settings.memory_scaling),
+            cores_percent=int(settings.cores_scaling * 100),
+            type=gpu.card_type,
+            numa_node=max(gpu.numa_node, 0),
+            mode=MODE_HAMI_CORE,
+            healthy=gpu.uuid not in unhealthy,
+        )
+        for gpu in advertised_gpus(gpus, settings)
+    ]
