@@ -38,7 +38,6 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
 
 logger = logging.getLogger(__name__)
 
@@ -380,7 +379,9 @@ class KubeClient:
                 k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
                     client_configuration=configuration
                 )
-        except (ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
+        # The loaders fail in many ways (ConfigException, OSError, YAML errors, KeyError or
+        # TypeError on a wrong shape, exec-plugin errors); each means "this source is unusable".
+        except Exception as exc:
             where = (
                 f"kubeconfig {source!r}"
                 if source

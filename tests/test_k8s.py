@@ -574,6 +574,19 @@ def test_from_config_missing_file_names_it(tmp_path: Path) -> None:
         KubeClient.from_config(str(missing))
 
 
+@pytest.mark.parametrize(
+    "text",
+    ["a: [b\n", "apiVersion: v1\nkind: Config\n", "- 1\n- 2\n"],
+    ids=["yaml", "empty", "list"],
+)
+def test_from_config_broken_file_is_a_kube_error(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text(text)
+
+    with pytest.raises(KubeError, match="cannot load Kubernetes configuration from kubeconfig"):
+        KubeClient.from_config(str(path))
+
+
 def test_from_config_without_any_config_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
