@@ -7,3 +7,5 @@ settings.register_profile(
     "hami", deadline=None, max_examples=200, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile("hami")
+
+pytest_plugins = ["tests.fakes.pytest_fixtures"]
