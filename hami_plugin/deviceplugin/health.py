@@ -1,0 +1,230 @@
+"""GPU health: NVML error events in, `HealthChange`s out, with recovery.
+
+A producer, as the NVIDIA plugin does it (kubelet-deviceplugin.md 3.2, hami-reference.md 4.3):
+watch XidCriticalError (+ ECC, masked by what the GPU supports) on an NVML event set, skip the
+Xids that are application errors, and report the GPU unhealthy; a failing wait marks every GPU
+unhealthy. Unlike NVIDIA and HAMi, a GPU comes back: once it has had no error for
+`health_recovery_seconds` and answers NVML again, it is reported healthy (logged).
+
+`HealthTracker` holds the decisions (pure, clock passed in); `HealthMonitor` runs the NVML wait
+loop on one thread and calls `on_change` for each change. The consumer (the daemon) marks all
+vGPU slots of the GPU accordingly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hami_plugin.deviceplugin.nvml import (
+    EventsNotSupportedError,
+    GpuEvent,
+    NvmlBackend,
+    NvmlError,
+    PhysicalGpu,
+)
+from hami_plugin.deviceplugin.settings import DevicePluginSettings
+
+logger = logging.getLogger(__name__)
+
+_MAX_WAIT_SLICE_MS = 500
+"""NVML's wait cannot be interrupted, so the loop waits at most this long per call; a timeout
+only loops again, so this keeps `stop()` under a second and changes nothing else."""
+
+
+@dataclass(frozen=True, slots=True)
+class HealthChange:
+    """A physical GPU turned healthy or unhealthy, and why."""
+
+    uuid: str
+    healthy: bool
+    reason: str
+
+
+class HealthTracker:
+    """Which GPUs are unhealthy and since when; what an event or the passing time changes.
+
+    Pure: no NVML, no threads; `now` is a monotonic time in seconds passed by the caller.
+    """
+
+    def __init__(self, uuids: Iterable[str], settings: DevicePluginSettings) -> None:
+        self._settings = settings
+        self._watched = list(dict.fromkeys(uuids))
+        self._last_error_at: dict[str, float] = {}
+
+    @property
+    def unhealthy(self) -> frozenset[str]:
+        return frozenset(self._last_error_at)
+
+    def mark_unhealthy(self, uuid: str, reason: str, now: float) -> list[HealthChange]:
+        """Record an error on the GPU; a change only if it was healthy."""
+        was_healthy = uuid not in self._last_error_at
+        self._last_error_at[uuid] = now
+        return [HealthChange(uuid, False, reason)] if was_healthy else []
+
+    def mark_all_unhealthy(self, reason: str, now: float) -> list[HealthChange]:
+        changes: list[HealthChange] = []
+        for uuid in self._watched:
+            changes.extend(self.mark_unhealthy(uuid, reason, now))
+        return changes
+
+    def mark_healthy(self, uuid: str, reason: str) -> list[HealthChange]:
+        if self._last_error_at.pop(uuid, None) is None:
+            return []
+        return [HealthChange(uuid, True, reason)]
+
+    def on_event(self, event: GpuEvent, now: float) -> list[HealthChange]:
+        """The health changes one NVML event means (NVIDIA's rules, see the module docstring)."""
+        xid = event.xid
+        if xid is None:
+            logger.info(
+                "GPU %s: NVML event type 0x%x (data %d) does not change health",
+                event.uuid or "<unknown>",
+                event.event_type,
+                event.data,
+            )
+            return []
+        if not self._settings.xid_is_critical(xid):
+            logger.info("GPU %s: Xid %d ignored (application error)", event.uuid or "?", xid)
+            return []
+        if event.uuid is None:
+            return self.mark_all_unhealthy(f"Xid {xid} from a GPU NVML could not name", now)
+        if event.uuid not in self._watched:
+            logger.debug("Xid %d on GPU %s, which is not watched: ignored", xid, event.uuid)
+            return []
+        return self.mark_unhealthy(event.uuid, f"Xid {xid}", now)
+
+    def recovery_candidates(self, now: float) -> list[str]:
+        """Unhealthy GPUs without an error for the recovery window (none when it is 0)."""
+        window = self._settings.health_recovery_seconds
+        if window <= 0:
+            return []
+        return [uuid for uuid, since in self._last_error_at.items() if now - since >= window]
+
+
+class HealthMonitor:
+    """Runs the NVML event loop on one worker thread and reports `HealthChange`s."""
+
+    def __init__(
+        self,
+        backend: NvmlBackend,
+        settings: DevicePluginSettings,
+        on_change: Callable[[HealthChange], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._backend = backend
+        self._settings = settings
+        self._on_change = on_change
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._tracker = HealthTracker((), settings)
+
+    @property
+    def unhealthy(self) -> frozenset[str]:
+        """UUIDs of the GPUs currently reported unhealthy."""
+        with self._lock:
+            return self._tracker.unhealthy
+
+    def start(self, gpus: Sequence[PhysicalGpu]) -> None:
+        """Watch these GPUs; the wait loop runs on a new worker thread.
+
+        The event set is created and the GPUs registered before this returns, so no event
+        after `start` is missed; a GPU whose registration fails is reported unhealthy from this
+        call (through `on_change`). Raises RuntimeError if already running.
+        """
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError("health monitor already running")
+        with self._lock:
+            self._tracker = HealthTracker((gpu.uuid for gpu in gpus), self._settings)
+        if self._settings.healthchecks_disabled:
+            logger.warning("health checks disabled (DP_DISABLE_HEALTHCHECKS)")
+            return
+        try:
+            event_set = self._backend.create_event_set()
+        except NvmlError as error:
+            logger.error("%s; continuing with health checks disabled", error)
+            return
+        unregistered = {gpu.uuid for gpu in gpus if not self._register(event_set, gpu.uuid)}
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, args=(event_set, unregistered), name="hami-health", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the worker and wait for it (it notices within half a second)."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=5.0)
+            if thread.is_alive():
+                logger.error("health monitor thread did not stop (NVML wait stuck?)")
+
+    # -- worker thread --
+
+    def _emit(self, changes: Iterable[HealthChange]) -> None:
+        for change in changes:
+            if change.healthy:
+                logger.info("GPU %s is healthy again: %s", change.uuid, change.reason)
+            else:
+                logger.warning("GPU %s marked unhealthy: %s", change.uuid, change.reason)
+            try:
+                self._on_change(change)
+            except Exception:
+                logger.exception("health change handler failed for GPU %s", change.uuid)
+
+    def _run(self, event_set: Any, unregistered: set[str]) -> None:
+        slice_ms = min(self._settings.health_wait_ms, _MAX_WAIT_SLICE_MS)
+        try:
+            while not self._stop.is_set():
+                try:
+                    event = self._backend.wait_event(event_set, slice_ms)
+                except NvmlError as error:
+                    with self._lock:
+                        changes = self._tracker.mark_all_unhealthy(str(error), self._clock())
+                    self._emit(changes)
+                    self._stop.wait(slice_ms / 1000.0)
+                    continue
+                if event is not None:
+                    with self._lock:
+                        changes = self._tracker.on_event(event, self._clock())
+                    self._emit(changes)
+                self._recover(event_set, unregistered)
+        except Exception:
+            logger.exception("health monitor stopped by an unexpected error")
+        finally:
+            self._backend.free_event_set(event_set)
+
+    def _register(self, event_set: Any, uuid: str) -> bool:
+        """Register the GPU's events; False when that failed (the GPU is then unhealthy)."""
+        try:
+            self._backend.register_events(event_set, uuid)
+        except EventsNotSupportedError as error:
+            logger.warning("%s; GPU %s is not watched for errors", error, uuid)
+        except NvmlError as error:
+            with self._lock:
+                changes = self._tracker.mark_unhealthy(uuid, str(error), self._clock())
+            self._emit(changes)
+            return False
+        return True
+
+    def _recover(self, event_set: Any, unregistered: set[str]) -> None:
+        with self._lock:
+            candidates = self._tracker.recovery_candidates(self._clock())
+        for uuid in candidates:
+            if not self._backend.is_responsive(uuid):
+                continue
+            if uuid in unregistered:
+                if not self._register(event_set, uuid):
+                    continue
+                unregistered.discard(uuid)
+            reason = f"no errors for {self._settings.health_recovery_seconds:g} s and NVML answers"
+            with self._lock:
+                changes = self._tracker.mark_healthy(uuid, reason)
+            self._emit(changes)
