@@ -173,6 +173,10 @@ class _Option:
     node_key: str | None = None
     is_bool: bool = False
 
+    @property
+    def metavar(self) -> str:
+        return _METAVARS.get(self.field, "VALUE")
+
 
 _OPTIONS: tuple[_Option, ...] = (
     _Option("node_name", "--node-name", "NODE_NAME", _parse_optional_str,
@@ -236,6 +240,26 @@ _OPTIONS: tuple[_Option, ...] = (
             node_key="enablegetpreferredallocation", is_bool=True),
 )  # fmt: skip
 
+_METAVARS = {
+    "node_name": "NAME",
+    "kubeconfig": "FILE",
+    "device_plugin_path": "DIR",
+    "nvml": "nvml|fake",
+    "fake_gpus": "FILE",
+    "split_count": "N",
+    "memory_scaling": "FACTOR",
+    "cores_scaling": "FACTOR",
+    "resource_name": "NAME",
+    "hook_path": "DIR",
+    "health_recovery_seconds": "SECONDS",
+    "health_wait_ms": "MS",
+    "register_interval_seconds": "SECONDS",
+    "socket_name": "NAME",
+    "libcuda_log_level": "LEVEL",
+    "preconfigured_device_memory_mib": "MIB",
+    "filter_uuids": "UUIDS",
+    "filter_indexes": "INDEXES",
+}
 _OPTIONS_BY_FIELD = {option.field: option for option in _OPTIONS}
 _NVIDIA_KEYS = {o.nvidia_key.lower(): o.field for o in _OPTIONS if o.nvidia_key}
 _NODE_KEYS = {o.node_key: o.field for o in _OPTIONS if o.node_key}
@@ -280,17 +304,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 help=help_text,
             )
         else:
-            parser.add_argument(option.flag, dest=_dest(option.flag), default=None, help=help_text)
+            parser.add_argument(
+                option.flag,
+                dest=_dest(option.flag),
+                default=None,
+                metavar=option.metavar,
+                help=help_text,
+            )
     parser.add_argument(
         _CONFIG_FILE[0],
         dest=_dest(_CONFIG_FILE[0]),
         default=None,
+        metavar="FILE",
         help="YAML config file (HAMi device ConfigMap shape or flat keys) [env CONFIG_FILE]",
     )
     parser.add_argument(
         _NODE_CONFIG_FILE[0],
         dest=_dest(_NODE_CONFIG_FILE[0]),
         default=None,
+        metavar="FILE",
         help='per-node override file, HAMi\'s config.json {"nodeconfig": [...]} '
         "[env NODE_CONFIG_FILE]",
     )
@@ -298,6 +330,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         _DISABLE_HEALTHCHECKS[0],
         dest=_dest(_DISABLE_HEALTHCHECKS[0]),
         default=None,
+        metavar="all|XIDS",
         help="'all' or 'xids' turns health checks off; a comma list of Xids adds them to the "
         "ignored ones [env DP_DISABLE_HEALTHCHECKS]",
     )
@@ -305,6 +338,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         _ENABLE_HEALTHCHECKS[0],
         dest=_dest(_ENABLE_HEALTHCHECKS[0]),
         default=None,
+        metavar="all|XIDS",
         help="comma list of Xids to count even if ignored by default, or 'all' "
         "[env DP_ENABLE_HEALTHCHECKS]",
     )
@@ -540,7 +574,8 @@ def resolve_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Device
     flag_layer = _Layer("command line", {}, {})
     for option in _OPTIONS:
         raw_env = env_value(option.env)
-        if raw_env is not None and option.env is not None:
+        # An empty variable (a chart's `value: ""`) counts as unset.
+        if raw_env and option.env is not None:
             env_layer.values[option.field] = raw_env
             env_layer.keys[option.field] = option.env
         raw_flag = flag_value(option.flag)

@@ -95,6 +95,14 @@ def test_every_flag_has_an_env_variable() -> None:
     )
 
 
+def test_empty_env_variables_count_as_unset() -> None:
+    settings = resolve([], {"NODE_NAME": "n", "DEVICE_SPLIT_COUNT": "", "KUBECONFIG": ""})
+    assert settings.split_count == 10
+    assert settings.kubeconfig is None
+    with pytest.raises(SettingsError, match="node name is required"):
+        resolve([], {"NODE_NAME": ""})
+
+
 def test_flag_beats_env() -> None:
     settings = resolve(
         ["--node-name", "from-flag", "--device-split-count", "7", "--fail-on-init-error=false"],
