@@ -51,10 +51,22 @@ class HealthTracker:
     Pure: no NVML, no threads; `now` is a monotonic time in seconds passed by the caller.
     """
 
-    def __init__(self, uuids: Iterable[str], settings: DevicePluginSettings) -> None:
+    def __init__(
+        self,
+        uuids: Iterable[str],
+        settings: DevicePluginSettings,
+        carried: HealthTracker | None = None,
+    ) -> None:
+        """Watch `uuids`; `carried` hands over the unhealthy state of the watched GPUs."""
         self._settings = settings
         self._watched = list(dict.fromkeys(uuids))
         self._last_error_at: dict[str, float] = {}
+        if carried is not None:
+            self._last_error_at = {
+                uuid: since
+                for uuid, since in carried._last_error_at.items()
+                if uuid in self._watched
+            }
 
     @property
     def unhealthy(self) -> frozenset[str]:
@@ -136,12 +148,17 @@ class HealthMonitor:
 
         The event set is created and the GPUs registered before this returns, so no event
         after `start` is missed; a GPU whose registration fails is reported unhealthy from this
-        call (through `on_change`). Raises RuntimeError if already running.
+        call (through `on_change`). Starting again after `stop` (for a new GPU list) keeps the
+        unhealthy GPUs that are still listed unhealthy, with their recovery clocks. Raises
+        RuntimeError if already running.
         """
         if self._thread is not None and self._thread.is_alive():
             raise RuntimeError("health monitor already running")
         with self._lock:
-            self._tracker = HealthTracker((gpu.uuid for gpu in gpus), self._settings)
+            # A restart (new GPU list) keeps what is known about GPUs still present.
+            self._tracker = HealthTracker(
+                (gpu.uuid for gpu in gpus), self._settings, carried=self._tracker
+            )
         if self._settings.healthchecks_disabled:
             logger.warning("health checks disabled (DP_DISABLE_HEALTHCHECKS)")
             return

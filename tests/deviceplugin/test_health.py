@@ -81,6 +81,16 @@ def test_recovery_window_starts_at_the_last_error() -> None:
     assert tracker.mark_healthy(UUID_A, "ok") == []
 
 
+def test_carried_state_keeps_unhealthy_gpus_still_watched() -> None:
+    settings = replace(SETTINGS, health_recovery_seconds=300)
+    old = HealthTracker([UUID_A, UUID_B], settings)
+    old.mark_all_unhealthy("wait failed", now=1000.0)
+    new = HealthTracker([UUID_B, "GPU-new"], settings, carried=old)
+    assert new.unhealthy == frozenset({UUID_B})
+    assert new.recovery_candidates(1299.0) == []
+    assert new.recovery_candidates(1300.0) == [UUID_B]
+
+
 def test_recovery_zero_disables_it() -> None:
     tracker = HealthTracker([UUID_A], replace(SETTINGS, health_recovery_seconds=0))
     tracker.mark_all_unhealthy("wait failed", 0.0)
@@ -281,12 +291,18 @@ def test_failing_handler_does_not_stop_the_loop(harness: Harness) -> None:
 def test_stop_joins_and_start_again_works(harness: Harness) -> None:
     monitor = harness.monitor(replace(SETTINGS, health_wait_ms=5000))
     monitor.start(GPUS)
+    write(harness.path, gpus_yaml(xid_b=48))
+    assert harness.next_change().uuid == UUID_B
     with pytest.raises(RuntimeError, match="already running"):
         monitor.start(GPUS)
     monitor.stop()  # the loop waits in slices, so a 5 s NVML wait does not hold this up
     assert not [t for t in threading.enumerate() if t.name == "hami-health"]
+    monitor.start(GPUS)
+    assert monitor.unhealthy == frozenset({UUID_B})  # a restart does not forget
+    monitor.stop()
     monitor.start(GPUS[:1])
-    write(harness.path, gpus_yaml(healthy_a=False))
+    assert monitor.unhealthy == frozenset()  # ... GPUs still listed only
+    write(harness.path, gpus_yaml(xid_b=48, healthy_a=False))
     assert harness.next_change().uuid == UUID_A
 
 
