@@ -13,7 +13,11 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-_COMMAND_MODULES = ("hami_plugin.codec_cli",)
+_COMMAND_MODULES = (
+    "hami_plugin.codec_cli",
+    "hami_plugin.scheduler.dryrun",
+    "hami_plugin.deviceplugin.daemon",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,6 +31,7 @@ from hami_plugin.model import (
     ANNOTATION_DEVICES_TO_ALLOCATE,
     ANNOTATION_VGPU_NODE,
     ANNOTATION_VGPU_TIME,
+    GpuPolicy,
     NodePolicy,
     PodDevices,
 )
@@ -71,6 +72,7 @@ class FilterResult:
     scores: Mapping[str, float] = field(default_factory=dict)
     placements: Mapping[str, PodDevices] = field(default_factory=dict)
     node_policy: NodePolicy | None = None
+    gpu_policy: GpuPolicy | None = None
     error: str | None = None
     fitted: int = 0
     """How many nodes were fitted (registered candidates tried)."""
@@ -128,6 +130,7 @@ def decide(
     except AnnotationError as error:
         return FilterResult(node=None, requests=requests, error=str(error))
     node_policy = options.node_policy or settings.node_policy
+    gpu_policy = options.gpu_policy or settings.gpu_policy
     context = FitContext.for_pod(
         options, settings.gpu_policy, numa_grouped_order=settings.numa_grouped_order
     )
@@ -154,6 +157,7 @@ def decide(
             requests=requests,
             failed_nodes=failed,
             node_policy=node_policy,
+            gpu_policy=gpu_policy,
             fitted=fitted,
         )
     devices = placements[chosen]
@@ -173,6 +177,7 @@ def decide(
         scores=scores,
         placements=placements if exhaustive else {},
         node_policy=node_policy,
+        gpu_policy=gpu_policy,
         fitted=fitted,
     )
 

@@ -31,8 +31,8 @@ from hami_plugin.model import (
     PodGpuOptions,
     ScoringWeights,
 )
-from hami_plugin.scheduler.policy import GpuOrder, gpu_order
-from hami_plugin.scheduler.requests import ContainerRequest, PodRequests
+from hami_plugin.scheduler.policy import GpuOrder, SortKey, gpu_order
+from hami_plugin.scheduler.requests import PERCENTAGE_UNSET, ContainerRequest, PodRequests
 from hami_plugin.scheduler.score import device_score
 from hami_plugin.scheduler.usage import NodeUsage
 
@@ -44,6 +44,7 @@ __all__ = [
     "fit_container",
     "fit_pod",
     "render_failure",
+    "sorted_candidates",
 ]
 
 MODE_MIG = "mig"
@@ -162,44 +163,6 @@ class FitContext:
         return uuid not in self.nouse_uuids
 
 
-def _check_before_numa(device: GpuDevice, node: NodeUsage, context: FitContext) -> FitReason | None:
-    if not device.healthy:
-        return FitReason.CARD_NOT_HEALTH
-    if device.uuid in node.cordoned:
-        return FitReason.CARD_CORDONED
-    if not context.type_allowed(device):
-        return FitReason.CARD_TYPE_MISMATCH
-    return None
-
-
-def _check_after_numa(
-    device: GpuDevice,
-    used: int,
-    used_memory_mib: int,
-    used_cores: int,
-    memory_mib: int,
-    cores: int,
-    context: FitContext,
-) -> FitReason | None:
-    if not context.uuid_allowed(device.uuid):
-        return FitReason.CARD_UUID_MISMATCH
-    if device.split_count <= used:
-        return FitReason.CARD_TIME_SLICING_EXHAUSTED
-    if context.mutex and used > 0:
-        return FitReason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-    if device.memory_mib - used_memory_mib < memory_mib:
-        return FitReason.CARD_INSUFFICIENT_MEMORY
-    if device.cores_percent - used_cores < cores:
-        return FitReason.CARD_INSUFFICIENT_CORE
-    if device.cores_percent == 100 and cores == 100 and used > 0:
-        return FitReason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-    if device.cores_percent != 0 and used_cores == device.cores_percent and cores == 0:
-        return FitReason.CARD_COMPUTE_UNITS_EXHAUSTED
-    if device.mode == MODE_MIG:
-        return FitReason.CARD_MIG_TOPOLOGY_INFEASIBLE
-    return None
-
-
 @dataclass(frozen=True, slots=True)
 class _Picked:
     positions: tuple[int, ...]
@@ -256,48 +219,105 @@ def _walk(
     request: ContainerRequest,
     context: FitContext,
 ) -> _Picked | FitFailure:
+    """HAMi's Fit loop (reference 3.5.2): GPUs from the end of `order`, checks in HAMi's
+    order, the first failing check counted, stop when enough GPUs passed."""
     devices = node.devices
-    cores = min(request.cores_percent, 100)  # HAMi clamps Coresreq to 100 in Fit
+    cordoned = node.cordoned
+    type_allowed = context.type_allowed
+    use_uuids, nouse_uuids = context.use_uuids, context.nouse_uuids
+    numa_bind, mutex = context.numa_bind, context.mutex
+    cores = min(request.cores_percent, 100)  # 8. HAMi clamps Coresreq to 100 (sticky)
+    by_percent = request.memory_percent != PERCENTAGE_UNSET and request.memory_mib == 0
     needed = request.count
     previous_numa = -1
-    picked: list[tuple[int, ContainerDevice]] = []
+    picked: list[int] = []
+    booked: list[int] = []
     counts: dict[FitReason, int] = {}
     for position in reversed(order):
         device = devices[position]
-        reason = _check_before_numa(device, node, context)
-        if reason is None and context.numa_bind and device.numa_node != previous_numa:
-            # A new NUMA node: what was picked on the previous one does not count.
-            if picked:
-                counts[FitReason.NUMA_NOT_FIT] = counts.get(FitReason.NUMA_NOT_FIT, 0) + len(picked)
-            needed = request.count
-            previous_numa = device.numa_node
-            picked = []
-        if reason is None:
-            memory_mib = request.memory_on(device.memory_mib)
-            reason = _check_after_numa(
-                device,
-                used[position],
-                used_memory_mib[position],
-                used_cores[position],
-                memory_mib,
-                cores,
-                context,
+        if not device.healthy:  # 1.
+            reason = FitReason.CARD_NOT_HEALTH
+        elif device.uuid in cordoned:  # 2.
+            reason = FitReason.CARD_CORDONED
+        elif not type_allowed(device):  # 3.
+            reason = FitReason.CARD_TYPE_MISMATCH
+        else:
+            if numa_bind and device.numa_node != previous_numa:  # 4.
+                # A new NUMA node: what was picked on the previous one does not count.
+                if picked:
+                    counts[FitReason.NUMA_NOT_FIT] = counts.get(FitReason.NUMA_NOT_FIT, 0) + len(
+                        picked
+                    )
+                needed = request.count
+                previous_numa = device.numa_node
+                picked, booked = [], []
+            in_use = used[position]
+            memory_mib = (  # 9. per GPU: a percentage of this card, else the MiB asked
+                device.memory_mib * request.memory_percent // 100
+                if by_percent
+                else request.memory_mib
             )
-        if reason is not None:
-            counts[reason] = counts.get(reason, 0) + 1
-            continue
-        picked.append(
-            (position, ContainerDevice(device.uuid, NVIDIA_DEVICE_TYPE, memory_mib, cores))
-        )
-        needed -= 1
-        if needed == 0:
-            return _Picked(
-                tuple(position for position, _ in picked),
-                tuple(chosen for _, chosen in picked),
-            )
+            if (use_uuids and device.uuid not in use_uuids) or device.uuid in nouse_uuids:  # 5.
+                reason = FitReason.CARD_UUID_MISMATCH
+            elif device.split_count <= in_use:  # 6.
+                reason = FitReason.CARD_TIME_SLICING_EXHAUSTED
+            elif mutex and in_use > 0:  # 7.
+                reason = FitReason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+            elif device.memory_mib - used_memory_mib[position] < memory_mib:  # 11.
+                reason = FitReason.CARD_INSUFFICIENT_MEMORY
+            elif device.cores_percent - used_cores[position] < cores:  # 12.
+                reason = FitReason.CARD_INSUFFICIENT_CORE
+            elif device.cores_percent == 100 and cores == 100 and in_use > 0:  # 13.
+                reason = FitReason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+            elif (  # 14.
+                device.cores_percent != 0
+                and used_cores[position] == device.cores_percent
+                and cores == 0
+            ):
+                reason = FitReason.CARD_COMPUTE_UNITS_EXHAUSTED
+            elif device.mode == MODE_MIG:  # 15. MIG placement is not implemented
+                reason = FitReason.CARD_MIG_TOPOLOGY_INFEASIBLE
+            else:  # 16.-17. pick; done when enough GPUs passed
+                picked.append(position)
+                booked.append(memory_mib)
+                needed -= 1
+                if needed == 0:
+                    return _Picked(
+                        tuple(picked),
+                        tuple(
+                            ContainerDevice(devices[chosen].uuid, NVIDIA_DEVICE_TYPE, mib, cores)
+                            for chosen, mib in zip(picked, booked, strict=True)
+                        ),
+                    )
+                continue
+        counts[reason] = counts.get(reason, 0) + 1
     if picked:
         counts[FitReason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] = len(picked)
     return _failure(counts, len(order))
+
+
+def _screening_order(
+    node: NodeUsage, used: Sequence[int], context: FitContext
+) -> Sequence[int] | None:
+    """A GPU order, found without scores, whose walk gives the same verdict and the same
+    failure counts as the pod's own order (None when there is none).
+
+    Each GPU's checks depend only on that GPU, so without numa-bind the walk fails or
+    succeeds, with the same counts, whatever the order. With numa-bind the order is NUMA
+    first (`gpu_order` makes it so whenever it uses scores): the walk meets the NUMA groups
+    in the same sequence, and the order inside a group changes neither verdict nor counts.
+    Only which GPUs a fitting node hands out depends on the scores.
+    """
+    order = context.order
+    if not order.uses_score:
+        return sorted_candidates(node, used, (), (), None, context)
+    if not context.numa_bind:
+        return node.candidates
+    if not order.numa_first:
+        return None
+    devices = node.devices
+    sign = -1 if order.keys[0] is SortKey.NUMA_DESC else 1
+    return sorted(node.candidates, key=lambda position: sign * devices[position].numa_node)
 
 
 def fit_container(
@@ -307,16 +327,29 @@ def fit_container(
     used: Sequence[int] | None = None,
     used_memory_mib: Sequence[int] | None = None,
     used_cores: Sequence[int] | None = None,
+    *,
+    screen: bool = True,
 ) -> tuple[tuple[int, ...], ContainerDevices] | FitFailure:
     """Fit one container's request on the node (optionally on usage other than the node's).
 
-    Returns the picked GPU positions and devices, in pick order, or the failure.
+    Returns the picked GPU positions and devices, in pick order, or the failure. With
+    `screen` (the default) the node is first checked in a score-free order that gives the
+    same verdict and counts (`_screening_order`), and GPUs are scored and sorted only when it
+    fits; `screen=False` runs HAMi's procedure literally (score, sort, walk).
     """
     used = node.used if used is None else used
     used_memory_mib = node.used_memory_mib if used_memory_mib is None else used_memory_mib
     used_cores = node.used_cores if used_cores is None else used_cores
     if request.count > len(node.candidates):
         return NODE_INSUFFICIENT_DEVICE
+    if screen:
+        screening = _screening_order(node, used, context)
+        if screening is not None:
+            outcome = _walk(node, screening, used, used_memory_mib, used_cores, request, context)
+            if isinstance(outcome, FitFailure):
+                return outcome
+            if not context.order.uses_score:
+                return outcome.positions, outcome.devices
     order = sorted_candidates(node, used, used_memory_mib, used_cores, request, context)
     result = _walk(node, order, used, used_memory_mib, used_cores, request, context)
     if isinstance(result, FitFailure):
@@ -332,15 +365,17 @@ class PodFit:
     devices: PodDevices
 
 
-def fit_pod(node: NodeUsage, requests: PodRequests, context: FitContext) -> PodFit | FitFailure:
+def fit_pod(
+    node: NodeUsage, requests: PodRequests, context: FitContext, *, screen: bool = True
+) -> PodFit | FitFailure:
     """Fit every container of the pod on the node (reference 3.7); the first failing
-    container's failure is the node's."""
+    container's failure is the node's. `screen` as for `fit_container`."""
     entries: list[ContainerDevices] = []
     for request in requests.init_requests:
         if request is None:
             entries.append(())
             continue
-        result = fit_container(node, request, context)
+        result = fit_container(node, request, context, screen=screen)
         if isinstance(result, FitFailure):
             return result
         entries.append(result[1])
@@ -354,7 +389,9 @@ def fit_pod(node: NodeUsage, requests: PodRequests, context: FitContext) -> PodF
         if request is None:
             entries.append(())
             continue
-        result = fit_container(node, request, context, used, used_memory_mib, used_cores)
+        result = fit_container(
+            node, request, context, used, used_memory_mib, used_cores, screen=screen
+        )
         if isinstance(result, FitFailure):
             return result
         positions, devices = result

@@ -1,0 +1,249 @@
+"""`hami schedule`: where would the scheduler put this pod, and why not elsewhere?
+
+Reads a cluster snapshot (`kubectl get nodes,pods -A -o yaml`) and a pod, runs the same
+decision the scheduler runs, and prints JSON on stdout:
+
+    {"node": "<name or null>", "annotations": {...}, "failedNodes": {"<node>": "<reason>"},
+     "scores": {"<node>": <float>}}
+
+Every node of the snapshot is a candidate unless `--nodes` names some; every one is fitted, so
+`failedNodes` and `scores` (fitting nodes only) are complete. `--explain` writes a table to
+stderr (stdout stays JSON). `--repeat N` times N more decisions the way the scheduler makes
+them (stopping at the first fitting node in policy order) and adds `decision_ms`.
+Exit status: 0 the pod fits (or asks no GPU), 2 no node fits, 1 bad input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hami_plugin.scheduler.filter import FilterResult
+    from hami_plugin.scheduler.ledger import Ledger
+    from hami_plugin.scheduler.objects import PodInfo
+
+__all__ = ["register", "run"]
+
+EXIT_FITS = 0
+EXIT_BAD_INPUT = 1
+EXIT_NO_FIT = 2
+
+
+def register(subparsers: Any) -> None:
+    """Add the `schedule` sub-command."""
+    parser = subparsers.add_parser(
+        "schedule",
+        help="dry-run the scheduler on a cluster snapshot",
+        description=(
+            "Decide where a pod would go on a cluster snapshot and explain why. Prints JSON; "
+            "exit 0 when it fits, 2 when no node fits, 1 on bad input."
+        ),
+    )
+    parser.add_argument(
+        "--snapshot",
+        required=True,
+        metavar="CLUSTER.yaml",
+        help="output of `kubectl get nodes,pods -A -o yaml` (a v1 List or a YAML stream)",
+    )
+    parser.add_argument("--pod", required=True, metavar="POD.yaml", help="the pod to place")
+    parser.add_argument(
+        "--node-policy", metavar="P", default="binpack", help="default node policy (binpack)"
+    )
+    parser.add_argument(
+        "--gpu-policy", metavar="P", default="spread", help="default GPU policy (spread)"
+    )
+    parser.add_argument(
+        "--nodes", metavar="N1,N2", help="candidate node names (default: every node)"
+    )
+    parser.add_argument(
+        "--explain", action="store_true", help="also print a per-node table on stderr"
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=0,
+        metavar="N",
+        help="time N more decisions and report decision_ms p50/p99",
+    )
+    parser.add_argument("--default-memory", type=int, default=0, metavar="MIB")
+    parser.add_argument("--default-cores", type=int, default=0, metavar="PERCENT")
+    parser.add_argument("--memory-factor", type=int, default=1, metavar="N")
+    parser.add_argument(
+        "--numa-grouped-order",
+        action="store_true",
+        help="order GPUs NUMA first for every pod (the design note's order)",
+    )
+    parser.add_argument(
+        "--now", type=int, metavar="UNIX_SECONDS", help="time written to hami.io/vgpu-time"
+    )
+    parser.set_defaults(func=run)
+
+
+class _BadInputError(Exception):
+    pass
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as stream:
+            return stream.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise _BadInputError(f"cannot read {path}: {error}") from None
+
+
+def _shortest_float32(value: float) -> float:
+    """The shortest decimal that reads back as the same float32 (`13.333333`, not
+    `13.333333015441895`)."""
+    from hami_plugin.scheduler.score import float32
+
+    for digits in range(1, 10):
+        shortest = float(f"{value:.{digits}g}")
+        if float32(shortest) == value:
+            return shortest
+    return value
+
+
+def _percentile(samples: list[float], fraction: float) -> float:
+    ordered = sorted(samples)
+    rank = max(1, -(-len(ordered) * fraction // 1))  # nearest-rank method
+    return ordered[int(rank) - 1]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the dry run; returns the exit status."""
+    try:
+        return _run(args)
+    except _BadInputError as error:
+        print(f"hami schedule: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _run(args: argparse.Namespace) -> int:
+    from hami_plugin.codec import AnnotationError, parse_gpu_policy, parse_node_policy
+    from hami_plugin.scheduler.filter import decide
+    from hami_plugin.scheduler.fit import render_failure
+    from hami_plugin.scheduler.settings import SchedulerSettings
+    from hami_plugin.scheduler.snapshot import build_ledger, parse_pod, parse_snapshot
+
+    if args.repeat < 0:
+        raise _BadInputError("--repeat must not be negative")
+    try:
+        settings = SchedulerSettings(
+            node_policy=parse_node_policy(args.node_policy, key="--node-policy"),
+            gpu_policy=parse_gpu_policy(args.gpu_policy, key="--gpu-policy"),
+            default_memory_mib=args.default_memory,
+            default_cores=args.default_cores,
+            memory_factor=args.memory_factor,
+            numa_grouped_order=args.numa_grouped_order,
+        )
+        snapshot = parse_snapshot(_read(args.snapshot), what=args.snapshot)
+        pod = parse_pod(_read(args.pod), what=args.pod)
+    except (AnnotationError, ValueError) as error:
+        raise _BadInputError(str(error)) from None
+    ledger = build_ledger(snapshot)
+    ledger.untrack(pod.key)  # re-scheduling a tracked pod: its old allocation is released
+    if args.nodes is not None:
+        candidates = [name.strip() for name in args.nodes.split(",") if name.strip()]
+    else:
+        candidates = [node.name for node in snapshot.nodes]
+    now = datetime.fromtimestamp(args.now, UTC) if args.now is not None else datetime.now(UTC)
+
+    result = decide(ledger, pod, candidates, now, settings, exhaustive=True)
+    if result.error is not None:
+        raise _BadInputError(f"{args.pod}: {result.error}")
+    output: dict[str, Any] = {
+        "node": result.node,
+        "annotations": dict(result.annotations),
+        "failedNodes": {name: render_failure(f) for name, f in sorted(result.failed_nodes.items())},
+        "scores": {name: _shortest_float32(s) for name, s in sorted(result.scores.items())},
+    }
+    if result.requests.problems:
+        output["problems"] = [str(problem) for problem in result.requests.problems]
+    if not result.requests.wants_gpu:
+        output["note"] = "the pod asks no GPU: every node passes"
+    if args.repeat:
+        output["decision_ms"] = _time_decisions(ledger, pod, candidates, now, settings, args)
+    print(json.dumps(output, indent=2), flush=True)
+    if args.explain:
+        print(_explain(ledger, pod, candidates, result, settings), file=sys.stderr)
+    if result.node is None and result.requests.wants_gpu:
+        return EXIT_NO_FIT
+    return EXIT_FITS
+
+
+def _time_decisions(
+    ledger: Ledger,
+    pod: PodInfo,
+    candidates: list[str],
+    now: datetime,
+    settings: Any,
+    args: argparse.Namespace,
+) -> dict[str, float]:
+    import time
+
+    from hami_plugin.scheduler.filter import decide
+
+    samples = []
+    for _ in range(args.repeat):
+        start = time.perf_counter()
+        decide(ledger, pod, candidates, now, settings)
+        samples.append((time.perf_counter() - start) * 1000.0)
+    return {
+        "p50": round(_percentile(samples, 0.50), 3),
+        "p99": round(_percentile(samples, 0.99), 3),
+    }
+
+
+def _explain(
+    ledger: Ledger,
+    pod: PodInfo,
+    candidates: list[str],
+    result: FilterResult,
+    settings: Any,
+) -> str:
+    from hami_plugin.model import NodePolicy
+    from hami_plugin.scheduler.fit import render_failure
+
+    if not result.requests.wants_gpu:
+        return "the pod asks no GPU: every candidate node passes"
+    node_policy = result.node_policy or settings.node_policy
+    gpu_policy = result.gpu_policy or settings.gpu_policy
+    names = [*pod.init_containers, *pod.containers]
+    usages = [ledger.node(name) for name in dict.fromkeys(candidates)]
+    registered = [usage for usage in usages if usage is not None]
+    sign = -1.0 if node_policy is NodePolicy.BINPACK else 1.0
+    registered.sort(key=lambda usage: (sign * usage.score, usage.name))
+    rows = [("NODE", "SCORE", "RESULT", "GPUS")]
+    for usage in registered:
+        name = usage.name
+        placement = result.placements.get(name)
+        gpus = ""
+        if placement is not None:
+            gpus = "; ".join(
+                f"{names[index].name}: "
+                + ", ".join(f"{d.uuid} {d.used_mem_mib}MiB {d.used_cores}%" for d in devices)
+                for index, devices in enumerate(placement)
+                if devices
+            )
+        verdict = "fits" if placement is not None else render_failure(result.failed_nodes[name])
+        mark = " <- chosen" if name == result.node else ""
+        rows.append((name, repr(_shortest_float32(usage.score)), verdict + mark, gpus))
+    for name, failure in sorted(result.failed_nodes.items()):
+        if ledger.node(name) is None:
+            rows.append((name, "-", render_failure(failure), ""))
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    lines = [
+        f"node policy {node_policy.value} (nodes in the order they are tried), "
+        f"GPU policy {gpu_policy.text}",
+    ]
+    for row in rows:
+        lines.append(
+            "  ".join(cell.ljust(widths[column]) for column, cell in enumerate(row[:3]))
+            + "  "
+            + row[3]
+        )
+    return "\n".join(line.rstrip() for line in lines)

@@ -1,0 +1,92 @@
+"""Cluster snapshots for the dry run: what `kubectl get nodes,pods -A -o yaml` prints.
+
+Accepted: a `v1 List` (or `NodeList`/`PodList`) with `items`, a stream of YAML documents
+(`---`-separated objects or lists), or any mix; objects of other kinds are skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from hami_plugin.scheduler.ledger import Ledger
+from hami_plugin.scheduler.objects import NodeInfo, ObjectError, PodInfo, read_node, read_pod
+
+__all__ = ["ClusterSnapshot", "SnapshotError", "build_ledger", "parse_pod", "parse_snapshot"]
+
+_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class SnapshotError(ValueError):
+    """A snapshot or pod file that is not what kubectl would print."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSnapshot:
+    nodes: tuple[NodeInfo, ...]
+    pods: tuple[PodInfo, ...]
+
+
+def _documents(text: str, what: str) -> list[Any]:
+    try:
+        return [document for document in yaml.load_all(text, Loader=_Loader) if document]
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or "invalid YAML"
+        raise SnapshotError(f"{what}: {problem}{where}") from None
+
+
+def _objects(documents: Iterable[Any], what: str) -> Iterable[Mapping[str, Any]]:
+    for document in documents:
+        if not isinstance(document, Mapping):
+            found = type(document).__name__
+            raise SnapshotError(f"{what}: expected Kubernetes objects, got {found}")
+        if "items" in document and str(document.get("kind", "List")).endswith("List"):
+            yield from _objects(document.get("items") or (), what)
+        else:
+            yield document
+
+
+def parse_snapshot(text: str, what: str = "snapshot") -> ClusterSnapshot:
+    """Read the nodes and pods of a snapshot. Raises SnapshotError (or ObjectError, a
+    ValueError too, naming the object) for malformed input."""
+    nodes: list[NodeInfo] = []
+    pods: list[PodInfo] = []
+    for position, obj in enumerate(_objects(_documents(text, what), what)):
+        kind = obj.get("kind")
+        try:
+            if kind == "Node":
+                nodes.append(read_node(obj))
+            elif kind == "Pod":
+                pods.append(read_pod(obj))
+        except ObjectError as error:
+            raise SnapshotError(f"{what}: object {position} ({kind}): {error}") from None
+    return ClusterSnapshot(tuple(nodes), tuple(pods))
+
+
+def parse_pod(text: str, what: str = "pod") -> PodInfo:
+    """Read exactly one pod (a Pod document, or a list holding one). Raises SnapshotError."""
+    objects = list(_objects(_documents(text, what), what))
+    if len(objects) != 1:
+        raise SnapshotError(f"{what}: expected one pod, found {len(objects)} objects")
+    obj = objects[0]
+    if obj.get("kind", "Pod") != "Pod":
+        raise SnapshotError(f"{what}: expected a Pod, found kind {obj.get('kind')}")
+    try:
+        return read_pod(obj)
+    except ObjectError as error:
+        raise SnapshotError(f"{what}: {error}") from None
+
+
+def build_ledger(snapshot: ClusterSnapshot) -> Ledger:
+    """A ledger holding the snapshot's nodes and pods, as a scheduler's informers would."""
+    ledger = Ledger()
+    for node in snapshot.nodes:
+        ledger.update_node(node)
+    for pod in snapshot.pods:
+        ledger.update_pod(pod)
+    return ledger
