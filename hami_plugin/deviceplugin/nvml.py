@@ -182,6 +182,15 @@ class NvmlBackend:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             uuid = _text(nvml.nvmlDeviceGetUUID(handle))
         except self._error_type as error:
+            known_at_index = next((g for g in self._known.values() if g.index == index), None)
+            if known_at_index is not None:
+                logger.warning(
+                    "GPU %s (NVML index %d) does not answer NVML (%s); keeping its last record",
+                    known_at_index.uuid,
+                    index,
+                    error,
+                )
+                return known_at_index
             logger.error("GPU at NVML index %d skipped: cannot read its UUID: %s", index, error)
             return None
         try:

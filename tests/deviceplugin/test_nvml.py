@@ -150,6 +150,27 @@ def test_lost_gpu_is_skipped_at_first_scan_but_kept_once_known(
     assert backend.scan() == first  # a known GPU going dark keeps its record
 
 
+def test_known_gpu_whose_handle_fails_keeps_its_record(tmp_path: Path) -> None:
+    class LostHandles(FakeNvml):
+        lost = False
+
+        def nvmlDeviceGetHandleByIndex(self, index: int) -> fake.FakeDeviceHandle:
+            if self.lost and index == 1:
+                raise fake.NVMLError_GpuIsLost()
+            return super().nvmlDeviceGetHandleByIndex(index)
+
+    path = tmp_path / "gpus.yaml"
+    write(path, f"gpus:\n  - {{uuid: {UUID_A}}}\n  - {{uuid: {UUID_B}}}\n")
+    module = LostHandles(str(path))
+    backend = NvmlBackend(module)
+    backend.start()
+    first = backend.scan()
+    module.lost = True
+    assert backend.scan() == first
+    fresh = NvmlBackend(module)  # never saw the GPU: it is skipped
+    assert [gpu.uuid for gpu in fresh.scan()] == [UUID_A]
+
+
 def test_is_responsive(tmp_path: Path) -> None:
     backend, path = backend_for(tmp_path, f"gpus:\n  - {{uuid: {UUID_A}}}\n")
     assert backend.is_responsive(UUID_A)
