@@ -10,9 +10,28 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from hami_plugin.deviceplugin.nvml import PhysicalGpu
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
 from hami_plugin.model import MODE_HAMI_CORE, GpuDevice
+
+
+@dataclass(frozen=True, slots=True)
+class PhysicalGpu:
+    """One physical GPU as NVML reports it."""
+
+    uuid: str
+    index: int
+    name: str
+    memory_mib: int
+    numa_node: int
+    """NUMA node of the GPU's PCI device; -1 when unknown."""
+    mig_enabled: bool
+    pci_bus_id: str
+    minor_number: int | None
+
+    @property
+    def card_type(self) -> str:
+        """The card type HAMi registers: the NVML name, prefixed `NVIDIA-` unless it has it."""
+        return self.name if self.name.startswith("NVIDIA") else f"NVIDIA-{self.name}"
 
 
 def vgpu_device_ids(gpu_uuid: str, split_count: int) -> list[str]:

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from hami_plugin.deviceplugin.inventory import PhysicalGpu as PhysicalGpu
+
 logger = logging.getLogger(__name__)
 
 _XID_CRITICAL = 0x8
@@ -39,26 +41,6 @@ class NvmlUnavailable(NvmlError):  # noqa: N818 (name fixed by the shared interf
 
 class EventsNotSupportedError(NvmlError):
     """The GPU (or driver) does not support the error events we want to watch."""
-
-
-@dataclass(frozen=True, slots=True)
-class PhysicalGpu:
-    """One physical GPU as NVML reports it."""
-
-    uuid: str
-    index: int
-    name: str
-    memory_mib: int
-    numa_node: int
-    """NUMA node of the GPU's PCI device; -1 when unknown."""
-    mig_enabled: bool
-    pci_bus_id: str
-    minor_number: int | None
-
-    @property
-    def card_type(self) -> str:
-        """The card type HAMi registers: the NVML name, prefixed `NVIDIA-` unless it has it."""
-        return self.name if self.name.startswith("NVIDIA") else f"NVIDIA-{self.name}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,13 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hami_plugin.deviceplugin.inventory import (
+    PhysicalGpu,
     VgpuDevice,
     build_register_devices,
     build_vgpu_devices,
     physical_uuid_of,
     vgpu_device_ids,
 )
-from hami_plugin.deviceplugin.nvml import PhysicalGpu
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
 from hami_plugin.model import GpuDevice
 
