@@ -1,0 +1,292 @@
+"""Per-container requests: every rule of reference section 2."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from hami_plugin.scheduler.objects import ContainerSpec, ObjectError, read_pod
+from hami_plugin.scheduler.requests import (
+    PERCENTAGE_UNSET,
+    ContainerRequest,
+    container_request,
+    pod_requests,
+)
+from hami_plugin.scheduler.settings import ResourceNames, SchedulerSettings
+
+DEFAULTS = SchedulerSettings()
+
+
+def _request(
+    limits: dict[str, Any] | None = None,
+    requests: dict[str, Any] | None = None,
+    settings: SchedulerSettings = DEFAULTS,
+) -> ContainerRequest | None:
+    spec = ContainerSpec("c", limits=limits or {}, requests=requests or {})
+    return container_request(spec, settings)[0]
+
+
+def _problems(limits: dict[str, Any], settings: SchedulerSettings = DEFAULTS) -> list[str]:
+    return [str(p) for p in container_request(ContainerSpec("c", limits=limits), settings)[1]]
+
+
+GPU, MEM, PCT, CORES = (
+    "nvidia.com/gpu",
+    "nvidia.com/gpumem",
+    "nvidia.com/gpumem-percentage",
+    "nvidia.com/gpucores",
+)
+
+
+@pytest.mark.parametrize(
+    ("limits", "expected"),
+    [
+        # gpu alone: whole card memory (percentage 100), no cores
+        ({GPU: "1"}, ContainerRequest(1, 0, 100, 0)),
+        ({GPU: 2, MEM: "3000", CORES: "30"}, ContainerRequest(2, 3000, PERCENTAGE_UNSET, 30)),
+        ({GPU: "1", PCT: "50"}, ContainerRequest(1, 0, 50, 0)),
+        ({GPU: "1", PCT: "250"}, ContainerRequest(1, 0, 100, 0)),  # clamped to 100
+        ({GPU: "1", PCT: "101"}, ContainerRequest(1, 0, 100, 0)),  # 101 never means "unset"
+        ({GPU: "1", PCT: "0"}, ContainerRequest(1, 0, 100, 0)),  # <= 0 is unset -> 100
+        ({GPU: "1", PCT: "-5", MEM: "2000"}, ContainerRequest(1, 2000, PERCENTAGE_UNSET, 0)),
+        ({GPU: "1", MEM: "2000", PCT: "30"}, ContainerRequest(1, 2000, 30, 0)),
+        ({GPU: "1", CORES: "150"}, ContainerRequest(1, 0, 100, 150)),  # Fit clamps cores
+        # quantities in any serialisation
+        ({GPU: "1k"}, ContainerRequest(1000, 0, 100, 0)),
+        ({GPU: "2000m", MEM: "1Ki"}, ContainerRequest(2, 1024, PERCENTAGE_UNSET, 0)),
+        ({GPU: "1e0", MEM: "4e3"}, ContainerRequest(1, 4000, PERCENTAGE_UNSET, 0)),
+        ({GPU: "1", MEM: "0"}, ContainerRequest(1, 0, 100, 0)),
+        ({GPU: "1", MEM: "2147483647"}, ContainerRequest(1, 2147483647, PERCENTAGE_UNSET, 0)),
+    ],
+)
+def test_container_requests(limits: dict[str, Any], expected: ContainerRequest) -> None:
+    assert _request(limits) == expected
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {},  # no GPU asked
+        {MEM: "3000"},  # memory alone is not a request (the webhook adds the count)
+        {GPU: "0"},
+        {GPU: "0", MEM: "100"},
+    ],
+)
+def test_no_request_and_no_problem(limits: dict[str, Any]) -> None:
+    assert _request(limits) is None
+    assert _problems(limits) == []
+
+
+@pytest.mark.parametrize(
+    ("limits", "problem"),
+    [
+        ({GPU: "500m"}, "nvidia.com/gpu=500m: not a whole number; GPU request dropped"),
+        ({GPU: "one"}, "nvidia.com/gpu=one: not a Kubernetes quantity; GPU request dropped"),
+        ({GPU: "-1"}, "nvidia.com/gpu=-1: out of range 0..2147483647; GPU request dropped"),
+        ({GPU: "3Gi"}, "nvidia.com/gpu=3Gi: out of range 0..2147483647; GPU request dropped"),
+        ({GPU: "1", MEM: "16Gi"}, "nvidia.com/gpumem=16Gi: out of range 0..2147483647 (MiB)"),
+        ({GPU: "1", MEM: "16.0Gi"}, "nvidia.com/gpumem=16.0Gi: out of range"),
+        ({GPU: "1", MEM: "1.5"}, "nvidia.com/gpumem=1.5: not a whole number; GPU request dropped"),
+        ({GPU: "1", MEM: "-1"}, "nvidia.com/gpumem=-1: out of range"),
+        ({GPU: True}, "nvidia.com/gpu=True: not a Kubernetes quantity"),
+    ],
+)
+def test_bad_count_or_memory_drops_the_request(limits: dict[str, Any], problem: str) -> None:
+    assert _request(limits) is None
+    (found,) = _problems(limits)
+    assert found.startswith("container 'c': ")
+    assert problem in found
+    assert found.endswith("GPU request dropped")
+
+
+@pytest.mark.parametrize(
+    ("limits", "expected", "problem"),
+    [
+        ({GPU: "1", PCT: "50.5"}, ContainerRequest(1, 0, 100, 0), "gpumem-percentage=50.5"),
+        ({GPU: "1", CORES: "2.5"}, ContainerRequest(1, 0, 100, 0), "gpucores=2.5"),
+        ({GPU: "1", CORES: "-10"}, ContainerRequest(1, 0, 100, 0), "gpucores=-10"),
+        ({GPU: "1", CORES: "3Gi"}, ContainerRequest(1, 0, 100, 0), "gpucores=3Gi"),
+    ],
+)
+def test_bad_percentage_or_cores_are_ignored(
+    limits: dict[str, Any], expected: ContainerRequest, problem: str
+) -> None:
+    assert _request(limits) == expected
+    (found,) = _problems(limits)
+    assert problem in found
+    assert found.endswith("value ignored")
+
+
+def test_limits_win_over_requests_per_resource() -> None:
+    request = _request(
+        limits={GPU: "2", CORES: "40"},
+        requests={GPU: "1", MEM: "5000", CORES: "10"},
+    )
+    # count and cores from limits, memory only in requests
+    assert request == ContainerRequest(2, 5000, PERCENTAGE_UNSET, 40)
+
+
+def test_requests_alone_are_read() -> None:
+    assert _request(requests={GPU: "1", MEM: "1000"}) == ContainerRequest(
+        1, 1000, PERCENTAGE_UNSET, 0
+    )
+
+
+def test_default_memory_and_cores() -> None:
+    settings = SchedulerSettings(default_memory_mib=4096, default_cores=20)
+    assert _request({GPU: "1"}, settings=settings) == ContainerRequest(
+        1, 4096, PERCENTAGE_UNSET, 20
+    )
+    # a percentage wins over the default memory; given cores win over the default
+    assert _request({GPU: "1", PCT: "25", CORES: "0"}, settings=settings) == ContainerRequest(
+        1, 0, 25, 0
+    )
+
+
+def test_memory_factor_scales_and_bounds_memory() -> None:
+    settings = SchedulerSettings(memory_factor=4)
+    assert _request({GPU: "1", MEM: "1000"}, settings=settings) == ContainerRequest(
+        1, 4000, PERCENTAGE_UNSET, 0
+    )
+    assert _request({GPU: "1", MEM: "536870911"}, settings=settings) == ContainerRequest(
+        1, 2147483644, PERCENTAGE_UNSET, 0
+    )
+    assert _request({GPU: "1", MEM: "536870912"}, settings=settings) is None
+    # the default memory is not multiplied
+    assert _request(
+        {GPU: "1"}, settings=SchedulerSettings(memory_factor=4, default_memory_mib=10)
+    ) == ContainerRequest(1, 10, PERCENTAGE_UNSET, 0)
+
+
+def test_resource_names_are_configurable() -> None:
+    names = ResourceNames("hami.io/gpu", "hami.io/gpumem", "hami.io/gpumem-percentage", "x/c")
+    settings = SchedulerSettings(resources=names)
+    assert _request({GPU: "1"}, settings=settings) is None
+    assert _request({"hami.io/gpu": "1", "hami.io/gpumem": "10"}, settings=settings) == (
+        ContainerRequest(1, 10, PERCENTAGE_UNSET, 0)
+    )
+
+
+def test_memory_on_a_card() -> None:
+    assert ContainerRequest(1, 0, 50, 0).memory_on(32768) == 16384
+    assert ContainerRequest(1, 0, 33, 0).memory_on(15360) == 5068  # integer division
+    assert ContainerRequest(1, 2000, 30, 0).memory_on(32768) == 2000  # MiB win in Fit
+    assert ContainerRequest(1, 2000, PERCENTAGE_UNSET, 0).memory_on(32768) == 2000
+
+
+POD_YAML: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "p", "namespace": "ns", "annotations": {"a": "b"}},
+    "spec": {
+        "initContainers": [
+            {"name": "init-a", "resources": {"limits": {GPU: "1", MEM: "100"}}},
+            {"name": "init-b"},
+        ],
+        "containers": [
+            {"name": "app-a"},
+            {"name": "app-b", "resources": {"limits": {GPU: "2", PCT: "10"}}},
+        ],
+    },
+}
+
+
+def test_pod_requests_init_containers_first() -> None:
+    requests = pod_requests(POD_YAML, DEFAULTS)
+    assert requests.init_count == 2
+    assert requests.containers == (
+        ContainerRequest(1, 100, PERCENTAGE_UNSET, 0),
+        None,
+        None,
+        ContainerRequest(2, 0, 10, 0),
+    )
+    assert requests.wants_gpu
+    assert requests.init_requests == requests.containers[:2]
+    assert requests.app_requests == requests.containers[2:]
+
+
+def test_pod_requests_from_the_kubernetes_client_model() -> None:
+    pod = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="p", namespace="ns"),
+        spec=k8s.V1PodSpec(
+            init_containers=[
+                k8s.V1Container(
+                    name="init-a",
+                    resources=k8s.V1ResourceRequirements(limits={GPU: "1", MEM: "100"}),
+                ),
+                k8s.V1Container(name="init-b"),
+            ],
+            containers=[
+                k8s.V1Container(name="app-a"),
+                k8s.V1Container(
+                    name="app-b",
+                    resources=k8s.V1ResourceRequirements(limits={GPU: "2", PCT: "10"}),
+                ),
+            ],
+        ),
+    )
+    assert pod_requests(pod, DEFAULTS) == pod_requests(POD_YAML, DEFAULTS)
+    # and the client's to_dict() form (snake_case keys)
+    assert pod_requests(pod.to_dict(), DEFAULTS) == pod_requests(POD_YAML, DEFAULTS)
+
+
+def test_problems_name_the_container() -> None:
+    pod = {
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": {GPU: "1.5"}}}]},
+    }
+    requests = pod_requests(pod, DEFAULTS)
+    assert not requests.wants_gpu
+    assert [str(p) for p in requests.problems] == [
+        "container 'main': nvidia.com/gpu=1.5: not a whole number; GPU request dropped"
+    ]
+
+
+def test_read_pod_fields() -> None:
+    pod = {
+        "metadata": {
+            "name": "p",
+            "uid": "u-1",
+            "deletionTimestamp": "2025-01-01T00:00:00Z",
+            "annotations": {"x": "y"},
+        },
+        "spec": {"initContainers": [{"name": "i"}], "containers": [{"name": "c"}]},
+        "status": {
+            "phase": "Succeeded",
+            "initContainerStatuses": [{"state": {"terminated": {"exitCode": 0}}}],
+        },
+    }
+    info = read_pod(pod)
+    assert info.key == "default/p"
+    assert info.uid == "u-1"
+    assert info.deleting
+    assert info.finished
+    assert info.init_containers_done
+    failed_init = {
+        **pod,
+        "status": {"initContainerStatuses": [{"state": {"terminated": {"exitCode": 1}}}]},
+    }
+    assert not read_pod(failed_init).init_containers_done
+    running_init = {**pod, "status": {"initContainerStatuses": [{"state": {"running": {}}}]}}
+    assert not read_pod(running_init).init_containers_done
+
+
+@pytest.mark.parametrize(
+    ("pod", "message"),
+    [
+        ({"metadata": {}}, "metadata.name is missing"),
+        ({"metadata": {"name": 3}}, "metadata.name must be a string"),
+        ({"metadata": {"name": "p", "annotations": {"a": 1}}}, "map strings to strings"),
+        ({"metadata": {"name": "p"}, "spec": {"containers": "x"}}, "must be a list"),
+        ({"metadata": {"name": "p"}, "spec": {"containers": [None]}}, "is empty"),
+        (
+            {"metadata": {"name": "p"}, "spec": {"containers": [{"resources": {"limits": []}}]}},
+            "limits must be a mapping",
+        ),
+    ],
+)
+def test_unreadable_pods(pod: dict[str, Any], message: str) -> None:
+    with pytest.raises(ObjectError, match=message):
+        read_pod(pod)
