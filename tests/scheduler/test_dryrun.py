@@ -1,0 +1,209 @@
+"""`hami schedule` on the fixture snapshot (real `kubectl get nodes,pods -A -o yaml` output)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hami_plugin.cli import main
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "scheduler"
+CLUSTER = str(FIXTURES / "cluster.yaml")
+A100_GPU0 = "GPU-7b1c9e2a-3f4d-4c1e-9a6b-2d8e5f0a1b3c"
+A100_GPU1 = "GPU-c4d2a8f1-6e3b-4a9d-8c7e-1f5b2a9d0e4f"
+T4_FAILURE = "1/2 CardCordoned, 1/2 CardNotHealth"
+
+
+def schedule(
+    capsys: pytest.CaptureFixture[str], pod: str, *extra: str
+) -> tuple[int, dict[str, Any], str]:
+    pod_path = pod if "/" in pod else str(FIXTURES / pod)
+    code = main(
+        ["schedule", "--snapshot", CLUSTER, "--pod", pod_path, "--now", "1741083600", *extra]
+    )
+    captured = capsys.readouterr()
+    output = json.loads(captured.out) if captured.out else {}
+    return code, output, captured.err
+
+
+def test_small_pod_binpack(capsys: pytest.CaptureFixture[str]) -> None:
+    code, output, err = schedule(capsys, "pod-small.yaml")
+    value = f"{A100_GPU1},NVIDIA,10000,30:;"
+    assert code == 0
+    assert err == ""
+    assert output == {
+        "node": "gpu-a100-0",
+        "annotations": {
+            "hami.io/vgpu-node": "gpu-a100-0",
+            "hami.io/vgpu-time": "1741083600",
+            "hami.io/vgpu-devices-to-allocate": value,
+            "hami.io/vgpu-devices-allocated": value,
+        },
+        "failedNodes": {"cpu-0": "node unregistered", "gpu-t4-0": T4_FAILURE},
+        "scores": {"gpu-a100-0": 8.662109, "gpu-v100-0": 5.5},
+    }
+
+
+def test_policies_from_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    code, output, _ = schedule(capsys, "pod-small.yaml", "--node-policy", "spread")
+    assert (code, output["node"]) == (0, "gpu-v100-0")
+    code, output, _ = schedule(capsys, "pod-small.yaml", "--gpu-policy", "binpack")
+    assert output["annotations"]["hami.io/vgpu-devices-allocated"].startswith(A100_GPU0)
+
+
+def test_numa_bind_pod(capsys: pytest.CaptureFixture[str]) -> None:
+    code, output, _ = schedule(capsys, "pod-numa.yaml")
+    assert code == 0
+    assert output["node"] == "gpu-v100-0"
+    assert output["failedNodes"]["gpu-a100-0"] == (
+        "1/2 AllocatedCardsInsufficientRequest, 1/2 NumaNotFit"
+    )
+    # both GPUs from NUMA node 0 (the V100s with index 0 and 1), 8Ki = 8192 MiB each
+    assert output["annotations"]["hami.io/vgpu-devices-allocated"] == (
+        "GPU-00552014-5c87-89ac-b1a6-7b53aa24b0ec,NVIDIA,8192,40:"
+        "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448,NVIDIA,8192,40:;"
+    )
+
+
+def test_init_container_pod(capsys: pytest.CaptureFixture[str]) -> None:
+    code, output, _ = schedule(capsys, "pod-init.yaml")
+    assert code == 0
+    # download-weights (no GPU), compile-engine (50 % of an 80 GiB card), proxy (no GPU), server
+    assert output["annotations"]["hami.io/vgpu-devices-allocated"] == (
+        f";{A100_GPU1},NVIDIA,40960,0:;;{A100_GPU1},NVIDIA,12000,20:;"
+    )
+
+
+def test_no_node_fits(capsys: pytest.CaptureFixture[str]) -> None:
+    code, output, err = schedule(capsys, "pod-too-big.yaml")
+    assert code == 2
+    assert err == ""
+    assert output["node"] is None and output["annotations"] == {} and output["scores"] == {}
+    assert output["failedNodes"] == {
+        "cpu-0": "node unregistered",
+        "gpu-a100-0": "2/2 CardInsufficientMemory",
+        "gpu-t4-0": T4_FAILURE,
+        "gpu-v100-0": "4/4 CardInsufficientMemory",
+    }
+
+
+def test_no_gpu_pod(capsys: pytest.CaptureFixture[str]) -> None:
+    code, output, _ = schedule(capsys, "pod-no-gpu.yaml")
+    assert code == 0
+    assert output["node"] is None
+    assert output["note"] == "the pod asks no GPU: every node passes"
+
+
+def test_bad_quantity_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
+    code, output, _ = schedule(capsys, "pod-bad-quantity.yaml")
+    assert code == 0
+    assert output["problems"] == [
+        "container 'app': nvidia.com/gpumem=16Gi: out of range 0..2147483647 (MiB); "
+        "GPU request dropped"
+    ]
+
+
+def test_candidate_nodes(capsys: pytest.CaptureFixture[str]) -> None:
+    code, output, _ = schedule(capsys, "pod-small.yaml", "--nodes", "gpu-v100-0, gone")
+    assert code == 0
+    assert output["node"] == "gpu-v100-0"
+    assert output["failedNodes"] == {"gone": "node unregistered"}
+
+
+def test_explain_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code, output, err = schedule(capsys, "pod-small.yaml", "--explain")
+    assert code == 0 and output["node"] == "gpu-a100-0"  # stdout stays JSON
+    lines = err.splitlines()
+    assert lines[0] == "node policy binpack (nodes in the order they are tried), GPU policy spread"
+    assert lines[1].split() == ["NODE", "SCORE", "RESULT", "GPUS"]
+    assert lines[2].split()[:5] == ["gpu-a100-0", "8.662109", "fits", "<-", "chosen"]
+    assert lines[2].endswith(f"app: {A100_GPU1} 10000MiB 30%")
+    assert lines[3].split()[:3] == ["gpu-v100-0", "5.5", "fits"]
+    assert lines[4].split() == ["gpu-t4-0", "3.0833335", *T4_FAILURE.split()]
+    assert lines[5].split() == ["cpu-0", "-", "node", "unregistered"]
+
+
+def test_repeat_adds_timings(capsys: pytest.CaptureFixture[str]) -> None:
+    code, output, _ = schedule(capsys, "pod-small.yaml", "--repeat", "5")
+    assert code == 0
+    assert set(output["decision_ms"]) == {"p50", "p99"}
+    assert 0 <= output["decision_ms"]["p50"] <= output["decision_ms"]["p99"]
+
+
+def test_rescheduling_a_tracked_pod_releases_its_old_allocation(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # llm-serving-0 holds 40000 MiB of the A100 GPU 0; asked again for 60000 MiB it fits there
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(
+        "metadata: {name: llm-serving-0, namespace: inference}\n"
+        "spec:\n  containers:\n  - name: vllm\n    resources:\n"
+        "      limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 60000}\n"
+    )
+    code, output, _ = schedule(capsys, str(pod))
+    assert code == 0
+    assert output["annotations"]["hami.io/vgpu-devices-allocated"].startswith(A100_GPU0)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--pod", "/nonexistent/pod.yaml"], "cannot read /nonexistent/pod.yaml"),
+        (["--gpu-policy", "bogus"], "--gpu-policy: unknown GPU scheduler policy"),
+        (["--node-policy", "fill"], "--node-policy: unknown node scheduler policy"),
+        (["--repeat", "-1"], "--repeat must not be negative"),
+        (["--memory-factor", "0"], "memory_factor must be at least 1"),
+        (
+            ["--pod", str(FIXTURES / "pod-bad-policy.yaml")],
+            'unknown GPU scheduler policy "packbin"',
+        ),
+        (["--pod", CLUSTER], "expected one pod, found 10 objects"),
+    ],
+)
+def test_bad_input(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    argv = ["schedule", "--snapshot", CLUSTER, "--pod", str(FIXTURES / "pod-small.yaml"), *args]
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1
+    assert captured.err.startswith("hami schedule: ")
+    assert message in captured.err
+
+
+def test_bad_snapshot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    snapshot = tmp_path / "cluster.yaml"
+    snapshot.write_text("apiVersion: v1\nitems:\n- kind: Node\n  metadata: [oops\n")
+    code = main(
+        ["schedule", "--snapshot", str(snapshot), "--pod", str(FIXTURES / "pod-small.yaml")]
+    )
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.err.startswith(f"hami schedule: {snapshot}: ")
+    assert captured.err.count("\n") == 1
+
+
+def test_python_dash_m(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hami_plugin",
+            "schedule",
+            "--snapshot",
+            CLUSTER,
+            "--pod",
+            str(FIXTURES / "pod-too-big.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 2, completed.stderr
+    assert json.loads(completed.stdout)["node"] is None

@@ -1,0 +1,94 @@
+"""Snapshot loading: kubectl's v1 List, YAML streams, errors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from hami_plugin.scheduler.snapshot import SnapshotError, build_ledger, parse_pod, parse_snapshot
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "scheduler"
+
+
+def test_kubectl_list_fixture() -> None:
+    snapshot = parse_snapshot((FIXTURES / "cluster.yaml").read_text())
+    assert [node.name for node in snapshot.nodes] == [
+        "gpu-a100-0",
+        "gpu-v100-0",
+        "gpu-t4-0",
+        "cpu-0",
+    ]
+    assert len(snapshot.pods) == 6
+    ledger = build_ledger(snapshot)
+    assert ledger.node_names() == ["gpu-a100-0", "gpu-t4-0", "gpu-v100-0"]
+    # the Succeeded pod released its GPU; the running ones are booked
+    assert ledger.tracked("ml/nightly-eval-9tq4m") is None
+    assert ledger.pod_count == 4
+    v100 = ledger.node("gpu-v100-0")
+    assert v100 is not None
+    assert v100.used == (0, 0, 1, 1)
+    assert v100.used_memory_mib == (0, 0, 16384, 16384)
+    t4 = ledger.node("gpu-t4-0")
+    assert t4 is not None and t4.cordoned == frozenset({"GPU-2e6f0b9d-81c4-4f7a-b3d5-6a0c9e1f2b47"})
+    assert [device.healthy for device in t4.devices] == [True, False]
+
+
+REGISTER = (
+    '[{"id":"GPU-1","count":10,"devmem":1000,"devcore":100,"type":"NVIDIA T4","health":true}]'
+)
+ALLOCATED = "{hami.io/vgpu-node: n1, hami.io/vgpu-devices-allocated: 'GPU-1,NVIDIA,100,10:;'}"
+
+
+def test_multi_document_stream_and_nested_lists() -> None:
+    text = f"""
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: n1
+  annotations:
+    hami.io/node-nvidia-register: '{REGISTER}'
+---
+apiVersion: v1
+kind: PodList
+items:
+- kind: Pod
+  metadata: {{name: p, namespace: ns, annotations: {ALLOCATED}}}
+---
+kind: ConfigMap
+metadata: {{name: ignored}}
+...
+"""
+    snapshot = parse_snapshot(text)
+    assert [n.name for n in snapshot.nodes] == ["n1"]
+    assert [p.key for p in snapshot.pods] == ["ns/p"]
+    node = build_ledger(snapshot).node("n1")
+    assert node is not None and node.used_memory_mib == (100,)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("items: [", "snapshot:"),
+        ("- just\n- a list\n", "expected Kubernetes objects, got list"),
+        ("kind: Pod\nmetadata: {namespace: x}\n", "object 0 (Pod): metadata.name is missing"),
+        ("kind: Node\nmetadata: {name: n, annotations: {a: 1}}\n", "map strings to strings"),
+    ],
+)
+def test_bad_snapshots(text: str, message: str) -> None:
+    with pytest.raises(SnapshotError, match=re.escape(message)):
+        parse_snapshot(text)
+
+
+def test_parse_pod() -> None:
+    pod = parse_pod((FIXTURES / "pod-init.yaml").read_text())
+    assert pod.key == "inference/warm-cache"
+    assert [c.name for c in pod.init_containers] == ["download-weights", "compile-engine"]
+    with pytest.raises(SnapshotError, match="expected one pod, found 2 objects"):
+        parse_pod("kind: Pod\nmetadata: {name: a}\n---\nkind: Pod\nmetadata: {name: b}\n")
+    with pytest.raises(SnapshotError, match="expected a Pod, found kind Node"):
+        parse_pod("kind: Node\nmetadata: {name: a}\n")
+    with pytest.raises(SnapshotError, match="expected one pod, found 0 objects"):
+        parse_pod("")
