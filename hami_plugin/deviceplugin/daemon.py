@@ -1,0 +1,303 @@
+"""`hami device-plugin`: the node daemon, wired together.
+
+settings → NVML backend → inventory → gRPC server + kubelet registration → health monitor →
+node register annotation. NVML failing at start is one log line and exit status 1, or, with
+`--fail-on-init-error=false`, the daemon stays up advertising nothing and retries. SIGTERM or
+SIGINT stops serving, removes the socket and exits 0.
+
+Heavy imports (grpc, kubernetes, the NVML adapter) happen in `run`, so `hami --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from collections.abc import Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from hami_plugin.deviceplugin.settings import (
+    DevicePluginSettings,
+    SettingsError,
+    add_arguments,
+    resolve_settings,
+)
+
+if TYPE_CHECKING:
+    from hami_plugin.deviceplugin.health import HealthChange, HealthMonitor
+    from hami_plugin.deviceplugin.kubelet import KubeletRegistrar, RestartWatch
+    from hami_plugin.deviceplugin.nvml import NvmlBackend, PhysicalGpu
+    from hami_plugin.deviceplugin.register import RegisterPublisher
+    from hami_plugin.deviceplugin.server import DeviceBoard, KubeApi
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+DEFAULT_VGPULOCK_PATH = "/tmp/vgpulock"
+NVML_RETRY_SECONDS = 10.0
+
+
+class DevicePluginDaemon:
+    """The running device plugin. `run()` blocks until `stop()` (thread-safe, idempotent).
+
+    `kube`, `nvml_module` and `restart_watch` replace the production adapters in tests;
+    `vgpulock_path` is the host directory mounted at /tmp/vgpulock in containers.
+    """
+
+    def __init__(
+        self,
+        settings: DevicePluginSettings,
+        *,
+        kube: KubeApi | None = None,
+        nvml_module: Any = None,
+        restart_watch: RestartWatch | None = None,
+        vgpulock_path: str = DEFAULT_VGPULOCK_PATH,
+        sysfs_root: str = "/sys",
+        nvml_retry_seconds: float = NVML_RETRY_SECONDS,
+    ) -> None:
+        self.settings = settings
+        self._kube = kube
+        self._nvml_module = nvml_module
+        self._restart_watch = restart_watch
+        self._vgpulock_path = vgpulock_path
+        self._sysfs_root = sysfs_root
+        self._nvml_retry = nvml_retry_seconds
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._gpus: list[PhysicalGpu] = []
+        self._backend: NvmlBackend | None = None
+        self._health: HealthMonitor | None = None
+        self._publisher: RegisterPublisher | None = None
+        self.board: DeviceBoard | None = None
+        self.registrar: KubeletRegistrar | None = None
+        self.started = threading.Event()
+        """Set once the server is up and registration has begun (for tests and benchmarks)."""
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> int:
+        """Start everything, wait for `stop()`, tear down. Returns the exit status."""
+        from hami_plugin.deviceplugin.nvml import NvmlBackend, NvmlUnavailable, load_nvml_module
+
+        settings = self.settings
+        try:
+            nvml = self._nvml_module or load_nvml_module(settings.nvml, settings.fake_gpus)
+        except (NvmlUnavailable, ValueError) as error:
+            logger.error("%s", error)
+            return EXIT_FAILURE
+        backend = NvmlBackend(
+            nvml,
+            self._sysfs_root,
+            preconfigured_memory_mib=settings.preconfigured_device_memory_mib,
+        )
+        logged = False
+        while True:
+            try:
+                backend.start()
+                break
+            except NvmlUnavailable as error:
+                if settings.fail_on_init_error:
+                    logger.error("%s", error)
+                    return EXIT_FAILURE
+                if not logged:
+                    logger.error(
+                        "%s; advertising no GPUs and retrying every %g s "
+                        "(--fail-on-init-error=false)",
+                        error,
+                        self._nvml_retry,
+                    )
+                    logged = True
+                if self._stop.wait(self._nvml_retry):
+                    return EXIT_OK
+        if logged:
+            logger.info("NVML is available now")
+        self._backend = backend
+        try:
+            return self._serve(backend)
+        finally:
+            backend.shutdown()
+
+    def _serve(self, backend: NvmlBackend) -> int:
+        from hami_plugin.deviceplugin.allocate import AllocateConfig
+        from hami_plugin.deviceplugin.health import HealthMonitor
+        from hami_plugin.deviceplugin.kubelet import KubeletRegistrar
+        from hami_plugin.deviceplugin.nvml import NvmlError
+        from hami_plugin.deviceplugin.register import RegisterPublisher
+        from hami_plugin.deviceplugin.server import DeviceBoard, DevicePluginService, PodAllocator
+        from hami_plugin.k8s import KubeClient, KubeError
+
+        settings = self.settings
+        try:
+            gpus = backend.scan()
+        except NvmlError as error:
+            logger.error("cannot list GPUs: %s", error)
+            return EXIT_FAILURE
+        owned_kube = None
+        kube = self._kube
+        if kube is None:
+            try:
+                kube = owned_kube = KubeClient.from_config(settings.kubeconfig)
+            except KubeError as error:
+                logger.error("%s", error)
+                return EXIT_FAILURE
+        self._set_gpus(gpus)
+        board = self.board = DeviceBoard()
+        self._refresh_devices()
+        allocator = PodAllocator(
+            kube,
+            settings.node_name,
+            AllocateConfig(
+                hook_path=settings.hook_path,
+                memory_scaling=settings.memory_scaling,
+                libcuda_log_level=settings.libcuda_log_level,
+                disable_core_limit=settings.disable_core_limit,
+                enable_preferred_allocation=settings.enable_preferred_allocation,
+                vgpulock_host_path=self._vgpulock_path,
+            ),
+        )
+        service = DevicePluginService(
+            board, allocator, preferred_allocation=settings.enable_preferred_allocation
+        )
+        registrar = self.registrar = KubeletRegistrar(
+            service,
+            plugin_dir=settings.device_plugin_path,
+            socket_name=settings.socket_name,
+            resource_name=settings.resource_name,
+            watch=self._restart_watch,
+        )
+        health = self._health = HealthMonitor(backend, settings, self._on_health_change)
+        publisher = self._publisher = RegisterPublisher(
+            kube,
+            settings.node_name,
+            self._register_value,
+            interval_seconds=settings.register_interval_seconds,
+        )
+        try:
+            registrar.start()
+            health.start(gpus)
+            publisher.start()
+            self.started.set()
+            self._stop.wait()
+            logger.info("stopping: removing %s", registrar.socket_path)
+        finally:
+            registrar.stop()
+            publisher.stop()
+            health.stop()
+            board.close()
+            if owned_kube is not None:
+                owned_kube.close()
+        logger.info("device plugin stopped")
+        return EXIT_OK
+
+    # --- state ----------------------------------------------------------------------------
+
+    def _set_gpus(self, gpus: Sequence[PhysicalGpu]) -> bool:
+        """Adopt a scan result; True when the GPU list changed."""
+        with self._lock:
+            if list(gpus) == self._gpus:
+                return False
+            self._gpus = list(gpus)
+        for gpu in gpus:
+            if gpu.mig_enabled:
+                logger.warning(
+                    "GPU %s (index %d) has MIG enabled: not advertised (MIG is not supported)",
+                    gpu.uuid,
+                    gpu.index,
+                )
+        logger.info(
+            "GPUs: %s",
+            ", ".join(f"{g.index}:{g.uuid} {g.name} {g.memory_mib} MiB" for g in gpus) or "none",
+        )
+        return True
+
+    def _unhealthy(self) -> frozenset[str]:
+        return self._health.unhealthy if self._health is not None else frozenset()
+
+    def _refresh_devices(self) -> None:
+        from hami_plugin.deviceplugin.inventory import build_vgpu_devices
+
+        with self._lock:
+            gpus = list(self._gpus)
+        devices = build_vgpu_devices(gpus, self._unhealthy(), self.settings)
+        if self.board is not None and self.board.publish(devices):
+            unhealthy = sum(1 for d in devices if not d.healthy)
+            logger.info("advertising %d devices (%d unhealthy)", len(devices), unhealthy)
+
+    def _on_health_change(self, change: HealthChange) -> None:
+        self._refresh_devices()
+        if self._publisher is not None:
+            self._publisher.poke()
+
+    def _register_value(self) -> str:
+        """Rescan the GPUs (inventory changes show up here) and encode the register value."""
+        from hami_plugin import codec
+        from hami_plugin.deviceplugin.inventory import build_register_devices
+        from hami_plugin.deviceplugin.nvml import NvmlError
+
+        if self._backend is not None:
+            try:
+                gpus = self._backend.scan()
+            except NvmlError as error:
+                logger.warning("GPU rescan failed, keeping the last inventory: %s", error)
+            else:
+                if self._set_gpus(gpus):
+                    self._rewatch(gpus)
+                    self._refresh_devices()
+        with self._lock:
+            gpus = list(self._gpus)
+        return codec.encode_node_devices(
+            build_register_devices(gpus, self._unhealthy(), self.settings)
+        )
+
+    def _rewatch(self, gpus: Sequence[PhysicalGpu]) -> None:
+        if self._health is not None and not self._stop.is_set():
+            self._health.stop()
+            self._health.start(gpus)
+
+
+# --- the sub-command ------------------------------------------------------------------------------
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `hami device-plugin`."""
+    parser = subparsers.add_parser(
+        "device-plugin",
+        help="run the node daemon: kubelet device plugin for vGPUs",
+        description="Advertise each GPU as vGPU slots to kubelet, answer Allocate with "
+        "HAMi-core's environment, and publish the node's GPUs for the scheduler.",
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def _configure_logging() -> None:
+    level_name = os.environ.get("LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(
+        level=getattr(logging, level_name, logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the daemon until SIGTERM/SIGINT; returns the exit status."""
+    _configure_logging()
+    try:
+        settings = resolve_settings(args, os.environ)
+    except SettingsError as error:
+        logger.error("%s", error)
+        return EXIT_USAGE
+    daemon = DevicePluginDaemon(settings)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        logger.info("received %s", signal.Signals(signum).name)
+        daemon.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return daemon.run()

@@ -1,0 +1,91 @@
+"""The node register annotation publisher, against the API server double."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from hami_plugin.deviceplugin.register import RegisterPublisher
+from hami_plugin.k8s import KubeClient
+from hami_plugin.model import ANNOTATION_NODE_REGISTER
+from tests.fakes.apiserver import FakeApiServer
+
+NODE = "gpu-node-1"
+
+
+@pytest.fixture(autouse=True)
+def node(apiserver: FakeApiServer) -> None:
+    apiserver.add_node(NODE)
+
+
+def patches(apiserver: FakeApiServer) -> list[dict[str, object]]:
+    return [r.json() for r in apiserver.requests_matching("PATCH", f"/api/v1/nodes/{NODE}")]
+
+
+def annotation(apiserver: FakeApiServer) -> object:
+    stored = apiserver.get_node(NODE)
+    assert stored is not None
+    return stored["metadata"]["annotations"].get(ANNOTATION_NODE_REGISTER)
+
+
+def test_writes_only_when_the_value_changes(apiserver: FakeApiServer, kube: KubeClient) -> None:
+    values = iter(["[1]", "[1]", "[2]"])
+    publisher = RegisterPublisher(kube, NODE, lambda: next(values))
+    assert publisher.publish_once()
+    assert publisher.publish_once()
+    assert annotation(apiserver) == "[1]"
+    assert len(patches(apiserver)) == 1
+    assert publisher.publish_once()
+    assert annotation(apiserver) == "[2]"
+    assert patches(apiserver)[-1] == {
+        "metadata": {"annotations": {ANNOTATION_NODE_REGISTER: "[2]"}}
+    }
+
+
+def test_api_failures_are_retried_next_round(apiserver: FakeApiServer, kube: KubeClient) -> None:
+    apiserver.inject_fault("PATCH", status=500, times=None)
+    publisher = RegisterPublisher(kube, NODE, lambda: "[1]")
+    assert not publisher.publish_once()
+    assert publisher.last_written is None
+    apiserver.clear_faults()
+    assert publisher.publish_once()
+    assert annotation(apiserver) == "[1]"
+
+
+def test_a_failing_value_builder_skips_the_round(kube: KubeClient) -> None:
+    def broken() -> str:
+        raise RuntimeError("scan failed")
+
+    assert not RegisterPublisher(kube, NODE, broken).publish_once()
+
+
+@pytest.fixture
+def running_publisher(kube: KubeClient) -> Iterator[tuple[RegisterPublisher, list[str]]]:
+    values = ["[1]"]
+    publisher = RegisterPublisher(kube, NODE, lambda: values[-1], interval_seconds=60)
+    publisher.start()
+    try:
+        yield publisher, values
+    finally:
+        publisher.stop()
+
+
+def test_poke_publishes_at_once(
+    apiserver: FakeApiServer, running_publisher: tuple[RegisterPublisher, list[str]]
+) -> None:
+    publisher, values = running_publisher
+    done = threading.Event()
+    for _ in range(250):
+        if annotation(apiserver) == "[1]":
+            break
+        done.wait(0.02)
+    assert annotation(apiserver) == "[1]"  # first round at start
+    values.append("[1,2]")
+    publisher.poke()  # the 60 s interval would be far too late
+    for _ in range(250):
+        if annotation(apiserver) == "[1,2]":
+            break
+        done.wait(0.02)
+    assert annotation(apiserver) == "[1,2]"
