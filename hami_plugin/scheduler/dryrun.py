@@ -69,9 +69,27 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="time N more decisions and report decision_ms p50/p99",
     )
-    parser.add_argument("--default-memory", type=int, default=0, metavar="MIB")
-    parser.add_argument("--default-cores", type=int, default=0, metavar="PERCENT")
-    parser.add_argument("--memory-factor", type=int, default=1, metavar="N")
+    parser.add_argument(
+        "--default-memory",
+        type=int,
+        default=0,
+        metavar="MIB",
+        help="memory of a GPU request that names none (0: the whole card)",
+    )
+    parser.add_argument(
+        "--default-cores",
+        type=int,
+        default=0,
+        metavar="PERCENT",
+        help="cores of a GPU request that names none (0)",
+    )
+    parser.add_argument(
+        "--memory-factor",
+        type=int,
+        default=1,
+        metavar="N",
+        help="nvidia.com/gpumem is counted in units of N MiB (1)",
+    )
     parser.add_argument(
         "--numa-grouped-order",
         action="store_true",

@@ -17,6 +17,12 @@ What is reported for the other nodes depends on the mode:
 The ledger is only read. After the pod's annotations are written, the caller books the
 allocation with `assume` (HAMi tracks it at once, before the informer sees the patch); before
 deciding for a pod that is already tracked (re-scheduling), it calls `ledger.untrack`.
+
+A `FitCache` passed to `decide` remembers each node's last fit: a node whose usage snapshot is
+the very same object (the ledger replaces a node's snapshot on every change) and a pod with
+the same requests and placement options get the remembered result. It makes repeated
+decisions for pods of one shape (replicas, an unschedulable pod retried) cheap on the nodes
+that did not change.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from hami_plugin.scheduler.fit import (
     NODE_UNREGISTERED,
     FitContext,
     FitFailure,
+    PodFit,
     fit_pod,
 )
 from hami_plugin.scheduler.ledger import Ledger
@@ -48,7 +55,7 @@ from hami_plugin.scheduler.requests import PodRequests, pod_requests
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.usage import NodeUsage, collapse_pod_devices
 
-__all__ = ["FilterResult", "assume", "decide"]
+__all__ = ["FilterResult", "FitCache", "assume", "decide"]
 
 _WALK_GLOBAL_ORDER_FRACTION = 4
 """Walk the ledger's sorted order (skipping non-candidates) when at least 1/4 of the registered
@@ -76,6 +83,33 @@ class FilterResult:
     error: str | None = None
     fitted: int = 0
     """How many nodes were fitted (registered candidates tried)."""
+
+
+class FitCache:
+    """The last fit of every node, valid while the node's usage snapshot is unchanged."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[NodeUsage, object, PodFit | FitFailure]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def fit(
+        self, usage: NodeUsage, requests: PodRequests, context: FitContext, signature: object
+    ) -> PodFit | FitFailure:
+        """`fit_pod(usage, requests, context)`, remembered under `signature` (a value that
+        equals another only when requests and context do)."""
+        entry = self._entries.get(usage.name)
+        if entry is not None and entry[0] is usage and entry[1] == signature:
+            return entry[2]
+        result = fit_pod(usage, requests, context)
+        self._entries[usage.name] = (usage, signature, result)
+        return result
+
+    def clear(self) -> None:
+        self._entries.clear()
 
 
 def _candidates(
@@ -115,6 +149,7 @@ def decide(
     settings: SchedulerSettings,
     *,
     exhaustive: bool = False,
+    cache: FitCache | None = None,
 ) -> FilterResult:
     """Choose a node for the pod among `candidates` (None: every registered node).
 
@@ -134,6 +169,7 @@ def decide(
     context = FitContext.for_pod(
         options, settings.gpu_policy, numa_grouped_order=settings.numa_grouped_order
     )
+    signature = (requests.containers, requests.init_count, context)
     failed: dict[str, FitFailure] = {}
     scores: dict[str, float] = {}
     placements: dict[str, PodDevices] = {}
@@ -141,7 +177,10 @@ def decide(
     fitted = 0
     for usage in _candidates(ledger, candidates, prefers_higher_score(node_policy), failed):
         fitted += 1
-        outcome = fit_pod(usage, requests, context)
+        if cache is None:
+            outcome = fit_pod(usage, requests, context)
+        else:
+            outcome = cache.fit(usage, requests, context, signature)
         if isinstance(outcome, FitFailure):
             failed[usage.name] = outcome
             continue

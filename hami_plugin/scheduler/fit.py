@@ -32,7 +32,7 @@ from hami_plugin.model import (
     ScoringWeights,
 )
 from hami_plugin.scheduler.policy import GpuOrder, SortKey, gpu_order
-from hami_plugin.scheduler.requests import PERCENTAGE_UNSET, ContainerRequest, PodRequests
+from hami_plugin.scheduler.requests import ContainerRequest, PodRequests
 from hami_plugin.scheduler.score import device_score
 from hami_plugin.scheduler.usage import NodeUsage
 
@@ -125,14 +125,13 @@ class FitContext:
         cls,
         options: PodGpuOptions,
         default_policy: GpuPolicy,
-        default_weights: ScoringWeights | None = None,
         numa_grouped_order: bool = False,
     ) -> FitContext:
         """Resolve the pod's annotations against the scheduler defaults."""
         policy = options.gpu_policy or default_policy
         return cls(
             order=gpu_order(policy, options.numa_bind, numa_grouped_order),
-            weights=options.scoring_weights or default_weights or ScoringWeights(),
+            weights=options.scoring_weights or ScoringWeights(),
             numa_bind=options.numa_bind,
             mutex=policy.has(GpuPolicyName.MUTEX),
             use_types=tuple(item.upper() for item in options.use_gpu_types),
@@ -157,11 +156,6 @@ class FitContext:
             self._type_cache[key] = allowed
         return allowed
 
-    def uuid_allowed(self, uuid: str) -> bool:
-        if self.use_uuids and uuid not in self.use_uuids:
-            return False
-        return uuid not in self.nouse_uuids
-
 
 @dataclass(frozen=True, slots=True)
 class _Picked:
@@ -177,7 +171,11 @@ def sorted_candidates(
     request: ContainerRequest | None,
     context: FitContext,
 ) -> list[int]:
-    """The node's NVIDIA candidate positions in the pod's GPU order (Fit walks from the end)."""
+    """The node's NVIDIA candidate positions in the pod's GPU order (Fit walks from the end).
+
+    GPU scores (which read the memory and cores in use and the request) are computed only
+    when the order uses them.
+    """
     order = context.order
     devices = node.devices
     candidates = node.candidates
@@ -227,7 +225,6 @@ def _walk(
     use_uuids, nouse_uuids = context.use_uuids, context.nouse_uuids
     numa_bind, mutex = context.numa_bind, context.mutex
     cores = min(request.cores_percent, 100)  # 8. HAMi clamps Coresreq to 100 (sticky)
-    by_percent = request.memory_percent != PERCENTAGE_UNSET and request.memory_mib == 0
     needed = request.count
     previous_numa = -1
     picked: list[int] = []
@@ -252,17 +249,14 @@ def _walk(
                 previous_numa = device.numa_node
                 picked, booked = [], []
             in_use = used[position]
-            memory_mib = (  # 9. per GPU: a percentage of this card, else the MiB asked
-                device.memory_mib * request.memory_percent // 100
-                if by_percent
-                else request.memory_mib
-            )
+            memory_mib = request.memory_on(device.memory_mib)  # 9. per GPU
             if (use_uuids and device.uuid not in use_uuids) or device.uuid in nouse_uuids:  # 5.
                 reason = FitReason.CARD_UUID_MISMATCH
             elif device.split_count <= in_use:  # 6.
                 reason = FitReason.CARD_TIME_SLICING_EXHAUSTED
             elif mutex and in_use > 0:  # 7.
                 reason = FitReason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+            # 10. the namespace quota check (ResourceQuotaNotFit) is not implemented
             elif device.memory_mib - used_memory_mib[position] < memory_mib:  # 11.
                 reason = FitReason.CARD_INSUFFICIENT_MEMORY
             elif device.cores_percent - used_cores[position] < cores:  # 12.

@@ -5,7 +5,8 @@ with random existing usage around 50 %, then times a stream of decisions for a 1
 a 4-GPU `numa-bind` pod, every node a candidate, under both node policies. Each decision is
 booked in the ledger (as the extender does), so the cluster changes as the stream goes on.
 Prints one JSON line per case, then the worst case (a pod no node can take, so every node is
-fitted to report why), then one line for ledger updates.
+fitted to report why) without and with a warm `FitCache`, then one line for ledger updates.
+The decision cases use no fit cache.
 
     python tests/benchmarks/bench_scheduler.py [--sizes 1000,5000,10000] [--decisions 300]
 """
@@ -30,7 +31,7 @@ from hami_plugin.model import (
     GpuDevice,
     NodePolicy,
 )
-from hami_plugin.scheduler.filter import assume, decide
+from hami_plugin.scheduler.filter import FitCache, assume, decide
 from hami_plugin.scheduler.ledger import Ledger
 from hami_plugin.scheduler.objects import ContainerSpec, PodInfo
 from hami_plugin.scheduler.settings import SchedulerSettings
@@ -105,6 +106,7 @@ def time_decisions(
     policy: NodePolicy,
     shape: str,
     decisions: int,
+    cache: FitCache | None = None,
 ) -> dict[str, object]:
     settings = SchedulerSettings(node_policy=policy)
     now = datetime.now(UTC)
@@ -119,7 +121,7 @@ def time_decisions(
         else:
             pod = _pod(f"four-{policy}-{number}", 4, 12288, 15, numa_bind=True)
         start = time.perf_counter()
-        result = decide(ledger, pod, names, now, settings)
+        result = decide(ledger, pod, names, now, settings, cache=cache)
         samples.append((time.perf_counter() - start) * 1000.0)
         fitted.append(result.fitted)
         if result.node is not None:
@@ -204,7 +206,12 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stdout.flush()
         # fits nowhere: every node is fitted for HAMi's complete FailedNodes (policy-neutral)
         row = time_decisions(ledger, names, NodePolicy.BINPACK, "unschedulable", 20)
-        print(json.dumps({**common, "pod": "unschedulable", **row}))
+        print(json.dumps({**common, "pod": "unschedulable", "fit_cache": "none", **row}))
+        # the same with the extender's fit cache: after the first, nodes are not refitted
+        cache = FitCache()
+        time_decisions(ledger, names, NodePolicy.BINPACK, "unschedulable", 1, cache)
+        row = time_decisions(ledger, names, NodePolicy.BINPACK, "unschedulable", 20, cache)
+        print(json.dumps({**common, "pod": "unschedulable", "fit_cache": "warm", **row}))
         updates = time_updates(ledger, names, rng, 2000)
         print(json.dumps({**common, "case": "ledger-update", **updates}))
         sys.stdout.flush()

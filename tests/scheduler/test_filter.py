@@ -317,3 +317,55 @@ def test_decisions_are_deterministic(
     assert (full.node, full.annotations) == (first.node, first.annotations)
     for name, failure in first.failed_nodes.items():
         assert full.failed_nodes[name] == failure
+
+
+# --- the fit cache ---------------------------------------------------------------------------
+
+
+def test_fit_cache_refits_only_changed_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hami_plugin.scheduler import filter as filter_module
+
+    calls: list[str] = []
+    real_fit_pod = filter_module.fit_pod
+
+    def counting(usage: Any, *args: Any) -> Any:
+        calls.append(usage.name)
+        return real_fit_pod(usage, *args)
+
+    monkeypatch.setattr(filter_module, "fit_pod", counting)
+    ledger = cluster({"a": 30000, "b": 30000, "c": 30000})
+    cache = filter_module.FitCache()
+    huge = make_pod(gpus(1, memory=8000), name="one")
+    first = decide(ledger, huge, None, NOW, BINPACK, cache=cache)
+    assert first.node is None and sorted(calls) == ["a", "b", "c"]
+    calls.clear()
+    second = decide(
+        ledger, make_pod(gpus(1, memory=8000), name="two"), None, NOW, BINPACK, cache=cache
+    )
+    assert calls == [] and second.failed_nodes == first.failed_nodes  # same shape: all cached
+    ledger.untrack("ns/fill-b")  # b changes: only b is fitted again, and now fits
+    third = decide(ledger, huge, None, NOW, BINPACK, cache=cache)
+    assert calls == ["b"] and third.node == "b"
+    calls.clear()
+    decide(ledger, make_pod(gpus(1, memory=9000)), None, NOW, BINPACK, cache=cache)
+    assert sorted(calls) == ["a", "b", "c"]  # another request: nothing cached applies
+    assert len(cache) == 3
+    cache.clear()
+    assert len(cache) == 0
+
+
+@given(
+    ledgers(),
+    st.lists(st.tuples(pod_specs, st.booleans(), st.sampled_from([BINPACK, SPREAD])), max_size=6),
+)
+def test_the_fit_cache_never_changes_a_decision(
+    ledger: Ledger, stream: list[tuple[dict[str, Any], bool, SchedulerSettings]]
+) -> None:
+    from hami_plugin.scheduler.filter import FitCache
+
+    cache = FitCache()
+    for number, (pod, book, settings) in enumerate(stream):
+        cached = decide(ledger, pod, None, NOW, settings, cache=cache)
+        assert cached == decide(ledger, pod, None, NOW, settings)
+        if book:
+            assume(ledger, f"ns/stream-{number}", cached)
