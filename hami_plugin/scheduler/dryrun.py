@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from hami_plugin.scheduler.filter import FilterResult
     from hami_plugin.scheduler.ledger import Ledger
     from hami_plugin.scheduler.objects import PodInfo
+    from hami_plugin.scheduler.settings import SchedulerSettings
 
 __all__ = ["register", "run"]
 
@@ -198,7 +199,7 @@ def _time_decisions(
     pod: PodInfo,
     candidates: list[str],
     now: datetime,
-    settings: Any,
+    settings: SchedulerSettings,
     args: argparse.Namespace,
 ) -> dict[str, float]:
     import time
@@ -221,7 +222,7 @@ def _explain(
     pod: PodInfo,
     candidates: list[str],
     result: FilterResult,
-    settings: Any,
+    settings: SchedulerSettings,
 ) -> str:
     from hami_plugin.model import NodePolicy
     from hami_plugin.scheduler.fit import render_failure

@@ -131,6 +131,8 @@ class Ledger:
         self._nodes: dict[str, _NodeEntry] = {}
         self._pods: dict[str, TrackedPod] = {}
         self._pods_on: dict[str, set[str]] = {}
+        # (register, cordon) annotation values last applied per node, to skip no-op events
+        self._node_sources: dict[str, tuple[str | None, str]] = {}
         self._ascending: list[tuple[float, str]] = []  # (score, name)
         self._descending: list[tuple[float, str]] = []  # (-score, name)
 
@@ -175,13 +177,45 @@ class Ledger:
     ) -> None:
         """Register (or re-register) a node's GPUs; no GPUs unregisters it. The node's tracked
         pods are booked again on the new device list."""
+        self._node_sources.pop(name, None)
+        self._register(name, devices, cordoned)
+
+    def remove_node(self, name: str) -> None:
+        """Apply a node delete event: forget its GPUs (its pods stay tracked and are booked
+        again if it returns)."""
+        self._node_sources.pop(name, None)
+        self._unregister(name)
+
+    def update_node(self, node: NodeInfo | object) -> None:
+        """Apply a node add/update event: register from `hami.io/node-nvidia-register` and
+        `hami.io/device-cordon`. A missing or malformed register annotation unregisters the
+        node (a malformed one is logged once per value). Events that leave both annotations
+        as they were cost one comparison (nodes change on every kubelet heartbeat). Raises
+        ObjectError for an unreadable object."""
+        info = read_node(node)
+        value = info.annotations.get(ANNOTATION_NODE_REGISTER)
+        cordon = info.annotations.get(ANNOTATION_DEVICE_CORDON, "")
+        if self._node_sources.get(info.name) == (value, cordon):
+            return
+        self._node_sources[info.name] = (value, cordon)
+        if value is None:
+            self._unregister(info.name)
+            return
+        try:
+            devices = decode_node_devices(value)
+            cordoned = parse_device_cordon(cordon)
+        except AnnotationError as error:
+            logger.warning("node %s not registered: %s", info.name, error)
+            self._unregister(info.name)
+            return
+        self._register(info.name, devices, cordoned)
+
+    def _register(self, name: str, devices: Sequence[GpuDevice], cordoned: frozenset[str]) -> None:
         ordered = tuple(sorted(devices, key=_device_order))
         entry = self._nodes.get(name)
         if entry is not None and entry.devices == ordered and entry.cordoned == cordoned:
             return
-        if entry is not None:
-            self._unlist(entry)
-            del self._nodes[name]
+        self._unregister(name)
         if not ordered:
             return
         entry = _NodeEntry(name, ordered, cordoned)
@@ -191,29 +225,10 @@ class Ledger:
         self._nodes[name] = entry
         self._list(entry)
 
-    def remove_node(self, name: str) -> None:
-        """Forget a node's GPUs (its pods stay tracked and are booked again if it returns)."""
+    def _unregister(self, name: str) -> None:
         entry = self._nodes.pop(name, None)
         if entry is not None:
             self._unlist(entry)
-
-    def update_node(self, node: NodeInfo | object) -> None:
-        """Apply a node add/update event: register from `hami.io/node-nvidia-register` and
-        `hami.io/device-cordon`. A missing or malformed register annotation unregisters the
-        node (logged once per event); raises ObjectError for an unreadable object."""
-        info = read_node(node)
-        value = info.annotations.get(ANNOTATION_NODE_REGISTER)
-        if value is None:
-            self.remove_node(info.name)
-            return
-        try:
-            devices = decode_node_devices(value)
-            cordoned = parse_device_cordon(info.annotations.get(ANNOTATION_DEVICE_CORDON, ""))
-        except AnnotationError as error:
-            logger.warning("node %s not registered: %s", info.name, error)
-            self.remove_node(info.name)
-            return
-        self.set_node(info.name, devices, cordoned)
 
     # --- pods --------------------------------------------------------------------------------
 

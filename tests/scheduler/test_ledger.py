@@ -185,6 +185,25 @@ def test_nodes_register_and_rebook_their_pods(caplog: pytest.LogCaptureFixture) 
     assert ledger.tracked("ns/p") is not None
 
 
+def test_node_events_without_change_are_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    ledger = Ledger()
+    bad = {"metadata": {"name": "n", "annotations": {"hami.io/node-nvidia-register": "[{"}}}
+    with caplog.at_level(logging.WARNING):
+        ledger.update_node(bad)
+        ledger.update_node(bad)  # a heartbeat: same annotations, no second warning
+    assert caplog.text.count("node n not registered") == 1
+    good = node_object("n", [gpu("A")])
+    ledger.update_node(good)
+    assert ledger.node("n") is not None
+    ledger.set_node("n", [gpu("B")])  # typed updates are never skipped...
+    ledger.update_node(good)  # ...and do not hide the next event
+    snapshot = ledger.node("n")
+    assert snapshot is not None and snapshot.devices[0].uuid == "A"
+    ledger.remove_node("n")
+    ledger.update_node(good)  # re-added after a delete event
+    assert ledger.node("n") is not None
+
+
 def test_node_annotations() -> None:
     ledger = Ledger()
     legacy = "GPU-x,10,7680,100,NVIDIA-Tesla P4,0,true:GPU-y,10,7680,100,NVIDIA-Tesla P4,1,false:"
