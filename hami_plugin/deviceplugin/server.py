@@ -326,8 +326,8 @@ class PodAllocator:
         return answers
 
     def _fail(self, pod: PodRecord, node: NodeRecord, error: BaseException) -> None:
+        # Logged by the RPC edge (`_abort_with`); here the pod learns about it.
         message = f"allocate failed for pod {pod.namespace}/{pod.name}: {error}"
-        logger.warning("%s", message)
         try:
             self._kube.patch_pod_metadata(
                 pod.namespace, pod.name, {ANNOTATION_BIND_PHASE: BindPhase.FAILED}
