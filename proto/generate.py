@@ -47,7 +47,8 @@ def generate(output_dir: Path) -> None:
         path = output_dir / name
         path.write_text(HEADER + path.read_text())
     (output_dir / "__init__.py").write_text(
-        '"""Kubelet device-plugin API v1beta1 stubs, generated from proto/ (see proto/generate.py)."""\n'
+        '"""Kubelet device-plugin API v1beta1 stubs, generated from proto/'
+        ' (see proto/generate.py)."""\n'
     )
 
 
