@@ -89,6 +89,7 @@ def running(
         register_interval_seconds=0.3,
     )
     daemon = DevicePluginDaemon(settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"))
+    baseline = {t.ident for t in threading.enumerate()}
     kubelet = FakeKubelet(sock_dir).start()
     exit_codes: list[int] = []
     thread = threading.Thread(target=lambda: exit_codes.append(daemon.run()))
@@ -102,6 +103,12 @@ def running(
         kubelet.stop()
     assert exit_codes == [0]
     assert not os.path.exists(os.path.join(sock_dir, settings.socket_name))
+    leaked = [
+        t.name
+        for t in threading.enumerate()
+        if t.ident not in baseline and "process_request" not in t.name  # API double's handlers
+    ]
+    assert leaked == []
 
 
 def healthy_ids(states: tuple[DeviceState, ...]) -> list[str]:
