@@ -231,8 +231,8 @@ class KubeletRegistrar:
     # --- the loop -------------------------------------------------------------------------
 
     def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
+        while not self._stop.is_set():
+            try:
                 if not self._serve_and_register():
                     return
                 reasons = self.signal.wait()
@@ -243,9 +243,10 @@ class KubeletRegistrar:
                 self._stop.wait(self._settle)
                 reasons += self.signal.clear()
                 logger.info("re-registering with kubelet: %s", "; ".join(dict.fromkeys(reasons)))
-        except Exception:
-            logger.exception("kubelet registration loop failed")
-            raise
+            except Exception:
+                # The daemon must not lose kubelet for good over one bad round.
+                logger.exception("kubelet registration failed unexpectedly; retrying in 1 s")
+                self._stop.wait(1.0)
 
     def _serve_and_register(self) -> bool:
         """(Re)serve, wait for kubelet.sock, Register; retried until done. False if stopped."""
