@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -175,7 +174,6 @@ class KubeletRegistrar:
         register_timeout_seconds: float = 15.0,
         settle_seconds: float = 0.05,
         kubelet_poll_seconds: float = 0.1,
-        on_registered: Callable[[int], None] | None = None,
     ) -> None:
         self._service = service
         self._plugin_dir = plugin_dir
@@ -189,7 +187,6 @@ class KubeletRegistrar:
         self._register_timeout = register_timeout_seconds
         self._settle = settle_seconds
         self._kubelet_poll = kubelet_poll_seconds
-        self._on_registered = on_registered
         self.signal = RestartSignal()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -312,8 +309,6 @@ class KubeletRegistrar:
                 self._socket_name,
                 count,
             )
-            if self._on_registered is not None:
-                self._on_registered(count)
             return True
         return False
 
