@@ -1,22 +1,30 @@
 """The Kubernetes API as hami-plugin needs it: nodes, pods, metadata patches, events.
 
-The only module of the package that imports `kubernetes`. It is built on the real client
-(`kubernetes.client.CoreV1Api`: configuration, auth, TLS, request building), and adds what the
+The only module of the package that imports `kubernetes`. It uses the real client's plumbing
+(`kubernetes.client.ApiClient`: configuration, auth, TLS, request building with
+`param_serialize`, the urllib3 REST client) but not its generated API classes, and adds what the
 daemons need on top of it:
 
+* six plain REST calls (`_Request`: GET/PATCH node, GET/LIST/PATCH pod, POST event) instead of
+  `CoreV1Api`. Importing `kubernetes.client.api.core_v1_api` wraps ~400 methods in pydantic
+  `validate_call` and pulls in ~250 model modules: ~20 MiB of resident memory in a daemon that
+  needs six URLs. Only the client's plumbing submodules and the config loaders are imported;
+  `kubernetes.client` and `kubernetes.client.models` load their members lazily, so no generated
+  API or model module is ever loaded (tests/test_k8s.py checks this in a fresh interpreter);
 * plain frozen dataclasses (`NodeRecord`, `PodRecord`) instead of the generated models. Responses
-  are requested with `_preload_content=False` and decoded here from JSON: the generated pydantic
-  models cost far more per pod than the handful of fields we read, and our own decoding turns a
-  malformed body into a `KubeError` instead of whatever the model layer happens to raise;
+  are raw urllib3 responses decoded here from JSON: the generated pydantic models cost far more
+  per pod than the handful of fields we read, and our own decoding turns a malformed body into a
+  `KubeError` instead of whatever the model layer happens to raise. Events are written as plain
+  JSON dicts for the same reason;
 * a timeout on every request and retries with exponential backoff and jitter on 429, 5xx,
   connection errors and timeouts (`RetryPolicy`); urllib3's own retries are switched off so a
   hanging server costs `timeout_seconds` per attempt, not four times that;
-* one error-translation point (`_translate_errors`) that maps `ApiException` and urllib3 errors to
-  `NotFound`, `Conflict`, `Retryable` or `KubeError`, chained with `from`;
-* metadata patches sent as JSON merge patch (`application/merge-patch+json`). The client would
-  otherwise send a dict body as strategic merge patch (see `_MERGE_PATCH`); merge patch is what
-  HAMi uses for the node lock, and it gives `null` = delete and the `resourceVersion`
-  precondition.
+* one error-translation point (`_translate_errors`) that maps `ApiException` (raised here for a
+  non-2xx answer, as the generated API would) and urllib3 errors to `NotFound`, `Conflict`,
+  `Retryable` or `KubeError`, chained with `from`;
+* metadata patches sent as JSON merge patch (`application/merge-patch+json`, see `_MERGE_PATCH`):
+  merge patch is what HAMi uses for the node lock, and it gives `null` = delete and the
+  `resourceVersion` precondition.
 """
 
 from __future__ import annotations
@@ -29,24 +37,33 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
 import urllib3
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
+
+# Submodules only: `kubernetes.client` and `kubernetes.client.models` load their members lazily,
+# and `kubernetes.client.CoreV1Api` (or any other generated API or model) must stay unloaded.
+from kubernetes.client.api_client import ApiClient
+from kubernetes.client.configuration import Configuration
 from kubernetes.client.exceptions import ApiException
+from kubernetes.client.rest import RESTClientObject, RESTResponse
+from kubernetes.config.incluster_config import load_incluster_config
+from kubernetes.config.kube_config import load_kube_config
 
 logger = logging.getLogger(__name__)
 
-# kubernetes 37.0.2 picks the first JSON type the endpoint accepts (`json-patch+json`) and the
-# REST layer rewrites it to `strategic-merge-patch+json` for a dict body. Strategic merge behaves
-# like merge patch on string maps, but it is not what HAMi sends, so we force the type.
+# Set explicitly on every patch: the generated client would pick `json-patch+json`, which its REST
+# layer rewrites to `strategic-merge-patch+json` for a dict body. Strategic merge behaves like
+# merge patch on string maps, but it is not what HAMi sends.
 _MERGE_PATCH = "application/merge-patch+json"
-# 37.0.2 sends create (POST) bodies without a Content-Type and ignores `_content_type` there.
 _JSON = "application/json"
+# The auth entry of the generated configuration (`Configuration.auth_settings()`): the bearer
+# token, refreshed by the loaders' `refresh_api_key_hook` (in-cluster token rotation, exec
+# plugins). Client certificates are set up by the REST client's pool manager.
+_AUTH_SETTINGS = ["BearerToken"]
 
 _T = TypeVar("_T")
 
@@ -329,6 +346,55 @@ def _node_record(obj: Mapping[str, Any]) -> NodeRecord:
     )
 
 
+# --- requests ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """One REST call. `{name}` parts of `path` are filled (URL-quoted) from `path_params`."""
+
+    method: str
+    path: str
+    path_params: Mapping[str, str] = field(default_factory=dict)
+    query: tuple[tuple[str, str], ...] = ()
+    body: Mapping[str, Any] | None = None
+    content_type: str | None = None
+
+
+def _event_body(
+    pod: PodRecord, reason: str, message: str, event_type: str, component: str, now: datetime
+) -> dict[str, Any]:
+    """A core/v1 Event about `pod`, as the JSON the API server takes.
+
+    The name is `<pod>.<hex nanoseconds>` as client-go writes it; the timestamps are RFC 3339 in
+    whole seconds, as metav1.Time serialises. uid and resourceVersion are left out when unknown.
+    """
+    involved: dict[str, str] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "namespace": pod.namespace,
+        "name": pod.name,
+    }
+    if pod.uid:
+        involved["uid"] = pod.uid
+    if pod.resource_version:
+        involved["resourceVersion"] = pod.resource_version
+    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{pod.name}.{time.time_ns():x}", "namespace": pod.namespace},
+        "involvedObject": involved,
+        "reason": reason,
+        "message": message,
+        "type": event_type,
+        "source": {"component": component},
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
 # --- the client -------------------------------------------------------------------------------
 
 
@@ -342,7 +408,7 @@ class KubeClient:
 
     def __init__(
         self,
-        api_client: k8s.ApiClient,
+        api_client: ApiClient,
         retry: RetryPolicy = RetryPolicy(),
         *,
         sleep: Callable[[float], None] = time.sleep,
@@ -351,9 +417,8 @@ class KubeClient:
         if api_client.configuration.retries is None:
             api_client.configuration.retries = False
             api_client.rest_client.close()
-            api_client.rest_client = k8s.rest.RESTClientObject(api_client.configuration)
+            api_client.rest_client = RESTClientObject(api_client.configuration)
         self._api_client = api_client
-        self._core = k8s.CoreV1Api(api_client)
         self._retry = retry
         self._sleep = sleep
         self._rng = rng or random.Random()
@@ -368,15 +433,15 @@ class KubeClient:
 
         Raises KubeError naming the source tried when none of them gives a usable configuration.
         """
-        configuration = k8s.Configuration()
+        configuration = Configuration()
         source = kubeconfig or os.environ.get("KUBECONFIG") or ""
         try:
             if source:
-                k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                load_kube_config(  # type: ignore[no-untyped-call]
                     config_file=source, client_configuration=configuration, persist_config=False
                 )
             else:
-                k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                load_incluster_config(  # type: ignore[no-untyped-call]
                     client_configuration=configuration
                 )
         # The loaders fail in many ways (ConfigException, OSError, YAML errors, KeyError or
@@ -390,7 +455,7 @@ class KubeClient:
             raise KubeError(f"cannot load Kubernetes configuration from {where}: {exc}") from exc
         configuration.retries = False
         logger.info("Kubernetes API server %s", configuration.host)
-        return cls(k8s.ApiClient(configuration), retry)
+        return cls(ApiClient(configuration), retry)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -414,8 +479,8 @@ class KubeClient:
 
     def get_node(self, name: str) -> NodeRecord:
         """GET the node. Raises NotFound, Retryable or KubeError."""
-        what = f"get node {name}"
-        return self._call(what, lambda: self._core.read_node(name, **self._raw()), _node_record)
+        request = _Request("GET", "/api/v1/nodes/{name}", {"name": name})
+        return self._call(f"get node {name}", request, _node_record)
 
     def patch_node_annotations(
         self,
@@ -431,37 +496,35 @@ class KubeClient:
         metadata: dict[str, Any] = {"annotations": dict(annotations)}
         if resource_version is not None:
             metadata["resourceVersion"] = resource_version
-        body = {"metadata": metadata}
-        what = f"patch node {name} annotations"
-        return self._call(
-            what,
-            lambda: self._core.patch_node(name, body, _content_type=_MERGE_PATCH, **self._raw()),
-            _node_record,
+        request = _Request(
+            "PATCH",
+            "/api/v1/nodes/{name}",
+            {"name": name},
+            body={"metadata": metadata},
+            content_type=_MERGE_PATCH,
         )
+        return self._call(f"patch node {name} annotations", request, _node_record)
 
     # --- pods -----------------------------------------------------------------------------
 
     def get_pod(self, namespace: str, name: str) -> PodRecord:
         """GET the pod. Raises NotFound, Retryable or KubeError."""
-        what = f"get pod {namespace}/{name}"
-        return self._call(
-            what,
-            lambda: self._core.read_namespaced_pod(name, namespace, **self._raw()),
-            _pod_record,
+        request = _Request(
+            "GET",
+            "/api/v1/namespaces/{namespace}/pods/{name}",
+            {"namespace": namespace, "name": name},
         )
+        return self._call(f"get pod {namespace}/{name}", request, _pod_record)
 
     def list_pods_on_node(self, node_name: str) -> list[PodRecord]:
         """All pods bound to the node, every namespace (field selector `spec.nodeName`).
 
         Raises Retryable or KubeError.
         """
-        what = f"list pods on node {node_name}"
-        selector = f"spec.nodeName={node_name}"
-        return self._call(
-            what,
-            lambda: self._core.list_pod_for_all_namespaces(field_selector=selector, **self._raw()),
-            _pod_records,
+        request = _Request(
+            "GET", "/api/v1/pods", query=(("fieldSelector", f"spec.nodeName={node_name}"),)
         )
+        return self._call(f"list pods on node {node_name}", request, _pod_records)
 
     def patch_pod_metadata(
         self,
@@ -477,15 +540,14 @@ class KubeClient:
         metadata: dict[str, Any] = {"annotations": dict(annotations)}
         if labels is not None:
             metadata["labels"] = dict(labels)
-        body = {"metadata": metadata}
-        what = f"patch pod {namespace}/{name} metadata"
-        return self._call(
-            what,
-            lambda: self._core.patch_namespaced_pod(
-                name, namespace, body, _content_type=_MERGE_PATCH, **self._raw()
-            ),
-            _pod_record,
+        request = _Request(
+            "PATCH",
+            "/api/v1/namespaces/{namespace}/pods/{name}",
+            {"namespace": namespace, "name": name},
+            body={"metadata": metadata},
+            content_type=_MERGE_PATCH,
         )
+        return self._call(f"patch pod {namespace}/{name} metadata", request, _pod_record)
 
     # --- events ---------------------------------------------------------------------------
 
@@ -502,56 +564,65 @@ class KubeClient:
         The event name is `<pod>.<hex nanoseconds>` as client-go writes it, so a retry after a
         timeout that had in fact succeeded gets 409 and counts as done.
         """
-        now = datetime.now(UTC)
         what = f"create event {reason} for pod {pod.namespace}/{pod.name}"
+        request = _Request(
+            "POST",
+            "/api/v1/namespaces/{namespace}/events",
+            {"namespace": pod.namespace},
+            body=_event_body(pod, reason, message, event_type, component, datetime.now(UTC)),
+            content_type=_JSON,
+        )
         try:
-            event = k8s.CoreV1Event(
-                metadata=k8s.V1ObjectMeta(
-                    name=f"{pod.name}.{time.time_ns():x}", namespace=pod.namespace
-                ),
-                involved_object=k8s.V1ObjectReference(
-                    api_version="v1",
-                    kind="Pod",
-                    namespace=pod.namespace,
-                    name=pod.name,
-                    uid=pod.uid or None,
-                    resource_version=pod.resource_version or None,
-                ),
-                reason=reason,
-                message=message,
-                type=event_type,
-                source=k8s.V1EventSource(component=component),
-                first_timestamp=now,
-                last_timestamp=now,
-                count=1,
-            )
-            self._call(
-                what,
-                lambda: self._core.create_namespaced_event(
-                    pod.namespace, event, _headers={"Content-Type": _JSON}, **self._raw()
-                ),
-                _ignore_body,
-            )
+            self._call(what, request, _ignore_body)
         except Conflict:
             logger.debug("%s: already recorded", what)
         except KubeError as exc:
             logger.warning("event not recorded: %s", exc)
-        except ValueError as exc:  # the model rejected a field (pydantic ValidationError)
-            logger.warning("event not recorded: %s: %s", what, exc)
 
     # --- plumbing -------------------------------------------------------------------------
 
-    def _raw(self) -> dict[str, Any]:
-        """Per-request options: raw response (decoded here) and the timeout."""
-        return {"_preload_content": False, "_request_timeout": self._retry.timeout_seconds}
+    def _send(self, request: _Request) -> urllib3.BaseHTTPResponse:
+        """One attempt: build the request with the ApiClient (host, auth, default headers, URL
+        quoting), send it with the timeout and return the raw 2xx response, unread.
+
+        Raises ApiException for any other status (the body read, the connection released), as
+        the generated API does, and urllib3 errors as they come.
+        """
+        headers = {"Accept": _JSON}
+        if request.content_type:
+            headers["Content-Type"] = request.content_type
+        method, url, header_params, body, post_params = self._api_client.param_serialize(
+            method=request.method,
+            resource_path=request.path,
+            path_params=dict(request.path_params),
+            query_params=list(request.query),
+            header_params=headers,
+            body=dict(request.body) if request.body is not None else None,
+            auth_settings=_AUTH_SETTINGS,
+        )
+        response: RESTResponse = self._api_client.call_api(
+            method,
+            url,
+            header_params,
+            body,
+            post_params,
+            _request_timeout=self._retry.timeout_seconds,
+        )
+        if 200 <= response.status <= 299:
+            return cast(urllib3.BaseHTTPResponse, response.response)
+        try:
+            response.read()  # type: ignore[no-untyped-call]
+        finally:
+            response.response.release_conn()
+        raise ApiException.from_response(http_resp=response, body=None, data=None)
 
     def _call(
         self,
         what: str,
-        request: Callable[[], object],
+        request: _Request,
         decode: Callable[[dict[str, Any]], _T],
     ) -> _T:
-        """Run `request` (it returns a raw urllib3 response) with retries; `decode` the body.
+        """Send `request` with retries; `decode` the JSON object it answers.
 
         Raises NotFound, Conflict, KubeError at once and Retryable after the last attempt.
         A body that does not decode (ValueError) is a KubeError, not retried.
@@ -560,7 +631,7 @@ class KubeClient:
         while True:
             try:
                 with _translate_errors(what):
-                    return decode(_read_object(request()))
+                    return decode(_read_object(self._send(request)))
             except Retryable as exc:
                 retry += 1
                 if retry >= self._retry.attempts:
@@ -574,13 +645,12 @@ class KubeClient:
                 self._sleep(delay)
 
 
-def _read_object(response: object) -> dict[str, Any]:
-    """Read, release and decode a raw (`_preload_content=False`) urllib3 response."""
-    raw = cast(urllib3.BaseHTTPResponse, response)
+def _read_object(response: urllib3.BaseHTTPResponse) -> dict[str, Any]:
+    """Read, release and decode a raw (unread) urllib3 response."""
     try:
-        data = raw.data
+        data = response.data
     finally:
-        raw.release_conn()
+        response.release_conn()
     return _json_object(data)
 
 

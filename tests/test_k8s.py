@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
+import re
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -13,6 +17,8 @@ import pytest
 import urllib3
 from hypothesis import given
 from hypothesis import strategies as st
+from kubernetes.client.api_client import ApiClient
+from kubernetes.client.configuration import Configuration
 from kubernetes.client.exceptions import ApiException
 
 from hami_plugin.k8s import (
@@ -21,6 +27,7 @@ from hami_plugin.k8s import (
     KubeClient,
     KubeError,
     NotFound,
+    PodRecord,
     Retryable,
     RetryPolicy,
 )
@@ -80,6 +87,8 @@ def test_get_node_returns_metadata_and_allocatable(
     assert node.resource_version == stored["metadata"]["resourceVersion"]
     [request] = apiserver.requests
     assert (request.method, request.path) == ("GET", "/api/v1/nodes/gpu-1")
+    assert request.headers["accept"] == "application/json"
+    assert request.headers["authorization"] == "Bearer fake-token"
 
 
 def test_get_missing_node_is_not_found_and_not_retried(
@@ -285,6 +294,41 @@ def test_create_pod_event_records_core_v1_event(
     post = apiserver.requests_matching("POST")[0]
     assert post.path == "/api/v1/namespaces/ml/events"
     assert post.content_type == "application/json"
+
+
+def test_create_pod_event_stamps_whole_seconds_and_omits_unknown_uid(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    pod = PodRecord(
+        namespace="ml",
+        name="p",
+        uid="",
+        phase="",
+        node_name="",
+        annotations={},
+        labels={},
+        init_containers=(),
+        containers=(),
+        resource_version="",
+        creation_timestamp=None,
+    )
+    before = datetime.now(UTC).replace(microsecond=0)
+
+    kube.create_pod_event(pod, "R", "m")
+
+    [event] = apiserver.events("ml")
+    assert event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "namespace": "ml",
+        "name": "p",
+    }
+    assert re.fullmatch(r"p\.[0-9a-f]+", event["metadata"]["name"])
+    stamp = event["firstTimestamp"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", stamp)
+    assert event["lastTimestamp"] == stamp
+    assert before <= datetime.fromisoformat(stamp) <= datetime.now(UTC)
 
 
 def test_create_pod_event_failure_is_logged_not_raised(
@@ -565,6 +609,31 @@ def test_from_config_reads_kubeconfig_env(
         assert kube.get_node("gpu-1").name == "gpu-1"
 
 
+def test_bearer_token_is_read_from_the_configuration_on_every_attempt(
+    apiserver: FakeApiServer,  # noqa: F811
+) -> None:
+    # The in-cluster loader rotates the service-account token through this hook.
+    apiserver.add_node("gpu-1")
+    apiserver.inject_fault("GET", ".*", status=503)
+    tokens = iter(["first", "second"])
+
+    def refresh(configuration: Configuration) -> None:
+        configuration.api_key["BearerToken"] = next(tokens)
+
+    configuration = apiserver.configuration()
+    configuration.api_key_prefix["BearerToken"] = "Bearer"
+    # The library annotates the hook as None only.
+    configuration.refresh_api_key_hook = refresh  # type: ignore[assignment]
+
+    with KubeClient(ApiClient(configuration), FAST, sleep=SleepRecorder()) as kube:
+        kube.get_node("gpu-1")
+
+    assert [r.headers["authorization"] for r in apiserver.requests] == [
+        "Bearer first",
+        "Bearer second",
+    ]
+
+
 def test_from_config_missing_file_names_it(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
 
@@ -594,6 +663,57 @@ def test_from_config_without_any_config_says_so(monkeypatch: pytest.MonkeyPatch)
 
     with pytest.raises(KubeError, match="in-cluster config"):
         KubeClient.from_config()
+
+
+# --- what gets loaded -------------------------------------------------------------------------
+
+_GENERATED_MODULES_PROBE = """
+import json, sys
+def generated():
+    return sorted(
+        m for m in sys.modules
+        if m.startswith(("kubernetes.client.api.", "kubernetes.client.models."))
+    )
+import hami_plugin.k8s as k8s
+after_import = generated()
+with k8s.KubeClient.from_config(sys.argv[1], k8s.RetryPolicy(attempts=1)) as kube:
+    node = kube.get_node("gpu-1")
+    kube.patch_node_annotations("gpu-1", {"a": "b"}, resource_version=node.resource_version)
+    pod = kube.get_pod("default", "p")
+    kube.list_pods_on_node("gpu-1")
+    kube.patch_pod_metadata("default", "p", {"a": None}, labels={"l": "v"})
+    kube.create_pod_event(pod, "R", "m")
+    try:
+        kube.get_pod("default", "ghost")
+    except k8s.NotFound:
+        pass
+print(json.dumps({"after_import": after_import, "after_calls": generated()}))
+"""
+
+
+def test_generated_api_and_models_are_never_imported(
+    apiserver: FakeApiServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    # CoreV1Api alone costs ~20 MiB of daemon memory (pydantic validate_call on ~400 methods and
+    # ~250 model modules). A fresh interpreter, so other tests' imports don't count.
+    apiserver.add_node("gpu-1")
+    apiserver.add_pod("p", node_name="gpu-1")
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+
+    result = subprocess.run(
+        [sys.executable, "-c", _GENERATED_MODULES_PROBE, str(kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert result.returncode == 0, result.stderr
+    loaded = json.loads(result.stdout)
+    assert "kubernetes.client.api.core_v1_api" not in loaded["after_import"]
+    assert loaded == {"after_import": [], "after_calls": []}
+    assert len(apiserver.events()) == 1  # the probe did make every call
 
 
 # --- policy -----------------------------------------------------------------------------------
