@@ -32,6 +32,8 @@ _BINARY_POWERS = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _MAX_TEXT = 256
 """Longer texts are rejected outright: no Kubernetes quantity comes close."""
 _MAX_EXPONENT = 10**6
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
 """Decimal exponents beyond this are rejected (Go caps them far lower than `Decimal` could)."""
 
 
@@ -77,10 +79,12 @@ def parse_quantity(value: str | int | float) -> Decimal:
 
 
 def exact_integer(value: Decimal) -> int | None:
-    """The value as an `int` when it is a whole number of at most 19 digits, else None.
+    """The value as an `int` when it is a whole number within int64, else None.
 
-    Mirrors Go's `Quantity.AsInt64()` "ok" for every value a resource request can sensibly
-    hold; callers range-check the result.
+    Mirrors Go's `Quantity.AsInt64()` "ok" on the quantity as the API server hands it over
+    (canonical form: `1.0` arrives as `1`, `1.5Ki` as `1536`). Not modelled: AsInt64 also says
+    no for some canonical texts of 19 significant digits or of large binary suffixes
+    (`100Ti`, `1Pi`); no resource request holds such a value. Callers range-check the result.
     """
     if value.is_zero():
         return 0
@@ -90,4 +94,7 @@ def exact_integer(value: Decimal) -> int | None:
     integral = value.to_integral_value()
     if integral != value:
         return None
-    return int(integral)
+    result = int(integral)
+    if not _INT64_MIN <= result <= _INT64_MAX:
+        return None
+    return result

@@ -93,6 +93,10 @@ def test_booleans_are_not_quantities() -> None:
         ("1e-3", None),
         ("1e19", None),  # beyond int64
         ("9223372036854775807", 9223372036854775807),
+        ("9223372036854775808", None),  # int64 max + 1
+        ("9300P", None),  # 9.3e18, 19 digits but beyond int64
+        ("-9223372036854775808", -9223372036854775808),
+        ("-9223372036854775809", None),
         ("1e1000000", None),
         ("1e-1000000", None),
     ],
@@ -152,7 +156,9 @@ def test_whatever_we_accept_the_client_reads_the_same(text: str) -> None:
 def test_exact_integer_is_the_value_when_whole(text: str) -> None:
     value = parse_quantity(text)
     integer = exact_integer(value)
+    in_int64 = -(2**63) <= value <= 2**63 - 1  # Go's AsInt64 range
     if integer is None:
-        assert value != value.to_integral_value() or abs(value) >= 10**19
+        assert value != value.to_integral_value() or not in_int64
     else:
         assert Decimal(integer) == value
+        assert in_int64
