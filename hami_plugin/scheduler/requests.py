@@ -12,7 +12,11 @@ parsed as a Kubernetes quantity and required to be an exact integer:
 * with neither memory nor percentage: `default_memory_mib` if set, else 100 %;
 * cores (`nvidia.com/gpucores`): `default_cores` unless given; a bad value is ignored.
 
-A dropped or ignored value is never silent: it comes back as a `RequestProblem`.
+"Exact integer" is Go's `Quantity.AsInt64()`: a whole number within int64. HAMi stores the
+count and the cores in int32 without a range check, so, as there, a count or cores value
+outside int32 keeps its low 32 bits (a count that becomes 0 or negative asks no GPU).
+
+A dropped, ignored or truncated value is never silent: it comes back as a `RequestProblem`.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ __all__ = [
     "PodRequests",
     "RequestProblem",
     "container_request",
+    "go_int32",
     "pod_requests",
 ]
 
 INT32_MAX = 2**31 - 1
+_UINT32 = 2**32
 PERCENTAGE_UNSET = 101
 """HAMi's "no percentage given; use the memory request" sentinel."""
 
@@ -54,10 +60,20 @@ class ContainerRequest:
 
     def memory_on(self, total_memory_mib: int) -> int:
         """MiB booked on one GPU of this size (reference 2 item 6): a percentage of the card
-        when no MiB were asked, else the MiB."""
+        when no MiB were asked, else the MiB. HAMi computes `Totalmem * pct / 100` in int32
+        (only a card above 20 TiB overflows), and so does this."""
         if self.memory_percent != PERCENTAGE_UNSET and self.memory_mib == 0:
-            return total_memory_mib * self.memory_percent // 100
+            product = total_memory_mib * self.memory_percent
+            if product > INT32_MAX:
+                product = go_int32(product)
+            quotient = abs(product) // 100  # Go's division truncates toward zero
+            return quotient if product >= 0 else -quotient
         return self.memory_mib
+
+
+def go_int32(value: int) -> int:
+    """Go's `int32(value)`: the low 32 bits, as a signed number."""
+    return (value + 2**31) % _UINT32 - 2**31
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +86,16 @@ class RequestProblem:
     value: str
     reason: str
     dropped: bool
+    taken_as: int | None = None
+    """Set when the value was not ignored but truncated (to int32, as HAMi does)."""
 
     def __str__(self) -> str:
-        effect = "GPU request dropped" if self.dropped else "value ignored"
+        if self.dropped:
+            effect = "GPU request dropped"
+        elif self.taken_as is not None:
+            effect = f"taken as {self.taken_as}"
+        else:
+            effect = "value ignored"
         where = f"container {self.container!r}: {self.resource}={self.value}"
         return f"{where}: {self.reason}; {effect}"
 
@@ -130,8 +153,12 @@ def container_request(
     names = settings.resources
     problems: list[RequestProblem] = []
 
-    def problem(resource: str, raw: object, reason: str, dropped: bool) -> None:
-        problems.append(RequestProblem(container.name, resource, str(raw), reason, dropped))
+    def problem(
+        resource: str, raw: object, reason: str, dropped: bool, taken_as: int | None = None
+    ) -> None:
+        problems.append(
+            RequestProblem(container.name, resource, str(raw), reason, dropped, taken_as)
+        )
 
     raw_count = _lookup(container, names.count)
     if raw_count is None:
@@ -144,8 +171,12 @@ def container_request(
     if count == 0:
         return None, ()
     if not 0 < count <= INT32_MAX:
-        problem(names.count, raw_count, "out of range 0..2147483647", True)
-        return None, tuple(problems)
+        truncated = go_int32(count)
+        if truncated <= 0:
+            problem(names.count, raw_count, f"as int32 it is {truncated}, not positive", True)
+            return None, tuple(problems)
+        problem(names.count, raw_count, "larger than int32", False, truncated)
+        count = truncated
 
     memory_mib = 0
     raw_memory = _lookup(container, names.memory)
@@ -184,12 +215,12 @@ def container_request(
     if raw_cores is not None:
         try:
             asked = _integer(raw_cores)
-            if not 0 <= asked <= INT32_MAX:
-                raise _BadValueError("out of range 0..2147483647")
         except _BadValueError as bad:
             problem(names.cores, raw_cores, bad.reason, False)
         else:
-            cores = asked
+            cores = go_int32(asked)
+            if cores != asked:
+                problem(names.cores, raw_cores, "outside int32", False, cores)
 
     return ContainerRequest(count, memory_mib, percent, cores), tuple(problems)
 
