@@ -9,6 +9,12 @@ passed. A failure is data (`FitFailure`: reason counts over the candidates); the
 For a pod: init containers each fit against the node's usage as it is (they run one after
 another), app containers one after another on one copy that books what the earlier ones took.
 
+Two HAMi counting quirks are kept on purpose, because the failure strings must be HAMi's:
+`NumaNotFit` grows by 1 (not by the number of GPUs picked) each time the walk leaves a NUMA
+node on which it had picked GPUs, and `AllocatedCardsInsufficientRequest` is 1 whenever the
+walk ends with some GPUs picked. HAMi adds `len(tmpDevs)`, the size of its per-type map,
+which is 1 for an NVIDIA-only pick (HAMi's own tests pin this).
+
 Not implemented (documented): the namespace quota check (`ResourceQuotaNotFit`) and the
 `topology-aware` pair-score choice (such pods are placed by the plain walk); MIG-mode GPUs are
 never picked (`CardMigTopologyInfeasible`).
@@ -240,11 +246,10 @@ def _walk(
             reason = FitReason.CARD_TYPE_MISMATCH
         else:
             if numa_bind and device.numa_node != previous_numa:  # 4.
-                # A new NUMA node: what was picked on the previous one does not count.
+                # A new NUMA node: what was picked on the previous one does not count. HAMi
+                # adds len(tmpDevs), its per-type map: 1, however many GPUs were picked.
                 if picked:
-                    counts[FitReason.NUMA_NOT_FIT] = counts.get(FitReason.NUMA_NOT_FIT, 0) + len(
-                        picked
-                    )
+                    counts[FitReason.NUMA_NOT_FIT] = counts.get(FitReason.NUMA_NOT_FIT, 0) + 1
                 needed = request.count
                 previous_numa = device.numa_node
                 picked, booked = [], []
@@ -286,7 +291,8 @@ def _walk(
                 continue
         counts[reason] = counts.get(reason, 0) + 1
     if picked:
-        counts[FitReason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] = len(picked)
+        # HAMi sets len(tmpDevs), the size of its per-type map: 1 for an NVIDIA pick.
+        counts[FitReason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] = 1
     return _failure(counts, len(order))
 
 
