@@ -8,6 +8,9 @@ passed. A failure is data (`FitFailure`: reason counts over the candidates); the
 
 For a pod: init containers each fit against the node's usage as it is (they run one after
 another), app containers one after another on one copy that books what the earlier ones took.
+As in HAMi, where every container re-sorts the same device list in place, an app container's
+sort starts from the order the previous GPU container left behind, so GPUs that compare equal
+keep that order (the first container, and every init container, start from index order).
 
 Two HAMi counting quirks are kept on purpose, because the failure strings must be HAMi's:
 `NumaNotFit` grows by 1 (not by the number of GPUs picked) each time the walk leaves a NUMA
@@ -214,6 +217,15 @@ class FitContext:
             self._type_cache[key] = allowed
         return allowed
 
+    def mig_request(self, node: NodeUsage) -> bool:
+        """HAMi's `isMIGRequest`: the node has a MIG-mode candidate GPU and the pod's
+        `vgpu-mode` (if set) names `mig`. Such a request skips the `NodeInsufficientDevice`
+        count check (a MIG GPU can host several instances)."""
+        if self.vgpu_mode is not None and MODE_MIG not in self.vgpu_mode:
+            return False
+        devices = node.devices
+        return any(devices[position].mode == MODE_MIG for position in node.candidates)
+
 
 @dataclass(frozen=True, slots=True)
 class _Picked:
@@ -228,15 +240,17 @@ def sorted_candidates(
     used_cores: Sequence[int],
     request: ContainerRequest | None,
     context: FitContext,
+    base: Sequence[int] | None = None,
 ) -> list[int]:
     """The node's NVIDIA candidate positions in the pod's GPU order (Fit walks from the end).
 
-    GPU scores (which read the memory and cores in use and the request) are computed only
-    when the order uses them.
+    The sort is stable and starts from `base` (default: the candidates in index order), so
+    GPUs that compare equal keep their order in `base`. GPU scores (which read the memory and
+    cores in use and the request) are computed only when the order uses them.
     """
     order = context.order
     devices = node.devices
-    candidates = node.candidates
+    candidates = node.candidates if base is None else base
     if order.uses_score:
         keys = {
             position: order.key(
@@ -351,7 +365,7 @@ def _walk(
 
 
 def _screening_order(
-    node: NodeUsage, used: Sequence[int], context: FitContext
+    node: NodeUsage, used: Sequence[int], context: FitContext, base: Sequence[int] | None
 ) -> Sequence[int] | None:
     """A GPU order, found without scores, whose walk gives the same verdict and the same
     failure counts as the pod's own order (None when there is none).
@@ -360,11 +374,12 @@ def _screening_order(
     succeeds, with the same counts, whatever the order. With numa-bind the order is NUMA
     first (`gpu_order` makes it so whenever it uses scores): the walk meets the NUMA groups
     in the same sequence, and the order inside a group changes neither verdict nor counts.
-    Only which GPUs a fitting node hands out depends on the scores.
+    Only which GPUs a fitting node hands out depends on the scores. An order without scores
+    is the pod's own order (sorted from `base`).
     """
     order = context.order
     if not order.uses_score:
-        return sorted_candidates(node, used, (), (), None, context)
+        return sorted_candidates(node, used, (), (), None, context, base)
     if not context.numa_bind:
         return node.candidates
     if not order.numa_first:
@@ -391,24 +406,44 @@ def fit_container(
     same verdict and counts (`_screening_order`), and GPUs are scored and sorted only when it
     fits; `screen=False` runs HAMi's procedure literally (score, sort, walk).
     """
+    result = _fit_container(
+        node, request, context, used, used_memory_mib, used_cores, None, screen=screen
+    )
+    if isinstance(result, FitFailure):
+        return result
+    return result[0], result[1]
+
+
+def _fit_container(
+    node: NodeUsage,
+    request: ContainerRequest,
+    context: FitContext,
+    used: Sequence[int] | None,
+    used_memory_mib: Sequence[int] | None,
+    used_cores: Sequence[int] | None,
+    base: Sequence[int] | None,
+    *,
+    screen: bool,
+) -> tuple[tuple[int, ...], ContainerDevices, Sequence[int]] | FitFailure:
+    """`fit_container`, sorting from `base`; also returns the sorted order it walked."""
     used = node.used if used is None else used
     used_memory_mib = node.used_memory_mib if used_memory_mib is None else used_memory_mib
     used_cores = node.used_cores if used_cores is None else used_cores
-    if request.count > len(node.candidates):
+    if request.count > len(node.candidates) and not context.mig_request(node):
         return NODE_INSUFFICIENT_DEVICE
     if screen:
-        screening = _screening_order(node, used, context)
+        screening = _screening_order(node, used, context, base)
         if screening is not None:
             outcome = _walk(node, screening, used, used_memory_mib, used_cores, request, context)
             if isinstance(outcome, FitFailure):
                 return outcome
             if not context.order.uses_score:
-                return outcome.positions, outcome.devices
-    order = sorted_candidates(node, used, used_memory_mib, used_cores, request, context)
+                return outcome.positions, outcome.devices, screening
+    order = sorted_candidates(node, used, used_memory_mib, used_cores, request, context, base)
     result = _walk(node, order, used, used_memory_mib, used_cores, request, context)
     if isinstance(result, FitFailure):
         return result
-    return result.positions, result.devices
+    return result.positions, result.devices, order
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,16 +474,17 @@ def fit_pod(
     used_memory_mib: Sequence[int] = node.used_memory_mib
     used_cores: Sequence[int] = node.used_cores
     booked: tuple[list[int], list[int], list[int]] | None = None
+    order: Sequence[int] | None = None  # the GPU order the previous app container left
     for request in app:
         if request is None:
             entries.append(())
             continue
-        result = fit_container(
-            node, request, context, used, used_memory_mib, used_cores, screen=screen
+        fitted = _fit_container(
+            node, request, context, used, used_memory_mib, used_cores, order, screen=screen
         )
-        if isinstance(result, FitFailure):
-            return result
-        positions, devices = result
+        if isinstance(fitted, FitFailure):
+            return fitted
+        positions, devices, order = fitted
         entries.append(devices)
         remaining -= 1
         if remaining:
