@@ -19,6 +19,9 @@ daemons need on top of it:
 * a timeout on every request and retries with exponential backoff and jitter on 429, 5xx,
   connection errors and timeouts (`RetryPolicy`); urllib3's own retries are switched off so a
   hanging server costs `timeout_seconds` per attempt, not four times that;
+* an optional time budget shared by every call a thread makes inside `KubeClient.deadline()`,
+  so that a caller answering someone who waits (kubelet's Allocate) fails in bounded time
+  however many calls it makes and however the API server misbehaves;
 * one error-translation point (`_translate_errors`) that maps `ApiException` (raised here for a
   non-2xx answer, as the generated API would) and urllib3 errors to `NotFound`, `Conflict`,
   `Retryable` or `KubeError`, chained with `from`;
@@ -35,6 +38,7 @@ import json
 import logging
 import os
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -413,6 +417,7 @@ class KubeClient:
         *,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if api_client.configuration.retries is None:
             api_client.configuration.retries = False
@@ -422,6 +427,8 @@ class KubeClient:
         self._retry = retry
         self._sleep = sleep
         self._rng = rng or random.Random()
+        self._clock = clock
+        self._local = threading.local()
 
     @classmethod
     def from_config(
@@ -474,6 +481,30 @@ class KubeClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    @contextlib.contextmanager
+    def deadline(self, seconds: float) -> Iterator[None]:
+        """Give the calls this thread makes inside the block `seconds` in total.
+
+        Each attempt's timeout is cut to the time left, no retry starts that would end after
+        it, and a call started with no time left raises Retryable at once (the message says the
+        budget was spent). A nested block sets its own budget for its duration; other threads
+        are not affected.
+        """
+        previous = getattr(self._local, "budget", None)
+        self._local.budget = (self._clock() + seconds, seconds)
+        try:
+            yield
+        finally:
+            self._local.budget = previous
+
+    def _time_left(self) -> tuple[float, float] | None:
+        """(seconds left, whole budget) inside `deadline()`, else None."""
+        budget: tuple[float, float] | None = getattr(self._local, "budget", None)
+        if budget is None:
+            return None
+        end, seconds = budget
+        return end - self._clock(), seconds
 
     # --- nodes ----------------------------------------------------------------------------
 
@@ -581,9 +612,9 @@ class KubeClient:
 
     # --- plumbing -------------------------------------------------------------------------
 
-    def _send(self, request: _Request) -> urllib3.BaseHTTPResponse:
+    def _send(self, request: _Request, timeout: float) -> urllib3.BaseHTTPResponse:
         """One attempt: build the request with the ApiClient (host, auth, default headers, URL
-        quoting), send it with the timeout and return the raw 2xx response, unread.
+        quoting), send it with `timeout` seconds and return the raw 2xx response, unread.
 
         Raises ApiException for any other status (the body read, the connection released), as
         the generated API does, and urllib3 errors as they come.
@@ -606,7 +637,7 @@ class KubeClient:
             header_params,
             body,
             post_params,
-            _request_timeout=self._retry.timeout_seconds,
+            _request_timeout=timeout,
         )
         if 200 <= response.status <= 299:
             return cast(urllib3.BaseHTTPResponse, response.response)
@@ -624,14 +655,21 @@ class KubeClient:
     ) -> _T:
         """Send `request` with retries; `decode` the JSON object it answers.
 
-        Raises NotFound, Conflict, KubeError at once and Retryable after the last attempt.
+        Raises NotFound, Conflict, KubeError at once and Retryable after the last attempt, or
+        as soon as the thread's `deadline()` budget does not allow another one.
         A body that does not decode (ValueError) is a KubeError, not retried.
         """
         retry = 0
         while True:
+            timeout = self._retry.timeout_seconds
+            left = self._time_left()
+            if left is not None:
+                if left[0] <= 0:
+                    raise Retryable(f"{what}: not sent, its {left[1]:g} s time budget is spent")
+                timeout = min(timeout, left[0])
             try:
                 with _translate_errors(what):
-                    return decode(_read_object(self._send(request)))
+                    return decode(_read_object(self._send(request, timeout)))
             except Retryable as exc:
                 retry += 1
                 if retry >= self._retry.attempts:
@@ -641,6 +679,13 @@ class KubeClient:
                 delay = self._retry.backoff_seconds(retry, self._rng)
                 if exc.retry_after_seconds is not None:
                     delay = min(exc.retry_after_seconds, self._retry.max_backoff_seconds)
+                left = self._time_left()
+                if left is not None and left[0] <= delay:
+                    raise Retryable(
+                        f"{exc} (gave up after {retry} attempts: its {left[1]:g} s time budget "
+                        "is spent)",
+                        exc.status,
+                    ) from exc.__cause__
                 logger.debug("%s; retry %d in %.3f s", exc, retry, delay)
                 self._sleep(delay)
 
