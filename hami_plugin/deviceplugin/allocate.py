@@ -15,7 +15,7 @@ HAMi v2.10 behaviour being matched (reference 4.4 / 4.5):
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -116,6 +116,7 @@ class FailureReason(enum.StrEnum):
     NO_PENDING_ENTRY = "NoPendingEntry"
     DEVICE_COUNT_MISMATCH = "DeviceCountMismatch"
     INVALID_REQUEST = "InvalidRequest"
+    INVALID_POD = "InvalidPod"
 
 
 class AllocateFailure(Exception):  # noqa: N818 - the name the edge and the brief use
@@ -250,21 +251,76 @@ def select_pending_pod(
     return PendingPodChoice(pod=candidates[0], via_lock=False, lock_warning=warning)
 
 
+def lock_releasable_by(lock_value: str | None, namespace: str, name: str) -> bool:
+    """True when the pod `namespace/name` may delete the node lock `lock_value` (HAMi's rule).
+
+    Decided on the text, as HAMi does, so that an unreadable lock cannot stay forever: a value
+    with commas belongs to the pod it ends with (`,<ns>,<name>`); one without commas (a legacy
+    timestamp, or garbage) has no owner, and whoever finishes releases it.
+    """
+    if not lock_value:
+        return False
+    return "," not in lock_value or lock_value.endswith(f",{namespace},{name}")
+
+
 # --- Allocate ------------------------------------------------------------------------------------
+
+
+def check_requests(requests: Sequence[Sequence[str]]) -> None:
+    """Reject an Allocate that cannot be any container's admission, before a pod is chosen.
+
+    Raises AllocateFailure(INVALID_REQUEST, pod_known=False) when there is no container request.
+    """
+    if not requests:
+        raise AllocateFailure(
+            FailureReason.INVALID_REQUEST, "allocate request has no containers", pod_known=False
+        )
+
+
+def check_device_ids(requests: Sequence[Sequence[str]], advertised: Collection[str]) -> None:
+    """Every kubelet device ID must be one this plugin advertises, and used once in the call.
+
+    Raises AllocateFailure(INVALID_REQUEST) naming the first offending ID.
+    """
+    seen: set[str] = set()
+    for kubelet_ids in requests:
+        for device_id in kubelet_ids:
+            if device_id not in advertised:
+                raise AllocateFailure(
+                    FailureReason.INVALID_REQUEST,
+                    f"device ID {codec.go_quote(device_id)} is not one this plugin advertises",
+                )
+            if device_id in seen:
+                raise AllocateFailure(
+                    FailureReason.INVALID_REQUEST,
+                    f"device ID {codec.go_quote(device_id)} is requested twice",
+                )
+            seen.add(device_id)
 
 
 def decode_to_allocate(pod: PodLike) -> PodDevices:
     """Decode the pod's `hami.io/vgpu-devices-to-allocate` (missing → no entries).
 
-    Raises AllocateFailure(MALFORMED_ANNOTATION) naming the key and the bad part.
+    Raises AllocateFailure(MALFORMED_ANNOTATION) naming the key and the bad part, also for a
+    negative memory or cores value.
     """
     value = pod.annotations.get(ANNOTATION_DEVICES_TO_ALLOCATE)
     if value is None:
         return ()
     try:
-        return codec.decode_pod_devices(value, ANNOTATION_DEVICES_TO_ALLOCATE)
+        entries = codec.decode_pod_devices(value, ANNOTATION_DEVICES_TO_ALLOCATE)
     except ValueError as error:
         raise AllocateFailure(FailureReason.MALFORMED_ANNOTATION, str(error)) from error
+    for index, entry in enumerate(entries):
+        for device in entry:
+            # HAMi-core would get "-3000m" as a memory limit: no scheduler writes that.
+            if device.used_mem_mib < 0 or device.used_cores < 0:
+                raise AllocateFailure(
+                    FailureReason.MALFORMED_ANNOTATION,
+                    f"{ANNOTATION_DEVICES_TO_ALLOCATE}: entry {index} device {device.uuid}: "
+                    f"negative memory ({device.used_mem_mib}) or cores ({device.used_cores})",
+                )
+    return entries
 
 
 def _container_at(pod: PodLike, index: int) -> ContainerLike:
@@ -379,18 +435,30 @@ def decide_allocation(
     requests: Sequence[Sequence[str]],
     config: AllocateConfig,
     new_cache_id: Callable[[], str],
+    advertised: Collection[str] | None = None,
 ) -> AllocationDecision:
     """Answer kubelet's Allocate for `pod`: one ContainerAllocation per request, in order.
 
     `requests` holds the `devices_ids` of each ContainerAllocateRequest; `new_cache_id` returns
-    a fresh UUIDv4 string for `CUDA_DEVICE_MEMORY_SHARED_CACHE`.
+    a fresh UUIDv4 string for `CUDA_DEVICE_MEMORY_SHARED_CACHE`; `advertised` (when given) is
+    every device ID this plugin lists to kubelet, healthy or not.
 
     Raises AllocateFailure: MALFORMED_ANNOTATION, NO_PENDING_ENTRY ("no pending device
-    allocation found"), DEVICE_COUNT_MISMATCH ("device number not matched"), INVALID_REQUEST.
+    allocation found"), DEVICE_COUNT_MISMATCH ("device number not matched"), INVALID_REQUEST
+    (no container request, an ID not advertised or given twice), INVALID_POD (no pod UID: the
+    host directory would be shared with other pods). Without preferred-allocation alignment an
+    annotated GPU that `advertised` does not cover is MALFORMED_ANNOTATION.
     """
-    if not requests:
-        raise AllocateFailure(FailureReason.INVALID_REQUEST, "allocate request has no containers")
+    check_requests(requests)
+    if advertised is not None:
+        check_device_ids(requests, advertised)
+    if not pod.uid:
+        raise AllocateFailure(
+            FailureReason.INVALID_POD,
+            f"pod {pod.namespace}/{pod.name} has no uid: cannot name its host directory",
+        )
     entries = list(decode_to_allocate(pod))
+    node_gpus = None if advertised is None else {physical_uuid_of(i) for i in advertised}
     answers = []
     next_index = 0
     for kubelet_ids in requests:
@@ -411,6 +479,15 @@ def decide_allocation(
         container = _container_at(pod, next_index)
         if config.enable_preferred_allocation:
             devices = _align_with_kubelet(devices, kubelet_ids)
+        elif node_gpus is not None:
+            # The annotated GPUs are used as they are: one that is not here cannot be mounted.
+            stray = next((d.uuid for d in devices if d.uuid not in node_gpus), None)
+            if stray is not None:
+                raise AllocateFailure(
+                    FailureReason.MALFORMED_ANNOTATION,
+                    f"{ANNOTATION_DEVICES_TO_ALLOCATE}: entry {next_index} names GPU {stray}, "
+                    "which is not on this node",
+                )
         host_dir = config.container_dir(pod.uid, container.name)
         answers.append(
             ContainerAllocation(

@@ -9,7 +9,10 @@ One concurrency model: sync grpcio on a thread pool. The pieces:
 * `PodAllocator`: the Allocate edge. It asks the API server for the node lock and the pods,
   lets `deviceplugin.allocate` decide, creates the host directories and writes the result back
   (to-allocate consumed, bind-phase, node lock released); any failure marks the pod `failed`,
-  releases the lock and records a Warning event.
+  releases the lock and records a Warning event. Kubelet waits for Allocate without a deadline
+  (and admits nothing else meanwhile), so the API calls of one Allocate share a time budget, and
+  reporting a failure gets a budget of its own: a hanging API server costs seconds, not the
+  minutes its retry policy allows per call.
 * `DevicePluginService`: the RPC logic shared by every server generation; Allocate calls are
   serialised here.
 * `PluginServer`: one grpc.Server bound to one socket file. Re-serving after a kubelet restart
@@ -29,13 +32,12 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent import futures
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import grpc
 
-from hami_plugin import codec
 from hami_plugin.deviceplugin import allocate
 from hami_plugin.deviceplugin.allocate import (
     AllocateConfig,
@@ -69,6 +71,12 @@ Allocate/GetPreferredAllocation calls and the GetDevicePluginOptions call kubele
 own thread is blocked in Register (kubelet-deviceplugin.md 2.2/2.3)."""
 
 _LOCK_RELEASE_ATTEMPTS = 4
+ALLOCATE_BUDGET_SECONDS = 20.0
+"""All API calls of one Allocate, up to writing its result."""
+REPORT_BUDGET_SECONDS = 10.0
+"""Reporting a failed Allocate (bind-phase, lock, event), and releasing the lock after success."""
+PREFERRED_BUDGET_SECONDS = 5.0
+"""Finding the pending pod for GetPreferredAllocation; after it, the answer falls back."""
 
 
 # --- the device list ListAndWatch streams ----------------------------------------------------
@@ -145,7 +153,11 @@ class DeviceBoard:
 
 
 class KubeApi(Protocol):
-    """The Kubernetes calls Allocate needs (`k8s.KubeClient` provides them)."""
+    """The Kubernetes calls Allocate needs (`k8s.KubeClient` provides them).
+
+    An implementation that also has `KubeClient.deadline(seconds)` gets its calls time-bounded
+    (see `PodAllocator`); one without it (an in-memory double) is used unbounded.
+    """
 
     def get_node(self, name: str) -> NodeRecord: ...
 
@@ -237,12 +249,25 @@ class PodAllocator:
         *,
         new_cache_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         version: str | None = None,
+        allocate_budget_seconds: float = ALLOCATE_BUDGET_SECONDS,
+        report_budget_seconds: float = REPORT_BUDGET_SECONDS,
+        preferred_budget_seconds: float = PREFERRED_BUDGET_SECONDS,
     ) -> None:
         self._kube = kube
         self._node_name = node_name
         self._config = config
         self._new_cache_id = new_cache_id
         self._version = version if version is not None else libvgpu_version()
+        self._allocate_budget = allocate_budget_seconds
+        self._report_budget = report_budget_seconds
+        self._preferred_budget = preferred_budget_seconds
+
+    def _within(self, seconds: float) -> contextlib.AbstractContextManager[object]:
+        """The API calls of this thread inside the block share `seconds` (when supported)."""
+        deadline: Callable[[float], contextlib.AbstractContextManager[object]] | None = getattr(
+            self._kube, "deadline", None
+        )
+        return deadline(seconds) if deadline is not None else contextlib.nullcontext()
 
     def _current_config(self) -> AllocateConfig:
         # HAMi stats these files on every call: the plugin's postStart hook installs them on
@@ -265,31 +290,37 @@ class PodAllocator:
             logger.warning("node %s: %s", self._node_name, choice.lock_warning)
         return node, choice
 
-    def allocate(self, requests: Sequence[Sequence[str]]) -> AllocationDecision:
+    def allocate(
+        self, requests: Sequence[Sequence[str]], advertised: Collection[str] | None = None
+    ) -> AllocationDecision:
         """Decide and carry out one Allocate call.
 
-        Raises AllocateFailure(NO_PENDING_POD) or a KubeError when no pod could be chosen
-        (nothing is patched then), or PodAllocationError when the chosen pod failed (it is
-        then marked `failed`, its lock released and a Warning event recorded).
+        `advertised` is every device ID kubelet was offered; an ID outside it fails the pod.
+        Raises AllocateFailure(NO_PENDING_POD or INVALID_REQUEST) or a KubeError when no pod
+        could be chosen (nothing is patched then), or PodAllocationError when the chosen pod
+        failed (it is then marked `failed`, its lock released and a Warning event recorded).
         """
-        node, choice = self._pending_pod()
-        pod = choice.pod
-        try:
-            decision = allocate.decide_allocation(
-                pod, requests, self._current_config(), self._new_cache_id
-            )
-            prepare_host_dirs(decision, self._config.vgpulock_host_path)
-            patch: dict[str, str | None] = {
-                ANNOTATION_DEVICES_TO_ALLOCATE: decision.remaining_to_allocate
-            }
-            if decision.complete:
-                patch[ANNOTATION_BIND_PHASE] = BindPhase.SUCCESS
-            self._kube.patch_pod_metadata(pod.namespace, pod.name, patch)
-        except Exception as error:
-            self._fail(pod, node, error)
-            raise PodAllocationError(pod, error) from error
+        allocate.check_requests(requests)
+        with self._within(self._allocate_budget):
+            node, choice = self._pending_pod()
+            pod = choice.pod
+            try:
+                decision = allocate.decide_allocation(
+                    pod, requests, self._current_config(), self._new_cache_id, advertised
+                )
+                prepare_host_dirs(decision, self._config.vgpulock_host_path)
+                patch: dict[str, str | None] = {
+                    ANNOTATION_DEVICES_TO_ALLOCATE: decision.remaining_to_allocate
+                }
+                if decision.complete:
+                    patch[ANNOTATION_BIND_PHASE] = BindPhase.SUCCESS
+                self._kube.patch_pod_metadata(pod.namespace, pod.name, patch)
+            except Exception as error:
+                self._fail(pod, node, error)  # with a budget of its own
+                raise PodAllocationError(pod, error) from error
         if decision.complete:
-            self._release_lock(pod, node)
+            with self._within(self._report_budget):
+                self._release_lock(pod, node)
         logger.info(
             "allocated %s to pod %s/%s%s",
             ", ".join(
@@ -307,7 +338,8 @@ class PodAllocator:
         API problem (the answer falls back to a valid choice from `available`)."""
         pod: PodRecord | None
         try:
-            _, choice = self._pending_pod()
+            with self._within(self._preferred_budget):
+                _, choice = self._pending_pod()
             pod = choice.pod
         except AllocateFailure as error:
             logger.info("preferred allocation without a pod: %s", error)
@@ -326,32 +358,27 @@ class PodAllocator:
         return answers
 
     def _fail(self, pod: PodRecord, node: NodeRecord, error: BaseException) -> None:
-        # Logged by the RPC edge (`_abort_with`); here the pod learns about it.
+        """Tell the pod: bind-phase `failed`, lock released, a Warning event (best effort,
+        within the report budget). Logged by the RPC edge (`_abort_with`), not here."""
         message = f"allocate failed for pod {pod.namespace}/{pod.name}: {error}"
-        try:
-            self._kube.patch_pod_metadata(
-                pod.namespace, pod.name, {ANNOTATION_BIND_PHASE: BindPhase.FAILED}
-            )
-        except Exception as patch_error:
-            logger.warning(
-                "could not mark pod %s/%s failed: %s", pod.namespace, pod.name, patch_error
-            )
-        self._release_lock(pod, node)
-        self._kube.create_pod_event(pod, EVENT_REASON_ALLOCATE_FAILED, message, "Warning")
+        with self._within(self._report_budget):
+            try:
+                self._kube.patch_pod_metadata(
+                    pod.namespace, pod.name, {ANNOTATION_BIND_PHASE: BindPhase.FAILED}
+                )
+            except Exception as patch_error:
+                logger.warning(
+                    "could not mark pod %s/%s failed: %s", pod.namespace, pod.name, patch_error
+                )
+            self._release_lock(pod, node)
+            self._kube.create_pod_event(pod, EVENT_REASON_ALLOCATE_FAILED, message, "Warning")
 
     def _release_lock(self, pod: PodRecord, node: NodeRecord) -> None:
-        """Delete the node lock if it belongs to `pod` (or is a legacy owner-less lock, as
-        HAMi does), with the node's resourceVersion as precondition; retried on conflict."""
+        """Delete the node lock if `pod` may (`allocate.lock_releasable_by`, HAMi's rule), with
+        the node's resourceVersion as precondition; retried on conflict, never raises."""
         for _attempt in range(_LOCK_RELEASE_ATTEMPTS):
             value = node.annotations.get(ANNOTATION_NODE_LOCK)
-            if not value:
-                return
-            try:
-                lock = codec.parse_node_lock(value)
-            except ValueError:
-                logger.warning("node %s: leaving malformed lock %r", node.name, value)
-                return
-            if lock.namespace is not None and not lock.owned_by(pod.namespace, pod.name):
+            if not allocate.lock_releasable_by(value, pod.namespace, pod.name):
                 return
             try:
                 self._kube.patch_node_annotations(
@@ -447,8 +474,9 @@ class DevicePluginService:
     def allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
         """Serialised Allocate; raises the errors of `PodAllocator.allocate`."""
         requests = [list(container.devices_ids) for container in request.container_requests]
+        advertised = {device.id for device in self.board.devices}
         with self._allocate_lock:
-            decision = self._allocator.allocate(requests)
+            decision = self._allocator.allocate(requests, advertised)
         response = api_pb2.AllocateResponse()
         for container in decision.containers:
             response.container_responses.add(
