@@ -7,9 +7,9 @@ the call is retried with backoff.
 A kubelet restart deletes every socket in the directory and creates a new `kubelet.sock`
 (2.1); kubelet never re-dials a plugin (2.3). `KubeletRegistrar` is a loop over restart
 signals: whatever raises one (the default `SocketPollWatch` seeing `kubelet.sock` replaced or
-our socket gone, or a ListAndWatch stream that kubelet closed), the loop waits a few
-milliseconds to absorb the burst, stops the old server, serves a new socket and registers
-again. Tests inject their own watch and trigger signals directly.
+our socket gone, or the last ListAndWatch stream of our server closed by its client), the
+loop waits a few milliseconds to absorb the burst, stops the old server, serves a new socket
+and registers again. Tests inject their own watch and trigger signals directly.
 """
 
 from __future__ import annotations
@@ -313,19 +313,24 @@ class KubeletRegistrar:
         return False
 
     def _serve(self) -> None:
-        self._stop_server()
-        server = PluginServer(
-            self._service,
-            self._socket_path,
-            on_stream_lost=lambda: self.signal.trigger("kubelet closed the ListAndWatch stream"),
-        )
+        # The old server's busy calls (an Allocate waiting on the API server) must not delay
+        # serving the new kubelet: they finish on their own.
+        self._stop_server(wait=False)
+
+        def stream_lost() -> None:
+            # Only when no stream is left: another client of the socket (a debugging tool)
+            # coming and going is no reason to re-register and cut kubelet's stream.
+            if server.live_streams == 0:
+                self.signal.trigger("kubelet closed the ListAndWatch stream")
+
+        server = PluginServer(self._service, self._socket_path, on_stream_lost=stream_lost)
         server.start()
         self._server = server
 
-    def _stop_server(self) -> None:
+    def _stop_server(self, *, wait: bool = True) -> None:
         server, self._server = self._server, None
         if server is not None:
-            server.stop()
+            server.stop(wait=wait)
 
     def _register(self) -> None:
         request = api_pb2.RegisterRequest(

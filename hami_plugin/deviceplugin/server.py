@@ -16,8 +16,8 @@ One concurrency model: sync grpcio on a thread pool. The pieces:
 * `DevicePluginService`: the RPC logic shared by every server generation; Allocate calls are
   serialised here.
 * `PluginServer`: one grpc.Server bound to one socket file. Re-serving after a kubelet restart
-  builds a new one (`deviceplugin.kubelet`); a stream that a *current* server loses tells the
-  registration loop through `on_stream_lost`.
+  builds a new one (`deviceplugin.kubelet`) without waiting for the old one's unary calls; a
+  stream that a *current* server loses tells the registration loop through `on_stream_lost`.
 
 Domain errors become gRPC status codes in one place (`_abort_with`); anything unexpected is
 logged once with its traceback and answered as UNKNOWN.
@@ -652,8 +652,13 @@ class PluginServer:
             self.socket_inode = None
         logger.info("serving DevicePlugin on %s", self.socket_path)
 
-    def stop(self, grace_seconds: float | None = None) -> None:
-        """Stop serving: end every stream, wait for the handlers, remove our socket file."""
+    def stop(self, grace_seconds: float | None = None, *, wait: bool = True) -> None:
+        """Stop serving: end every stream, remove our socket file.
+
+        With `wait`, also wait for the handlers still running. Without it, a unary call that
+        is still busy (an Allocate waiting on the API server, within its budget) finishes on
+        its own thread, which then exits: a re-registration does not wait for it.
+        """
         self._stopping.set()
         # Wake our streams ourselves rather than rely on grpc's cancellation callbacks alone:
         # a stream thread that never wakes would block the executor shutdown below.
@@ -662,7 +667,7 @@ class PluginServer:
         if server is not None:
             server.stop(grace_seconds).wait()
         if self._executor is not None:
-            self._executor.shutdown(wait=True)
+            self._executor.shutdown(wait=wait)
             self._executor = None
         self._remove_socket()
 
