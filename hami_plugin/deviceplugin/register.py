@@ -2,7 +2,10 @@
 
 HAMi's plugin rebuilds the value every 30 s and patches it only when it differs from the last
 string it wrote (reference 4.2). Same here, plus an immediate round on every health event
-(`poke`). API failures are logged and retried at the next round (5 s after an error, as HAMi
+(`poke`), and one thing HAMi lacks: a round whose value is unchanged reads the node and writes
+the value again if the node lost it (a Node object deleted and re-created by kubelet comes back
+without annotations, and HAMi's scheduler would then never see this node's GPUs again). API
+failures are logged once per outage and retried at the next round (5 s after an error, as HAMi
 does, or sooner when the interval is shorter); they never stop the daemon.
 """
 
@@ -20,8 +23,15 @@ logger = logging.getLogger(__name__)
 RETRY_AFTER_ERROR_SECONDS = 5.0
 
 
+class NodeWithAnnotations(Protocol):
+    @property
+    def annotations(self) -> Mapping[str, str]: ...
+
+
 class NodeAnnotationApi(Protocol):
-    """The one call the publisher makes (`k8s.KubeClient` provides it)."""
+    """The calls the publisher makes (`k8s.KubeClient` provides them)."""
+
+    def get_node(self, name: str) -> NodeWithAnnotations: ...
 
     def patch_node_annotations(
         self,
@@ -68,9 +78,16 @@ class RegisterPublisher:
         except Exception:
             logger.exception("cannot build the node register annotation")
             return False
-        if value == self._last_written:
-            return True
         try:
+            if value == self._last_written:
+                node = self._kube.get_node(self._node_name)
+                if node.annotations.get(ANNOTATION_NODE_REGISTER) == value:
+                    return self._recovered()
+                logger.warning(
+                    "node %s: %s is missing or changed on the node; writing it again",
+                    self._node_name,
+                    ANNOTATION_NODE_REGISTER,
+                )
             self._kube.patch_node_annotations(self._node_name, {ANNOTATION_NODE_REGISTER: value})
         except Exception as error:
             if not self._failing:
@@ -81,12 +98,16 @@ class RegisterPublisher:
                 )
             self._failing = True
             return False
-        if self._failing:
-            logger.info("node %s: register annotation written again", self._node_name)
-        self._failing = False
+        self._recovered()
         self._last_written = value
         logger.info("node %s: published %s", self._node_name, ANNOTATION_NODE_REGISTER)
         logger.debug("register annotation: %s", value)
+        return True
+
+    def _recovered(self) -> bool:
+        if self._failing:
+            logger.info("node %s: register annotation up to date again", self._node_name)
+        self._failing = False
         return True
 
     def poke(self) -> None:
