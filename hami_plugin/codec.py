@@ -516,12 +516,20 @@ def format_handshake_requesting(now: datetime) -> str:
 def parse_gpu_policy(text: str, key: str = ANNOTATION_GPU_SCHEDULER_POLICY) -> GpuPolicy:
     """`binpack`, `spread`, `mutex`, `topology-aware`, `numa` or a comma chain of them.
 
-    Unknown names are an error (HAMi silently falls back to spread).
+    Unknown names and a blank text are errors (HAMi silently falls back to spread); a pod
+    annotation goes through `parse_pod_gpu_options`, which keeps HAMi's reading of blanks.
     """
+    policy = _parse_gpu_policy_text(text, key)
+    if not policy.names:
+        raise AnnotationError(key, "empty GPU scheduler policy")
+    return policy
+
+
+def _parse_gpu_policy_text(text: str, key: str) -> GpuPolicy:
     _check_size(key, text)
-    items = [item.strip() for item in text.split(",")]
     names: list[GpuPolicyName] = []
-    for item in items:
+    for item in text.split(","):
+        item = item.strip()
         if not item:
             continue
         try:
@@ -533,10 +541,10 @@ def parse_gpu_policy(text: str, key: str = ANNOTATION_GPU_SCHEDULER_POLICY) -> G
             ) from None
         if name not in names:
             names.append(name)
-    if not names:
-        raise AnnotationError(key, "empty GPU scheduler policy")
-    chain = "," in text or names == [GpuPolicyName.NUMA]
-    return GpuPolicy(tuple(names), chain)
+    chain = "," in text or text == GpuPolicyName.NUMA
+    # HAMi matches a single name against the whole text, blanks included.
+    exact = chain or len(names) != 1 or text == names[0]
+    return GpuPolicy(tuple(names), chain, exact)
 
 
 def parse_node_policy(text: str, key: str = ANNOTATION_NODE_SCHEDULER_POLICY) -> NodePolicy:
@@ -548,6 +556,15 @@ def parse_node_policy(text: str, key: str = ANNOTATION_NODE_SCHEDULER_POLICY) ->
         raise AnnotationError(
             key, f"unknown node scheduler policy {_excerpt(text)} (allowed: binpack, spread)"
         ) from None
+
+
+def _parse_pod_node_policy(text: str) -> NodePolicy:
+    # HAMi: exactly "spread" is spread, any other text binpack. We still refuse unknown names,
+    # but a blank text or a known name with blanks around it behaves as HAMi's binpack.
+    if not text.strip():
+        return NodePolicy.BINPACK
+    policy = parse_node_policy(text)
+    return policy if text == policy.value else NodePolicy.BINPACK
 
 
 def parse_scoring_weights(
@@ -590,16 +607,20 @@ def _trimmed_items(value: str) -> Iterator[str]:
     return (item.strip() for item in value.split(",") if item.strip())
 
 
-def _type_items(value: str) -> tuple[str, ...]:
-    # Card-type filters are substring matches; HAMi skips blank items.
-    return tuple(item for item in value.split(",") if item.strip())
+def _listed(value: str | None) -> tuple[str, ...] | None:
+    # HAMi: an absent or blank list is no constraint; items are trimmed, blank ones skipped.
+    if value is None or not value.strip():
+        return None
+    return tuple(_trimmed_items(value))
 
 
 def parse_pod_gpu_options(annotations: Mapping[str, str]) -> PodGpuOptions:
-    """Read every GPU placement annotation a user can put on a pod.
+    """Read every GPU placement annotation a user can put on a pod, as HAMi reads them.
 
-    Raises AnnotationError for an invalid policy or scoring-weights value. `numa-bind` follows
-    Go's ParseBool and, like HAMi, only a true value enables it (anything else is false).
+    Raises AnnotationError for an unknown policy name or an invalid scoring-weights value.
+    `numa-bind` follows Go's ParseBool and, like HAMi, only a true value enables it (anything
+    else is false). A blank GPU policy orders GPUs as spread and a blank node policy is
+    binpack, as in HAMi (reference 1.1, 3.5.4).
     """
 
     def get(key: str) -> str | None:
@@ -618,13 +639,17 @@ def parse_pod_gpu_options(annotations: Mapping[str, str]) -> PodGpuOptions:
     node_policy = get(ANNOTATION_NODE_SCHEDULER_POLICY)
     weights = get(ANNOTATION_DEVICE_SCORING_WEIGHTS)
     return PodGpuOptions(
-        use_gpu_types=_type_items(use_types) if use_types else (),
-        nouse_gpu_types=_type_items(nouse_types) if nouse_types else (),
-        use_gpu_uuids=tuple(_trimmed_items(use_uuids)) if use_uuids else (),
-        nouse_gpu_uuids=tuple(_trimmed_items(nouse_uuids)) if nouse_uuids else (),
+        use_gpu_types=_listed(use_types),
+        nouse_gpu_types=_listed(nouse_types),
+        use_gpu_uuids=_listed(use_uuids),
+        nouse_gpu_uuids=_listed(nouse_uuids),
         numa_bind=numa_bind in _GO_TRUE,
-        vgpu_mode=vgpu_mode if vgpu_mode else None,
-        gpu_policy=parse_gpu_policy(gpu_policy) if gpu_policy else None,
-        node_policy=parse_node_policy(node_policy) if node_policy else None,
+        vgpu_mode=vgpu_mode,
+        gpu_policy=(
+            None
+            if gpu_policy is None
+            else _parse_gpu_policy_text(gpu_policy, ANNOTATION_GPU_SCHEDULER_POLICY)
+        ),
+        node_policy=None if node_policy is None else _parse_pod_node_policy(node_policy),
         scoring_weights=parse_scoring_weights(weights) if weights else None,
     )

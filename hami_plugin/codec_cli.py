@@ -93,6 +93,10 @@ def gpu_device_to_json(device: GpuDevice) -> dict[str, Any]:
     return obj
 
 
+def _optional_list(items: tuple[str, ...] | None) -> list[str] | None:
+    return None if items is None else list(items)
+
+
 def _decode_to_json(key: str, value: str) -> Any:
     if key in _POD_DEVICE_KEYS:
         return pod_devices_to_json(codec.decode_pod_devices(value, key))
@@ -121,10 +125,10 @@ def _decode_to_json(key: str, value: str) -> Any:
         return sorted(codec.parse_device_cordon(value))
     options = codec.parse_pod_gpu_options({key: value})
     simple: dict[str, Callable[[], Any]] = {
-        ANNOTATION_USE_GPUTYPE: lambda: list(options.use_gpu_types),
-        ANNOTATION_NOUSE_GPUTYPE: lambda: list(options.nouse_gpu_types),
-        ANNOTATION_USE_GPUUUID: lambda: list(options.use_gpu_uuids),
-        ANNOTATION_NOUSE_GPUUUID: lambda: list(options.nouse_gpu_uuids),
+        ANNOTATION_USE_GPUTYPE: lambda: _optional_list(options.use_gpu_types),
+        ANNOTATION_NOUSE_GPUTYPE: lambda: _optional_list(options.nouse_gpu_types),
+        ANNOTATION_USE_GPUUUID: lambda: _optional_list(options.use_gpu_uuids),
+        ANNOTATION_NOUSE_GPUUUID: lambda: _optional_list(options.nouse_gpu_uuids),
         ANNOTATION_NUMA_BIND: lambda: options.numa_bind,
     }
     if key in simple:

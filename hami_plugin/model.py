@@ -180,11 +180,15 @@ class GpuPolicy:
 
     `names` keeps the written order (blank items dropped); `chain` is True when the text was
     written as a comma chain or is exactly `numa` (HAMi then compares key by key, reference
-    3.5.4). How the names order GPUs is the scheduler's business (`hami_plugin.scheduler`).
+    3.5.4). `exact` is False when a single name was written with blanks around it: HAMi
+    compares the whole text, so such a policy (and a blank one, `names == ()`) orders GPUs as
+    spread, while its name still counts as a filter (`" mutex"`). How the names order GPUs is
+    the scheduler's business (`hami_plugin.scheduler`).
     """
 
     names: tuple[GpuPolicyName, ...]
     chain: bool
+    exact: bool = True
 
     @property
     def text(self) -> str:
@@ -207,14 +211,17 @@ class ScoringWeights:
 class PodGpuOptions:
     """Everything a user can say about GPU placement through pod annotations, parsed once.
 
-    `gpu_policy`/`node_policy`/`scoring_weights` are None when the pod does not set them
-    (the scheduler's defaults apply).
+    The four lists are None when the annotation is absent or blank (no constraint); otherwise
+    their items, trimmed, blank ones dropped, so `","` gives `()`: a `use-*` list that admits
+    no GPU, as in HAMi. `vgpu_mode` is the text as written (`""` admits only GPUs without a
+    mode, HAMi's substring test). `gpu_policy`/`node_policy`/`scoring_weights` are None when
+    the pod does not set them (the scheduler's defaults apply).
     """
 
-    use_gpu_types: tuple[str, ...] = ()
-    nouse_gpu_types: tuple[str, ...] = ()
-    use_gpu_uuids: tuple[str, ...] = ()
-    nouse_gpu_uuids: tuple[str, ...] = ()
+    use_gpu_types: tuple[str, ...] | None = None
+    nouse_gpu_types: tuple[str, ...] | None = None
+    use_gpu_uuids: tuple[str, ...] | None = None
+    nouse_gpu_uuids: tuple[str, ...] | None = None
     numa_bind: bool = False
     vgpu_mode: str | None = None
     gpu_policy: GpuPolicy | None = None

@@ -480,7 +480,7 @@ def test_pod_gpu_options_parsed() -> None:
             "hami.io/device-scoring-weights": "memory=2, slot=0,core=1",
         }
     )
-    assert options.use_gpu_types == ("A100", " V100")
+    assert options.use_gpu_types == ("A100", "V100")
     assert options.nouse_gpu_types == ("T4",)
     assert options.use_gpu_uuids == ("GPU-a", "GPU-b")
     assert options.nouse_gpu_uuids == ("GPU-c",)
@@ -551,3 +551,55 @@ def test_scoring_weight_errors(value: str, message: str) -> None:
 def test_device_cordon() -> None:
     assert codec.parse_device_cordon(" GPU-a, ,GPU-b,,") == frozenset({"GPU-a", "GPU-b"})
     assert codec.parse_device_cordon("") == frozenset()
+
+
+def test_pod_options_keep_hamis_reading_of_blanks() -> None:
+    unset = codec.parse_pod_gpu_options({})
+    assert unset.use_gpu_types is None and unset.use_gpu_uuids is None
+    assert unset.vgpu_mode is None
+    blank = codec.parse_pod_gpu_options(
+        {"nvidia.com/use-gputype": "  ", "nvidia.com/nouse-gpuuuid": ""}
+    )
+    assert blank.use_gpu_types is None and blank.nouse_gpu_uuids is None
+    itemless = codec.parse_pod_gpu_options(
+        {"nvidia.com/use-gputype": ",", "nvidia.com/use-gpuuuid": " , ", "nvidia.com/vgpu-mode": ""}
+    )
+    assert itemless.use_gpu_types == () and itemless.use_gpu_uuids == ()
+    assert itemless.vgpu_mode == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "names", "exact"),
+    [
+        ("", (), True),
+        ("   ", (), True),
+        ("binpack", (GpuPolicyName.BINPACK,), True),
+        (" binpack", (GpuPolicyName.BINPACK,), False),
+        ("mutex ", (GpuPolicyName.MUTEX,), False),
+        (" numa, binpack", (GpuPolicyName.NUMA, GpuPolicyName.BINPACK), True),
+    ],
+)
+def test_pod_gpu_policy_blanks(text: str, names: tuple[GpuPolicyName, ...], exact: bool) -> None:
+    policy = codec.parse_pod_gpu_options({"hami.io/gpu-scheduler-policy": text}).gpu_policy
+    assert policy is not None
+    assert (policy.names, policy.exact) == (names, exact)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("spread", NodePolicy.SPREAD),
+        ("binpack", NodePolicy.BINPACK),
+        (" spread", NodePolicy.BINPACK),
+        ("", NodePolicy.BINPACK),
+    ],
+)
+def test_pod_node_policy_is_exactly_spread_or_binpack(text: str, expected: NodePolicy) -> None:
+    options = codec.parse_pod_gpu_options({"hami.io/node-scheduler-policy": text})
+    assert options.node_policy is expected
+
+
+def test_flag_policies_stay_strict() -> None:
+    with pytest.raises(AnnotationError, match="empty GPU scheduler policy"):
+        codec.parse_gpu_policy(" ")
+    assert codec.parse_node_policy(" spread ") is NodePolicy.SPREAD

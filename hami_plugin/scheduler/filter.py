@@ -35,7 +35,6 @@ from hami_plugin.codec import AnnotationError, encode_pod_devices, parse_pod_gpu
 from hami_plugin.model import (
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_DEVICES_TO_ALLOCATE,
-    ANNOTATION_NODE_SCHEDULER_POLICY,
     ANNOTATION_VGPU_NODE,
     ANNOTATION_VGPU_TIME,
     GpuPolicy,
@@ -142,15 +141,6 @@ def _candidates(
     return iter(registered)
 
 
-def _node_policy(annotations: Mapping[str, str], resolved: NodePolicy) -> NodePolicy:
-    """HAMi compares the whole `hami.io/node-scheduler-policy` text with `spread`: any other
-    text that got this far (empty, or a name with spaces around it) sorts as binpack."""
-    text = annotations.get(ANNOTATION_NODE_SCHEDULER_POLICY)
-    if text is None:
-        return resolved
-    return NodePolicy.SPREAD if text == NodePolicy.SPREAD.value else NodePolicy.BINPACK
-
-
 def decide(
     ledger: Ledger,
     pod: PodInfo | object,
@@ -174,13 +164,12 @@ def decide(
         options = parse_pod_gpu_options(info.annotations)
     except AnnotationError as error:
         return FilterResult(node=None, requests=requests, error=str(error))
-    node_policy = _node_policy(info.annotations, options.node_policy or settings.node_policy)
+    node_policy = options.node_policy or settings.node_policy
     gpu_policy = options.gpu_policy or settings.gpu_policy
     context = FitContext.for_pod(
         options,
         settings.gpu_policy,
         numa_grouped_order=settings.numa_grouped_order,
-        annotations=info.annotations,
     )
     signature = (requests.containers, requests.init_count, context)
     failed: dict[str, FitFailure] = {}

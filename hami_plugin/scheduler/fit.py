@@ -26,16 +26,10 @@ never picked (`CardMigTopologyInfeasible`).
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hami_plugin.model import (
-    ANNOTATION_GPU_SCHEDULER_POLICY,
-    ANNOTATION_NOUSE_GPUTYPE,
-    ANNOTATION_NOUSE_GPUUUID,
-    ANNOTATION_USE_GPUTYPE,
-    ANNOTATION_USE_GPUUUID,
-    ANNOTATION_VGPU_MODE,
     NVIDIA_DEVICE_TYPE,
     ContainerDevice,
     ContainerDevices,
@@ -118,18 +112,6 @@ def _failure(counts: dict[FitReason, int], candidates: int) -> FitFailure:
     return FitFailure(tuple(sorted(counts.items())), candidates)
 
 
-_SPREAD = GpuPolicy((GpuPolicyName.SPREAD,), chain=False)
-
-
-def _listed(raw: str | None) -> tuple[str, ...] | None:
-    """HAMi's reading of a comma-list annotation (`use-gputype`, `use-gpuuuid`, ...): absent
-    or blank means no constraint (None); otherwise the items, trimmed, blank ones dropped. The
-    tuple may be empty (`","`): a `use-*` list then admits no GPU, as in HAMi."""
-    if raw is None or not raw.strip():
-        return None
-    return tuple(item.strip() for item in raw.split(",") if item.strip())
-
-
 @dataclass(frozen=True, slots=True)
 class FitContext:
     """Everything about the pod that the checks need, resolved once per decision.
@@ -159,47 +141,20 @@ class FitContext:
         options: PodGpuOptions,
         default_policy: GpuPolicy,
         numa_grouped_order: bool = False,
-        annotations: Mapping[str, str] | None = None,
     ) -> FitContext:
-        """Resolve the pod's annotations against the scheduler defaults.
-
-        `annotations` (the pod's own) lets the filters and the GPU order read the values
-        exactly as HAMi does: a set-but-itemless `use-*` list and an empty `vgpu-mode` are
-        not the same as an absent annotation, and HAMi's comparator matches the whole policy
-        text, so a single name with spaces around it (`" binpack"`), or an empty policy,
-        sorts as spread (`mutex` still filters when named). Without `annotations` everything
-        comes from `options`.
-        """
+        """Resolve the pod's parsed annotations against the scheduler defaults."""
         policy = options.gpu_policy or default_policy
-        order_policy = policy
-        if annotations is not None:
-            text = annotations.get(ANNOTATION_GPU_SCHEDULER_POLICY)
-            if text is not None and "," not in text and text != text.strip():
-                order_policy = _SPREAD
-            elif text == "":
-                policy = order_policy = _SPREAD
-        if annotations is None:
-            use_types = _listed(",".join(options.use_gpu_types) or None)
-            nouse_types = _listed(",".join(options.nouse_gpu_types) or None)
-            use_uuids = _listed(",".join(options.use_gpu_uuids) or None)
-            nouse_uuids = _listed(",".join(options.nouse_gpu_uuids) or None)
-            vgpu_mode = options.vgpu_mode
-        else:
-            use_types = _listed(annotations.get(ANNOTATION_USE_GPUTYPE))
-            nouse_types = _listed(annotations.get(ANNOTATION_NOUSE_GPUTYPE))
-            use_uuids = _listed(annotations.get(ANNOTATION_USE_GPUUUID))
-            nouse_uuids = _listed(annotations.get(ANNOTATION_NOUSE_GPUUUID))
-            vgpu_mode = annotations.get(ANNOTATION_VGPU_MODE)
+        use_types = options.use_gpu_types
         return cls(
-            order=gpu_order(order_policy, options.numa_bind, numa_grouped_order),
+            order=gpu_order(policy, options.numa_bind, numa_grouped_order),
             weights=options.scoring_weights or ScoringWeights(),
             numa_bind=options.numa_bind,
             mutex=policy.has(GpuPolicyName.MUTEX),
             use_types=None if use_types is None else tuple(item.upper() for item in use_types),
-            nouse_types=tuple(item.upper() for item in nouse_types or ()),
-            use_uuids=None if use_uuids is None else frozenset(use_uuids),
-            nouse_uuids=frozenset(nouse_uuids or ()),
-            vgpu_mode=vgpu_mode,
+            nouse_types=tuple(item.upper() for item in options.nouse_gpu_types or ()),
+            use_uuids=None if options.use_gpu_uuids is None else frozenset(options.use_gpu_uuids),
+            nouse_uuids=frozenset(options.nouse_gpu_uuids or ()),
+            vgpu_mode=options.vgpu_mode,
         )
 
     def type_allowed(self, device: GpuDevice) -> bool:

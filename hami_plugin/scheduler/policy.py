@@ -93,10 +93,13 @@ def gpu_order(policy: GpuPolicy, numa_bind: bool, numa_grouped_order: bool = Fal
         if numa_bind and keys[0] is not SortKey.NUMA_ASC:
             keys = [SortKey.NUMA_ASC, *(key for key in keys if key is not SortKey.NUMA_ASC)]
         return GpuOrder((*keys, SortKey.INDEX_ASC))
-    if policy.names == (GpuPolicyName.MUTEX,):
+    # Outside chains HAMi compares the whole policy text: a blank text, or a name with blanks
+    # around it, matches nothing and sorts as spread.
+    name = policy.names[0] if policy.exact and policy.names else GpuPolicyName.SPREAD
+    if name is GpuPolicyName.MUTEX:
         return GpuOrder((SortKey.USED_DESC, SortKey.NUMA_ASC))
-    binpack = policy.names == (GpuPolicyName.BINPACK,)
-    single = policy.names[0] in (GpuPolicyName.BINPACK, GpuPolicyName.SPREAD)
+    binpack = name is GpuPolicyName.BINPACK
+    single = name in (GpuPolicyName.BINPACK, GpuPolicyName.SPREAD)
     if numa_bind or (numa_grouped_order and single):
         if binpack:
             return GpuOrder((SortKey.NUMA_DESC, SortKey.SCORE_ASC))

@@ -95,9 +95,9 @@ def picks(target: NodeUsage, request: ContainerRequest, ctx: FitContext | None =
 
 
 def raw_context(annotations: dict[str, str], policy: str = "spread") -> FitContext:
-    """The context `decide` builds: parsed options plus the annotations as written."""
+    """The context `decide` builds from the pod's annotations."""
     options = parse_pod_gpu_options(annotations)
-    return FitContext.for_pod(options, parse_gpu_policy(policy), annotations=annotations)
+    return FitContext.for_pod(options, parse_gpu_policy(policy))
 
 
 def pod_fit(target: NodeUsage, requests: PodRequests, ctx: FitContext | None = None) -> PodFit:
