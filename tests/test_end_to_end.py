@@ -496,17 +496,6 @@ def test_a_two_container_numa_bound_pod_gets_one_numa_nodes_gpus(cluster: Cluste
     assert caught.value.details() == f"no binding pod found on node {NODE}"
 
 
-class KnownMismatchError(AssertionError):
-    """The scheduler's booking and what the container gets disagree (see the test below)."""
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=KnownMismatchError,
-    reason="kubelet reuses the init container's device for the app container; Allocate follows "
-    "kubelet's ID (HAMi's preferred-allocation alignment), the ledger books the app container on "
-    "the GPU the scheduler chose (HAMi v2.10 behaves the same; cf. Project-HAMi/HAMi#1667)",
-)
 def test_an_app_container_after_a_gpu_init_container_runs_where_it_was_booked(
     cluster: Cluster,
 ) -> None:
@@ -551,8 +540,5 @@ def test_an_app_container_after_a_gpu_init_container_runs_where_it_was_booked(
     assert cluster.stored_pod("staged")["metadata"]["annotations"][ANNOTATION_BIND_PHASE] == (
         BindPhase.SUCCESS
     )
-    runs_on = app_answer.envs["NVIDIA_VISIBLE_DEVICES"]
-    if runs_on != app_device.uuid:
-        raise KnownMismatchError(
-            f"app container runs on {runs_on}; the ledger books it on {app_device.uuid}"
-        )
+    # The booking wins over kubelet's reused ID, so the ledger stays true.
+    assert app_answer.envs["NVIDIA_VISIBLE_DEVICES"] == app_device.uuid

@@ -142,7 +142,11 @@ class MountSpec:
 
 @dataclass(frozen=True, slots=True)
 class ContainerAllocation:
-    """The answer for one ContainerAllocateRequest and the host directory it needs."""
+    """The answer for one ContainerAllocateRequest and the host directory it needs.
+
+    `kubelet_ids_not_used` lists kubelet's IDs whose GPU differs from the scheduler's booking,
+    which the container got instead (the edge logs them).
+    """
 
     container_name: str
     entry_index: int
@@ -150,6 +154,7 @@ class ContainerAllocation:
     envs: Mapping[str, str]
     mounts: tuple[MountSpec, ...]
     host_dir: str
+    kubelet_ids_not_used: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,23 +353,37 @@ def _go_parse_bool_true(value: str | None) -> bool:
         return False
 
 
-def _align_with_kubelet(devices: ContainerDevices, kubelet_ids: Sequence[str]) -> ContainerDevices:
-    # HAMi with preferred allocation on: the i-th device takes the physical GPU of kubelet's
-    # i-th ID, so the container gets the GPU kubelet accounted for.
+def _align_with_kubelet(
+    devices: ContainerDevices, kubelet_ids: Sequence[str], node_gpus: Collection[str] | None
+) -> tuple[ContainerDevices, tuple[str, ...]]:
+    """The GPUs the container gets, and the kubelet IDs whose GPU was not used.
+
+    HAMi gives the i-th device the GPU of kubelet's i-th ID. We keep the scheduler's booking
+    whenever the booked GPU is on this node: kubelet may hand out IDs of another GPU (it reuses
+    an init container's devices for an app container without asking GetPreferredAllocation),
+    and following it would run the container on a GPU the scheduler did not book, so a later
+    pod could oversubscribe it. Only a booked GPU that is not here (or an unknown node
+    inventory) takes kubelet's GPU, as in HAMi.
+    """
     aligned = []
+    overridden = []
     for device, device_id in zip(devices, kubelet_ids, strict=True):
         gpu_uuid = physical_uuid_of(device_id)
-        aligned.append(
-            device
-            if not gpu_uuid or gpu_uuid == device.uuid
-            else ContainerDevice(
-                uuid=gpu_uuid,
-                type=device.type,
-                used_mem_mib=device.used_mem_mib,
-                used_cores=device.used_cores,
+        if not gpu_uuid or gpu_uuid == device.uuid:
+            aligned.append(device)
+        elif node_gpus is not None and device.uuid in node_gpus:
+            aligned.append(device)
+            overridden.append(device_id)
+        else:
+            aligned.append(
+                ContainerDevice(
+                    uuid=gpu_uuid,
+                    type=device.type,
+                    used_mem_mib=device.used_mem_mib,
+                    used_cores=device.used_cores,
+                )
             )
-        )
-    return tuple(aligned)
+    return tuple(aligned), tuple(overridden)
 
 
 def container_envs(
@@ -477,8 +496,9 @@ def decide_allocation(
                 f"has {len(devices)} device(s), kubelet asked for {len(kubelet_ids)}",
             )
         container = _container_at(pod, next_index)
+        overridden: tuple[str, ...] = ()
         if config.enable_preferred_allocation:
-            devices = _align_with_kubelet(devices, kubelet_ids)
+            devices, overridden = _align_with_kubelet(devices, kubelet_ids, node_gpus)
         elif node_gpus is not None:
             # The annotated GPUs are used as they are: one that is not here cannot be mounted.
             stray = next((d.uuid for d in devices if d.uuid not in node_gpus), None)
@@ -497,6 +517,7 @@ def decide_allocation(
                 envs=container_envs(devices, config, new_cache_id()),
                 mounts=container_mounts(container, host_dir, config),
                 host_dir=host_dir,
+                kubelet_ids_not_used=overridden,
             )
         )
         entries[next_index] = ()

@@ -321,6 +321,17 @@ class PodAllocator:
         if decision.complete:
             with self._within(self._report_budget):
                 self._release_lock(pod, node)
+        for container in decision.containers:
+            if container.kubelet_ids_not_used:
+                logger.warning(
+                    "pod %s/%s container %s: kubelet chose %s, which are not on the GPUs the "
+                    "scheduler booked; the container gets the booked GPUs [%s]",
+                    pod.namespace,
+                    pod.name,
+                    container.container_name,
+                    ",".join(container.kubelet_ids_not_used),
+                    container.envs["NVIDIA_VISIBLE_DEVICES"],
+                )
         logger.info(
             "allocated %s to pod %s/%s%s",
             ", ".join(

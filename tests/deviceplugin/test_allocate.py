@@ -285,6 +285,18 @@ def test_preferred_allocation_aligns_gpus_with_kubelet_ids() -> None:
     assert kept.envs["NVIDIA_VISIBLE_DEVICES"] == f"{GPU_A},{GPU_B}"
 
 
+def test_a_booked_gpu_on_this_node_wins_over_kubelets_id() -> None:
+    # Kubelet reuses an init container's device for the app container without asking
+    # GetPreferredAllocation: the container still runs where the scheduler booked it.
+    pod = make_pod(f"{GPU_A},NVIDIA,3000,30:{GPU_B},NVIDIA,3000,30:;")
+    request = [f"{GPU_C}-4", f"{GPU_B}-1"]
+    advertised = [f"{gpu}-{slot}" for gpu in (GPU_A, GPU_B, GPU_C) for slot in range(5)]
+    answer = decide_allocation(pod, [request], CONFIG, fixed_cache_id, advertised).containers[0]
+    assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == f"{GPU_A},{GPU_B}"
+    assert [d.uuid for d in answer.devices] == [GPU_A, GPU_B]
+    assert answer.kubelet_ids_not_used == (f"{GPU_C}-4",)
+
+
 # --- which pod ----------------------------------------------------------------------------------
 
 
