@@ -32,9 +32,9 @@ _BINARY_POWERS = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _MAX_TEXT = 256
 """Longer texts are rejected outright: no Kubernetes quantity comes close."""
 _MAX_EXPONENT = 10**6
+"""Decimal exponents beyond this are rejected (Go caps them far lower than `Decimal` could)."""
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
-"""Decimal exponents beyond this are rejected (Go caps them far lower than `Decimal` could)."""
 
 
 class QuantityError(ValueError):
