@@ -184,8 +184,6 @@ def decode_pod_devices(value: str, key: str = ANNOTATION_DEVICES_TO_ALLOCATE) ->
 
 # --- node register annotation (section 1.5) -----------------------------------------------
 
-_JSON_FIELDS = ("id", "index", "count", "devmem", "devcore", "type", "numa", "mode")
-
 
 def _go_json_string(text: str) -> str:
     """Go's encoding/json string form: UTF-8 kept, <, >, & and U+2028/9 escaped."""
