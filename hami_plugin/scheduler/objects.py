@@ -17,7 +17,6 @@ __all__ = [
     "NodeInfo",
     "ObjectError",
     "PodInfo",
-    "object_kind",
     "read_node",
     "read_pod",
 ]
@@ -153,12 +152,6 @@ def _init_containers_done(status: object, expected: int) -> bool:
         if terminated is None or _get(terminated, "exitCode", "exit_code") != 0:
             return False
     return True
-
-
-def object_kind(obj: object) -> str:
-    """The object's `kind` ("" when absent)."""
-    kind = _get(obj, "kind")
-    return kind if isinstance(kind, str) else ""
 
 
 def read_pod(obj: object) -> PodInfo:
