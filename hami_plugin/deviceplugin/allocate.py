@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from hami_plugin import codec
@@ -129,7 +129,6 @@ class AllocateFailure(Exception):  # noqa: N818 - the name the edge and the brie
     def __init__(self, reason: FailureReason, message: str, *, pod_known: bool = True) -> None:
         super().__init__(message)
         self.reason = reason
-        self.message = message
         self.pod_known = pod_known
 
 
@@ -193,7 +192,7 @@ class PreferredAnswer:
     """The device IDs for one request; `fallback_note` is set when the hint could not be used."""
 
     device_ids: tuple[str, ...]
-    fallback_note: str | None = field(default=None)
+    fallback_note: str | None = None
 
 
 # --- pending pod ---------------------------------------------------------------------------------
