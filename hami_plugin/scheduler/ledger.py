@@ -38,7 +38,12 @@ from hami_plugin.model import (
 )
 from hami_plugin.scheduler.objects import NodeInfo, PodInfo, read_node, read_pod
 from hami_plugin.scheduler.score import node_score
-from hami_plugin.scheduler.usage import DeviceTally, NodeUsage, collapse_pod_devices
+from hami_plugin.scheduler.usage import (
+    DeviceTally,
+    NodeUsage,
+    collapse_pod_devices,
+    nvidia_candidates,
+)
 
 __all__ = ["Ledger", "TrackedPod"]
 
@@ -76,9 +81,7 @@ class _NodeEntry:
         self.devices = devices
         self.cordoned = cordoned
         self.positions = {device.uuid: position for position, device in enumerate(devices)}
-        self.candidates = tuple(
-            position for position, device in enumerate(devices) if "nvidia" in device.type.lower()
-        )
+        self.candidates = nvidia_candidates(devices)
         self.total_slots = sum(device.split_count for device in devices)
         self.total_cores = sum(device.cores_percent for device in devices)
         self.total_memory_mib = sum(device.memory_mib for device in devices)

@@ -6,12 +6,19 @@ numbers it changes, so a decision never mutates the ledger it reads.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hami_plugin.model import GpuDevice, PodDevices
 from hami_plugin.scheduler.score import node_score
 
-__all__ = ["DeviceTally", "NodeUsage", "collapse_pod_devices", "make_node_usage"]
+__all__ = [
+    "DeviceTally",
+    "NodeUsage",
+    "collapse_pod_devices",
+    "make_node_usage",
+    "nvidia_candidates",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +91,14 @@ class NodeUsage:
     score: float
 
 
+def nvidia_candidates(devices: Sequence[GpuDevice]) -> tuple[int, ...]:
+    """Positions of the GPUs an NVIDIA request may use: HAMi matches the request type as a
+    case-insensitive substring of the GPU type."""
+    return tuple(
+        position for position, device in enumerate(devices) if "nvidia" in device.type.lower()
+    )
+
+
 def make_node_usage(
     name: str,
     devices: tuple[GpuDevice, ...],
@@ -100,9 +115,7 @@ def make_node_usage(
         used_memory_mib=used_memory_mib,
         used_cores=used_cores,
         cordoned=cordoned,
-        candidates=tuple(
-            position for position, device in enumerate(devices) if "nvidia" in device.type.lower()
-        ),
+        candidates=nvidia_candidates(devices),
         score=node_score(
             sum(device.split_count for device in devices),
             sum(device.cores_percent for device in devices),
