@@ -90,11 +90,14 @@ class _NodeEntry:
         self.used_cores = [0] * len(devices)
         self.usage = self._snapshot(name)
 
-    def book(self, tallies: Iterable[DeviceTally], sign: int, node: str, pod: str) -> None:
+    def book(self, tallies: Iterable[DeviceTally], sign: int, pod: str) -> None:
+        """Add (`sign` 1) or take back (-1) a pod's tallies; `refresh()` publishes them."""
         for tally in tallies:
             position = self.positions.get(tally.uuid)
             if position is None:
-                logger.debug("pod %s books GPU %s, not on node %s", pod, tally.uuid, node)
+                logger.debug(
+                    "pod %s books GPU %s, not on node %s", pod, tally.uuid, self.usage.name
+                )
                 continue
             self.used[position] += sign * tally.slots
             self.used_memory_mib[position] += sign * tally.memory_mib
@@ -223,7 +226,7 @@ class Ledger:
             return
         entry = _NodeEntry(name, ordered, cordoned)
         for key in self._pods_on.get(name, ()):
-            entry.book(self._pods[key].tallies, 1, name, key)
+            entry.book(self._pods[key].tallies, 1, key)
         entry.refresh()
         self._nodes[name] = entry
         self._list(entry)
@@ -249,7 +252,7 @@ class Ledger:
         self._pods_on.setdefault(node, set()).add(key)
         entry = self._nodes.get(node)
         if entry is not None:
-            entry.book(tallies, 1, node, key)
+            entry.book(tallies, 1, key)
             self._moved(entry)
 
     def untrack(self, key: str) -> None:
@@ -295,7 +298,7 @@ class Ledger:
                 del self._pods_on[pod.node]
         entry = self._nodes.get(pod.node)
         if entry is not None:
-            entry.book(pod.tallies, -1, pod.node, pod.key)
+            entry.book(pod.tallies, -1, pod.key)
             self._moved(entry)
 
     def _moved(self, entry: _NodeEntry) -> None:
