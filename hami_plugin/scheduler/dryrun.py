@@ -224,8 +224,8 @@ def _explain(
     result: FilterResult,
     settings: SchedulerSettings,
 ) -> str:
-    from hami_plugin.model import NodePolicy
     from hami_plugin.scheduler.fit import render_failure
+    from hami_plugin.scheduler.policy import prefers_higher_score
 
     if not result.requests.wants_gpu:
         return "the pod asks no GPU: every candidate node passes"
@@ -234,7 +234,7 @@ def _explain(
     names = [*pod.init_containers, *pod.containers]
     usages = [ledger.node(name) for name in dict.fromkeys(candidates)]
     registered = [usage for usage in usages if usage is not None]
-    sign = -1.0 if node_policy is NodePolicy.BINPACK else 1.0
+    sign = -1.0 if prefers_higher_score(node_policy) else 1.0
     registered.sort(key=lambda usage: (sign * usage.score, usage.name))
     rows = [("NODE", "SCORE", "RESULT", "GPUS")]
     for usage in registered:
