@@ -166,13 +166,7 @@ class NvmlBackend:
         except self._error_type as error:
             known_at_index = next((g for g in self._known.values() if g.index == index), None)
             if known_at_index is not None:
-                logger.warning(
-                    "GPU %s (NVML index %d) does not answer NVML (%s); keeping its last record",
-                    known_at_index.uuid,
-                    index,
-                    error,
-                )
-                return known_at_index
+                return _keep_last_record(known_at_index, index, error)
             logger.error("GPU at NVML index %d skipped: cannot read its UUID: %s", index, error)
             return None
         try:
@@ -187,13 +181,7 @@ class NvmlBackend:
         except self._error_type as error:
             known = self._known.get(uuid)
             if known is not None:
-                logger.warning(
-                    "GPU %s (NVML index %d) does not answer NVML (%s); keeping its last record",
-                    uuid,
-                    index,
-                    error,
-                )
-                return known
+                return _keep_last_record(known, index, error)
             logger.error(
                 "GPU %s (NVML index %d) skipped: NVML query failed: %s", uuid, index, error
             )
@@ -327,6 +315,16 @@ class NvmlBackend:
             self._nvml.nvmlEventSetFree(event_set)
         except self._error_type as error:
             logger.warning("NVML event set release failed: %s", error)
+
+
+def _keep_last_record(known: PhysicalGpu, index: int, error: BaseException) -> PhysicalGpu:
+    logger.warning(
+        "GPU %s (NVML index %d) does not answer NVML (%s); keeping its last record",
+        known.uuid,
+        index,
+        error,
+    )
+    return known
 
 
 class _GpuUnusableError(Exception):
