@@ -21,6 +21,7 @@ _COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `hami` parser with every sub-command of `_COMMAND_MODULES` registered."""
     parser = argparse.ArgumentParser(
         prog="hami",
         description="HAMi-compatible GPU sharing for Kubernetes: device plugin, scheduler, tools.",
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run `hami` with `argv` (default: the process arguments); returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)

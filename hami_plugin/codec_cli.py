@@ -53,6 +53,7 @@ class _InputError(ValueError):
 
 
 def pod_devices_to_json(pod: PodDevices) -> list[list[dict[str, Any]]]:
+    """A pod device list in the JSON shape of the module docstring."""
     return [
         [
             {
@@ -68,6 +69,7 @@ def pod_devices_to_json(pod: PodDevices) -> list[list[dict[str, Any]]]:
 
 
 def gpu_device_to_json(device: GpuDevice) -> dict[str, Any]:
+    """One registered GPU in the JSON shape of the module docstring."""
     obj: dict[str, Any] = {
         "id": device.uuid,
         "index": device.index,
@@ -159,6 +161,7 @@ def _list(value: Any, where: str) -> list[Any]:
 
 
 def pod_devices_from_json(data: Any) -> PodDevices:
+    """The inverse of `pod_devices_to_json`; raises ValueError naming the misshapen part."""
     containers = []
     for c_index, container in enumerate(_list(data, "the input")):
         devices = []
@@ -200,6 +203,7 @@ def _mig_profiles_from_json(obj: dict[str, Any], where: str) -> tuple[MigProfile
 
 
 def gpu_devices_from_json(data: Any) -> list[GpuDevice]:
+    """The inverse of `gpu_device_to_json` over a list; raises ValueError naming the part."""
     devices = []
     for index, obj in enumerate(_list(data, "the input")):
         where = f"device {index}"
@@ -245,6 +249,7 @@ def _read_value(value: str) -> str:
 
 
 def run_decode(args: argparse.Namespace) -> int:
+    """`hami decode KEY VALUE`: print the value as JSON; 1 and one line on stderr if bad."""
     try:
         result = _decode_to_json(args.key, _read_value(args.value))
     except (codec.AnnotationError, _InputError) as error:
@@ -255,6 +260,7 @@ def run_decode(args: argparse.Namespace) -> int:
 
 
 def run_encode(args: argparse.Namespace) -> int:
+    """`hami encode KEY` < JSON: print the annotation value; 1 and one line on stderr if bad."""
     try:
         data = json.loads(sys.stdin.read())
         value = _encode_from_json(args.key, data)
@@ -269,6 +275,7 @@ def run_encode(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `hami decode` and `hami encode`."""
     decode = subparsers.add_parser(
         "decode",
         help="decode a HAMi annotation value into JSON",

@@ -134,6 +134,8 @@ class AllocateFailure(Exception):  # noqa: N818 - the name the edge and the brie
 
 @dataclass(frozen=True, slots=True)
 class MountSpec:
+    """One kubelet Mount: `host_path` shown in the container at `container_path`."""
+
     container_path: str
     host_path: str
     read_only: bool

@@ -185,7 +185,8 @@ class KubeApi(Protocol):
         message: str,
         event_type: str = "Normal",
         component: str = "hami-device-plugin",
-    ) -> None: ...
+    ) -> None:
+        """Best effort: failures are logged, not raised (`PodAllocator._fail` relies on it)."""
 
 
 class HostSetupError(Exception):

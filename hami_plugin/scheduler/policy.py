@@ -56,6 +56,7 @@ class GpuOrder:
 
     @property
     def uses_score(self) -> bool:
+        """Some key compares GPU scores, so they must be computed before sorting."""
         return SortKey.SCORE_ASC in self.keys or SortKey.SCORE_DESC in self.keys
 
     def key(self, score: float, numa: int, used: int, index: int) -> tuple[float | int, ...]:
