@@ -29,6 +29,7 @@ from hami_plugin.model import (
     BindPhase,
     ContainerDevice,
     ContainerDevices,
+    NodeLock,
     PodDevices,
 )
 
@@ -233,20 +234,17 @@ def select_pending_pod(
     Raises AllocateFailure(NO_PENDING_POD) when no pod qualifies.
     """
     warning: str | None = None
+    lock: NodeLock | None = None
     if lock_value:
         try:
             lock = codec.parse_node_lock(lock_value)
         except ValueError as error:
             warning = f"ignoring node lock: {error}"
-        else:
-            if lock.namespace is not None and lock.pod_name is not None:
-                for pod in pods:
-                    if (
-                        pod.namespace == lock.namespace
-                        and pod.name == lock.pod_name
-                        and pod.phase == POD_PHASE_PENDING
-                    ):
-                        return PendingPodChoice(pod=pod, via_lock=True)
+    if lock is not None:
+        # A legacy lock (time only) is owned by no pod.
+        for pod in pods:
+            if lock.owned_by(pod.namespace, pod.name) and pod.phase == POD_PHASE_PENDING:
+                return PendingPodChoice(pod=pod, via_lock=True)
     candidates = sorted((p for p in pods if is_pending_on(p, node_name)), key=_bind_time_key)
     if not candidates:
         raise AllocateFailure(
