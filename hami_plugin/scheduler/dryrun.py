@@ -185,7 +185,7 @@ def _run(args: argparse.Namespace) -> int:
     if not result.requests.wants_gpu:
         output["note"] = "the pod asks no GPU: every node passes"
     if args.repeat:
-        output["decision_ms"] = _time_decisions(ledger, pod, candidates, now, settings, args)
+        output["decision_ms"] = _time_decisions(ledger, pod, candidates, now, settings, args.repeat)
     print(json.dumps(output, indent=2), flush=True)
     if args.explain:
         print(_explain(ledger, pod, candidates, result, settings), file=sys.stderr)
@@ -200,14 +200,14 @@ def _time_decisions(
     candidates: list[str],
     now: datetime,
     settings: SchedulerSettings,
-    args: argparse.Namespace,
+    repeat: int,
 ) -> dict[str, float]:
     import time
 
     from hami_plugin.scheduler.filter import decide
 
     samples = []
-    for _ in range(args.repeat):
+    for _ in range(repeat):
         start = time.perf_counter()
         decide(ledger, pod, candidates, now, settings)
         samples.append((time.perf_counter() - start) * 1000.0)
