@@ -61,11 +61,10 @@ class ContainerRequest:
     def memory_on(self, total_memory_mib: int) -> int:
         """MiB booked on one GPU of this size (reference 2 item 6): a percentage of the card
         when no MiB were asked, else the MiB. HAMi computes `Totalmem * pct / 100` in int32
-        (only a card above 20 TiB overflows), and so does this."""
+        (only a card above 20 TiB, or a negative `devmem` below -20 TiB, overflows), and so
+        does this."""
         if self.memory_percent != PERCENTAGE_UNSET and self.memory_mib == 0:
-            product = total_memory_mib * self.memory_percent
-            if product > INT32_MAX:
-                product = go_int32(product)
+            product = go_int32(total_memory_mib * self.memory_percent)
             quotient = abs(product) // 100  # Go's division truncates toward zero
             return quotient if product >= 0 else -quotient
         return self.memory_mib

@@ -175,6 +175,13 @@ def test_memory_on_a_card() -> None:
     assert ContainerRequest(1, 2000, PERCENTAGE_UNSET, 0).memory_on(32768) == 2000
 
 
+def test_memory_on_wraps_below_int32_too() -> None:
+    # HAMi's int32 product wraps both ways; a register annotation may carry a negative devmem.
+    # int32(-30_000_000 * 100) = 1294967296, then / 100.
+    assert ContainerRequest(1, 0, 100, 0).memory_on(-30_000_000) == 12949672
+    assert ContainerRequest(1, 0, 50, 0).memory_on(-100) == -50
+
+
 POD_YAML: dict[str, Any] = {
     "apiVersion": "v1",
     "kind": "Pod",
