@@ -383,7 +383,10 @@ class PodAllocator:
                     "could not mark pod %s/%s failed: %s", pod.namespace, pod.name, patch_error
                 )
             self._release_lock(pod, node)
-            self._kube.create_pod_event(pod, EVENT_REASON_ALLOCATE_FAILED, message, "Warning")
+            try:
+                self._kube.create_pod_event(pod, EVENT_REASON_ALLOCATE_FAILED, message, "Warning")
+            except Exception as event_error:  # the allocation's own error must reach kubelet
+                logger.warning("no event for pod %s/%s: %s", pod.namespace, pod.name, event_error)
 
     def _release_lock(self, pod: PodRecord, node: NodeRecord) -> None:
         """Delete the node lock if `pod` may (`allocate.lock_releasable_by`, HAMi's rule), with

@@ -320,6 +320,22 @@ def test_malformed_annotation_fails_the_pod_and_the_server_keeps_serving(
     assert pod_annotations(apiserver, "good")[ANNOTATION_BIND_PHASE] == "success"
 
 
+def test_a_failing_event_does_not_hide_the_allocation_error(
+    plugin: Plugin, apiserver: FakeApiServer, kube: KubeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken_event(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("event sink exploded")
+
+    monkeypatch.setattr(kube, "create_pod_event", broken_event)
+    add_pending_pod(apiserver, "bad", [], raw_value=f"{GPU_A},NVIDIA,3000:;")
+    with pytest.raises(grpc.RpcError) as caught:
+        allocate(plugin, f"{GPU_A}-0")
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert ANNOTATION_DEVICES_TO_ALLOCATE in caught.value.details()
+    assert pod_annotations(apiserver, "bad")[ANNOTATION_BIND_PHASE] == "failed"
+    assert ANNOTATION_NODE_LOCK not in node_annotations(apiserver)
+
+
 def test_wrong_device_count_is_an_invalid_argument(
     plugin: Plugin, apiserver: FakeApiServer
 ) -> None:
