@@ -34,20 +34,22 @@ from hami_plugin.deviceplugin.settings import DevicePluginSettings
 from hami_plugin.k8s import KubeClient, Retryable, RetryPolicy
 from hami_plugin.model import (
     ANNOTATION_BIND_PHASE,
-    ANNOTATION_BIND_TIME,
-    ANNOTATION_DEVICES_ALLOCATED,
-    ANNOTATION_DEVICES_TO_ALLOCATE,
     ANNOTATION_NODE_LOCK,
     ANNOTATION_NODE_REGISTER,
-    ANNOTATION_VGPU_NODE,
-    ContainerDevice,
 )
-from tests.fakes.apiserver import FakeApiServer, JsonObject, make_container
+from tests.deviceplugin.pods import (
+    GPU_A,
+    GPU_B,
+    NODE,
+    add_pending_pod,
+    dev,
+    node_annotations,
+    pod_annotations,
+    vgpus,
+)
+from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.kubelet import DeviceState, FakeKubelet
 
-NODE = "gpu-node-1"
-GPU_A = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
-GPU_B = "GPU-ebe7c3f7-303d-558d-435e-99a160631fe4"
 GPU_ELSEWHERE = "GPU-77777777-7777-7777-7777-777777777777"
 SOCKET = "nvidia-gpu.sock"
 CACHE_ID = "00000000-0000-4000-8000-000000000000"
@@ -59,14 +61,6 @@ CALL_BOUND = 5.0
 """gRPC deadline of every call: a plugin that does not answer within it fails the test."""
 WAIT = 5.0
 """Bound for an expected change to show up (tests never measure time)."""
-
-
-def vgpus(*gpus: str, split: int = 2) -> list[VgpuDevice]:
-    return [VgpuDevice(f"{g}-{i}", g, True, None) for g in gpus for i in range(split)]
-
-
-def dev(uuid: str, mem: int = 3000, cores: int = 30) -> ContainerDevice:
-    return ContainerDevice(uuid, "NVIDIA", mem, cores)
 
 
 def wait_until(check: Callable[[], object], timeout: float = WAIT) -> None:
@@ -175,59 +169,6 @@ def stack_factory(
 @pytest.fixture
 def stack(stack_factory: Callable[..., Stack]) -> Stack:
     return stack_factory()
-
-
-def add_pending_pod(
-    apiserver: FakeApiServer,
-    name: str,
-    entries: Sequence[Sequence[ContainerDevice]] = (),
-    *,
-    raw_value: str | None = None,
-    containers: Sequence[str] = ("main",),
-    bind_time: int = 100,
-    bind_phase: str = "allocating",
-    lock: str | None = "owned",
-) -> JsonObject:
-    """A pod as the scheduler leaves it after Bind (node lock naming it unless `lock` is None)."""
-    value = raw_value if raw_value is not None else codec.encode_pod_devices(
-        tuple(tuple(e) for e in entries)
-    )  # fmt: skip
-    pod = apiserver.add_pod(
-        name,
-        node_name=NODE,
-        annotations={
-            ANNOTATION_DEVICES_TO_ALLOCATE: value,
-            ANNOTATION_DEVICES_ALLOCATED: value,
-            ANNOTATION_VGPU_NODE: NODE,
-            ANNOTATION_BIND_TIME: str(bind_time),
-            ANNOTATION_BIND_PHASE: bind_phase,
-        },
-        containers=[make_container(c) for c in containers],
-    )
-    if lock is not None:
-        set_lock(apiserver, f"2026-01-01T00:00:00Z,default,{name}" if lock == "owned" else lock)
-    return pod
-
-
-def set_lock(apiserver: FakeApiServer, value: str) -> None:
-    apiserver.update_object(
-        "nodes",
-        "",
-        NODE,
-        lambda node: node["metadata"]["annotations"].update({ANNOTATION_NODE_LOCK: value}),
-    )
-
-
-def pod_annotations(apiserver: FakeApiServer, name: str) -> dict[str, str]:
-    pod = apiserver.get_pod("default", name)
-    assert pod is not None
-    return dict(pod["metadata"]["annotations"])
-
-
-def node_annotations(apiserver: FakeApiServer) -> dict[str, str]:
-    node = apiserver.get_node(NODE)
-    assert node is not None
-    return dict(node["metadata"]["annotations"])
 
 
 def assert_failure_reported(apiserver: FakeApiServer, name: str, *words: str) -> None:

@@ -6,7 +6,7 @@ import logging
 import os
 import stat
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +14,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hami_plugin import codec
 from hami_plugin.deviceplugin.allocate import AllocateConfig
 from hami_plugin.deviceplugin.api import api_pb2, api_pb2_grpc
 from hami_plugin.deviceplugin.inventory import VgpuDevice
@@ -27,23 +26,22 @@ from hami_plugin.deviceplugin.server import (
 from hami_plugin.k8s import KubeClient
 from hami_plugin.model import (
     ANNOTATION_BIND_PHASE,
-    ANNOTATION_BIND_TIME,
-    ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_DEVICES_TO_ALLOCATE,
     ANNOTATION_NODE_LOCK,
-    ANNOTATION_VGPU_NODE,
-    ContainerDevice,
 )
-from tests.fakes.apiserver import FakeApiServer, make_container
+from tests.deviceplugin.pods import (
+    GPU_A,
+    GPU_B,
+    NODE,
+    add_pending_pod,
+    dev,
+    node_annotations,
+    pod_annotations,
+    vgpus,
+)
+from tests.fakes.apiserver import FakeApiServer
 
-NODE = "gpu-node-1"
-GPU_A = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
-GPU_B = "GPU-ebe7c3f7-303d-558d-435e-99a160631fe4"
 CACHE_ID = "00000000-0000-4000-8000-000000000000"
-
-
-def vgpus(*gpus: str, split: int = 2, healthy: bool = True) -> list[VgpuDevice]:
-    return [VgpuDevice(f"{g}-{i}", g, healthy, None) for g in gpus for i in range(split)]
 
 
 @dataclass
@@ -84,47 +82,6 @@ def plugin(sock_dir: str, tmp_path: Path, kube: KubeClient) -> Iterator[Plugin]:
         board.close()
 
 
-def add_pending_pod(
-    apiserver: FakeApiServer,
-    name: str,
-    entries: Sequence[Sequence[ContainerDevice]],
-    *,
-    containers: Sequence[str] = ("main",),
-    bind_time: int = 100,
-    lock: bool = True,
-    env: Mapping[str, str] | None = None,
-    raw_value: str | None = None,
-) -> str:
-    """A pod as the scheduler leaves it after Bind; returns its UID."""
-    value = (
-        raw_value
-        if raw_value is not None
-        else codec.encode_pod_devices(tuple(tuple(e) for e in entries))
-    )
-    pod = apiserver.add_pod(
-        name,
-        node_name=NODE,
-        annotations={
-            ANNOTATION_DEVICES_TO_ALLOCATE: value,
-            ANNOTATION_DEVICES_ALLOCATED: value,
-            ANNOTATION_VGPU_NODE: NODE,
-            ANNOTATION_BIND_TIME: str(bind_time),
-            ANNOTATION_BIND_PHASE: "allocating",
-        },
-        containers=[make_container(c, env=env) for c in containers],
-    )
-    if lock:
-        apiserver.update_object(
-            "nodes",
-            "",
-            NODE,
-            lambda node: node["metadata"]["annotations"].update(
-                {ANNOTATION_NODE_LOCK: f"2026-01-01T00:00:00Z,default,{name}"}
-            ),
-        )
-    return str(pod["metadata"]["uid"])
-
-
 def allocate(plugin: Plugin, *ids: str) -> api_pb2.ContainerAllocateResponse:
     request = api_pb2.AllocateRequest()
     request.container_requests.add(devices_ids=list(ids))
@@ -132,22 +89,6 @@ def allocate(plugin: Plugin, *ids: str) -> api_pb2.ContainerAllocateResponse:
     assert len(response.container_responses) == 1
     result: api_pb2.ContainerAllocateResponse = response.container_responses[0]
     return result
-
-
-def pod_annotations(apiserver: FakeApiServer, name: str) -> dict[str, str]:
-    pod = apiserver.get_pod("default", name)
-    assert pod is not None
-    return dict(pod["metadata"]["annotations"])
-
-
-def node_annotations(apiserver: FakeApiServer) -> dict[str, str]:
-    node = apiserver.get_node(NODE)
-    assert node is not None
-    return dict(node["metadata"]["annotations"])
-
-
-def dev(uuid: str, mem: int = 3000, cores: int = 30) -> ContainerDevice:
-    return ContainerDevice(uuid, "NVIDIA", mem, cores)
 
 
 @pytest.fixture(autouse=True)
@@ -231,7 +172,7 @@ def test_closing_the_board_ends_the_stream(plugin: Plugin) -> None:
 def test_allocate_answers_with_hami_core_env_and_finishes_the_pod(
     plugin: Plugin, apiserver: FakeApiServer
 ) -> None:
-    uid = add_pending_pod(apiserver, "p1", [[dev(GPU_B, 3000, 30)]])
+    uid = add_pending_pod(apiserver, "p1", [[dev(GPU_B, 3000, 30)]])["metadata"]["uid"]
     answer = allocate(plugin, f"{GPU_B}-1")
 
     assert dict(answer.envs) == {
@@ -287,8 +228,8 @@ def test_versioned_libvgpu_and_disable_control(plugin: Plugin, apiserver: FakeAp
 def test_two_concurrent_allocates_serve_two_pending_pods(
     plugin: Plugin, apiserver: FakeApiServer
 ) -> None:
-    add_pending_pod(apiserver, "older", [[dev(GPU_A, 1111)]], bind_time=100, lock=False)
-    add_pending_pod(apiserver, "newer", [[dev(GPU_B, 2222)]], bind_time=200, lock=False)
+    add_pending_pod(apiserver, "older", [[dev(GPU_A, 1111)]], bind_time=100, lock=None)
+    add_pending_pod(apiserver, "newer", [[dev(GPU_B, 2222)]], bind_time=200, lock=None)
     with futures.ThreadPoolExecutor(2) as pool:
         answers = list(
             pool.map(lambda device_id: allocate(plugin, device_id), [f"{GPU_A}-0", f"{GPU_B}-0"])
@@ -358,7 +299,7 @@ def test_no_pending_pod_patches_nothing(plugin: Plugin, apiserver: FakeApiServer
 
 
 def test_a_lock_held_by_another_pod_is_left_alone(plugin: Plugin, apiserver: FakeApiServer) -> None:
-    add_pending_pod(apiserver, "mine", [[dev(GPU_A)]], lock=False)
+    add_pending_pod(apiserver, "mine", [[dev(GPU_A)]], lock=None)
     other = "2026-01-01T00:00:00Z,default,someone-else"
     apiserver.update_object(
         "nodes",
