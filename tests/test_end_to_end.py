@@ -56,8 +56,8 @@ from hami_plugin.scheduler.fit import NODE_UNREGISTERED
 from hami_plugin.scheduler.ledger import Ledger
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.usage import DeviceTally
-from tests.fakes.apiserver import FakeApiServer, make_container
-from tests.fakes.kubelet import DeviceState, FakeKubelet
+from hami_plugin.testing.apiserver import FakeApiServer, make_container
+from hami_plugin.testing.kubelet import DeviceState, FakeKubelet
 
 NODE = "gpu-node-1"
 CPU_NODE = "cpu-node"

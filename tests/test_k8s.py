@@ -31,7 +31,7 @@ from hami_plugin.k8s import (
     Retryable,
     RetryPolicy,
 )
-from tests.fakes import FakeApiServer, make_container, make_pod
+from hami_plugin.testing.apiserver import FakeApiServer, make_container, make_pod
 from tests.fakes.pytest_fixtures import apiserver  # noqa: F401 - fixture
 
 FAST = RetryPolicy(

@@ -160,6 +160,14 @@ class Ledger:
         """Registered node names, sorted."""
         return sorted(self._nodes)
 
+    def usages(self) -> list[NodeUsage]:
+        """Every registered node's current usage snapshot, by node name."""
+        return [self._nodes[name].usage for name in sorted(self._nodes)]
+
+    def tracked_pods(self) -> list[TrackedPod]:
+        """Every tracked pod's booking, by pod key."""
+        return [self._pods[key] for key in sorted(self._pods)]
+
     def tracked(self, key: str) -> TrackedPod | None:
         """The usage booked for pod `<namespace>/<name>`, if it is tracked."""
         return self._pods.get(key)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 __all__ = [
@@ -55,6 +56,13 @@ class PodInfo:
     phase: str = ""
     deleting: bool = False
     init_containers_done: bool = False
+    node_name: str = ""
+    """`spec.nodeName`: empty until the pod is bound."""
+    created: datetime | None = None
+    """`metadata.creationTimestamp` (kubelet admits new pods in this order)."""
+    resource_version: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    scheduler_name: str = ""
 
     @property
     def key(self) -> str:
@@ -69,10 +77,14 @@ class PodInfo:
 
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
-    """A node's name and annotations (the register and cordon annotations live there)."""
+    """A node's name, annotations (the register, handshake and cordon annotations live there),
+    labels and `status.allocatable` (quantities left as given)."""
 
     name: str
     annotations: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    allocatable: Mapping[str, object] = field(default_factory=dict)
+    resource_version: str = ""
 
 
 def _get(obj: object, camel: str, snake: str | None = None) -> Any:
@@ -141,6 +153,18 @@ def _containers(spec: object, camel: str, snake: str) -> tuple[ContainerSpec, ..
     return tuple(result)
 
 
+def _timestamp(value: object, what: str) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    text = _text(value, what)
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise ObjectError(f"{what} is not an RFC 3339 time: {text!r}") from None
+
+
 def _init_containers_done(status: object, expected: int) -> bool:
     if expected == 0:
         return False
@@ -175,15 +199,31 @@ def read_pod(obj: object) -> PodInfo:
         phase=_text(_get(status, "phase"), "status.phase"),
         deleting=_get(metadata, "deletionTimestamp", "deletion_timestamp") is not None,
         init_containers_done=_init_containers_done(status, len(init_containers)),
+        node_name=_text(_get(spec, "nodeName", "node_name"), "spec.nodeName"),
+        created=_timestamp(
+            _get(metadata, "creationTimestamp", "creation_timestamp"), "metadata.creationTimestamp"
+        ),
+        resource_version=_text(
+            _get(metadata, "resourceVersion", "resource_version"), "metadata.resourceVersion"
+        ),
+        labels=_string_map(_get(metadata, "labels"), "metadata.labels"),
+        scheduler_name=_text(_get(spec, "schedulerName", "scheduler_name"), "spec.schedulerName"),
     )
 
 
 def read_node(obj: object) -> NodeInfo:
-    """Copy a node's name and annotations. Raises ObjectError when the node has no name."""
+    """Copy a node's name, annotations, labels and allocatable resources. Raises ObjectError
+    when the node has no name or a field has the wrong type."""
     if isinstance(obj, NodeInfo):
         return obj
     metadata = _get(obj, "metadata")
+    status = _get(obj, "status")
     return NodeInfo(
         name=_text(_get(metadata, "name"), "metadata.name", required=True),
         annotations=_string_map(_get(metadata, "annotations"), "metadata.annotations"),
+        labels=_string_map(_get(metadata, "labels"), "metadata.labels"),
+        allocatable=_resource_map(_get(status, "allocatable"), "status.allocatable"),
+        resource_version=_text(
+            _get(metadata, "resourceVersion", "resource_version"), "metadata.resourceVersion"
+        ),
     )

@@ -69,8 +69,8 @@ from hami_plugin.model import (  # noqa: E402
     ANNOTATION_VGPU_NODE,
     ContainerDevice,
 )
-from tests.fakes.apiserver import FakeApiServer  # noqa: E402
-from tests.fakes.kubelet import DeviceState, FakeKubelet  # noqa: E402
+from hami_plugin.testing.apiserver import FakeApiServer  # noqa: E402
+from hami_plugin.testing.kubelet import DeviceState, FakeKubelet  # noqa: E402
 
 NODE = "bench-node"
 GPUS = [f"GPU-{i:08x}-aaaa-bbbb-cccc-0123456789ab" for i in range(8)]

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from hami_plugin.k8s import KubeClient, RetryPolicy
-from tests.fakes.apiserver import FakeApiServer
+from hami_plugin.testing.apiserver import FakeApiServer
 
 FAST_RETRY = RetryPolicy(
     attempts=2, initial_backoff_seconds=0.01, max_backoff_seconds=0.05, timeout_seconds=5.0

@@ -15,7 +15,7 @@ from hami_plugin.model import (
     ANNOTATION_VGPU_NODE,
     ContainerDevice,
 )
-from tests.fakes.apiserver import FakeApiServer, JsonObject, make_container
+from hami_plugin.testing.apiserver import FakeApiServer, JsonObject, make_container
 
 NODE = "gpu-node-1"
 GPU_A = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"

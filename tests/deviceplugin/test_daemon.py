@@ -35,8 +35,8 @@ from hami_plugin.model import (
     LABEL_VGPU_NODE,
     ContainerDevice,
 )
-from tests.fakes.apiserver import FakeApiServer, make_container
-from tests.fakes.kubelet import DeviceState, FakeKubelet
+from hami_plugin.testing.apiserver import FakeApiServer, make_container
+from hami_plugin.testing.kubelet import DeviceState, FakeKubelet
 
 NODE = "gpu-node-1"
 GPU_0 = "GPU-03f69c50-207a-2038-9b45-23cac89cb67a"

@@ -22,7 +22,7 @@ from hami_plugin.deviceplugin.kubelet import (
 )
 from hami_plugin.deviceplugin.server import DeviceBoard, DevicePluginService, PodAllocator
 from hami_plugin.k8s import KubeClient
-from tests.fakes.kubelet import DeviceState, FakeKubelet, is_extended_resource_name
+from hami_plugin.testing.kubelet import DeviceState, FakeKubelet, is_extended_resource_name
 
 GPU = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
 SOCKET = "nvidia-gpu.sock"

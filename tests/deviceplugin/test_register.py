@@ -10,7 +10,7 @@ import pytest
 from hami_plugin.deviceplugin.register import RegisterPublisher
 from hami_plugin.k8s import KubeClient
 from hami_plugin.model import ANNOTATION_NODE_REGISTER
-from tests.fakes.apiserver import FakeApiServer
+from hami_plugin.testing.apiserver import FakeApiServer
 
 NODE = "gpu-node-1"
 

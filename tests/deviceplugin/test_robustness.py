@@ -37,6 +37,8 @@ from hami_plugin.model import (
     ANNOTATION_NODE_LOCK,
     ANNOTATION_NODE_REGISTER,
 )
+from hami_plugin.testing.apiserver import FakeApiServer
+from hami_plugin.testing.kubelet import DeviceState, FakeKubelet
 from tests.deviceplugin.pods import (
     GPU_A,
     GPU_B,
@@ -47,8 +49,6 @@ from tests.deviceplugin.pods import (
     pod_annotations,
     vgpus,
 )
-from tests.fakes.apiserver import FakeApiServer
-from tests.fakes.kubelet import DeviceState, FakeKubelet
 
 GPU_ELSEWHERE = "GPU-77777777-7777-7777-7777-777777777777"
 SOCKET = "nvidia-gpu.sock"

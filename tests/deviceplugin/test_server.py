@@ -29,6 +29,7 @@ from hami_plugin.model import (
     ANNOTATION_DEVICES_TO_ALLOCATE,
     ANNOTATION_NODE_LOCK,
 )
+from hami_plugin.testing.apiserver import FakeApiServer
 from tests.deviceplugin.pods import (
     GPU_A,
     GPU_B,
@@ -39,7 +40,6 @@ from tests.deviceplugin.pods import (
     pod_annotations,
     vgpus,
 )
-from tests.fakes.apiserver import FakeApiServer
 
 CACHE_ID = "00000000-0000-4000-8000-000000000000"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from tests.fakes.apiserver import FakeApiServer
+from hami_plugin.testing.apiserver import FakeApiServer
 
 
 @pytest.fixture

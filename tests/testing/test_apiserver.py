@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.fakes.apiserver import FakeApiServer, json_patch, make_pod, merge_patch
+from hami_plugin.testing.apiserver import FakeApiServer, json_patch, make_pod, merge_patch
 from tests.fakes.pytest_fixtures import apiserver  # noqa: F401 - fixture
 
 

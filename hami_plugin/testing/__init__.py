@@ -1,0 +1,8 @@
+"""Test doubles that speak the real wire protocols, shipped with the package so that the tests,
+the benchmarks and `make demo` run the daemons without a cluster or a GPU:
+
+* `apiserver`: an HTTP double of the Kubernetes API server for the real `kubernetes` client;
+* `kubelet`: a kubelet double serving the device-plugin Registration API on a unix socket.
+
+The fake NVML module lives next to the real adapter, in `hami_plugin.deviceplugin.fake`.
+"""
