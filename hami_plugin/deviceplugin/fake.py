@@ -21,7 +21,12 @@ gpus:
     index: 0                  # NVML index (default: position in the list)
     pci_bus_id: 00000000:10:00.0
     minor_number: 0           # /dev/nvidia<minor> (default: the index)
+    memory_used_mib: 1024     # used memory reported by nvmlDeviceGetMemoryInfo (default 0)
+    utilization_percent: 37   # nvmlDeviceGetUtilizationRates .gpu (default 0; null: NotSupported)
+    memory_utilization_percent: 12   # ... .memory (default 0; null: NotSupported)
 ```
+
+Edit the usage keys while the daemon runs to see the metrics move (the file is re-read).
 
 The file is re-read when it changes: on every call when its stat changes, and every ~100 ms
 inside `nvmlEventSetWait`. `healthy` going from true to false, or `xid` taking a new value,
@@ -272,6 +277,10 @@ class FakeGpuSpec:
     index: int
     pci_bus_id: str
     minor_number: int
+    memory_used_mib: int = 0
+    utilization_percent: int | None = 0
+    """None: the GPU cannot report utilisation (`nvmlDeviceGetUtilizationRates` NotSupported)."""
+    memory_utilization_percent: int | None = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +302,9 @@ _GPU_KEYS = (
     "index",
     "pci_bus_id",
     "minor_number",
+    "memory_used_mib",
+    "utilization_percent",
+    "memory_utilization_percent",
 )
 _UUID_RE = re.compile(r"^GPU-[^\s,:;]+$")
 _BUS_ID_RE = re.compile(r"^([0-9a-fA-F]{4}|[0-9a-fA-F]{8}):[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
@@ -308,6 +320,16 @@ def _int_field(entry: Mapping[str, object], key: str, where: str, *, minimum: in
         raise FakeGpuFileError(f"{where}: '{key}' must be an integer, got {value!r}")
     if value < minimum:
         raise FakeGpuFileError(f"{where}: '{key}' must be >= {minimum}, got {value}")
+    return value
+
+
+def _percent_field(entry: Mapping[str, object], key: str, where: str) -> int | None:
+    """A 0..100 value; absent means 0, an explicit null means "NVML cannot report it"."""
+    if key not in entry:
+        return 0
+    value = _int_field(entry, key, where, minimum=0)
+    if value is not None and value > 100:
+        raise FakeGpuFileError(f"{where}: '{key}' must be <= 100, got {value}")
     return value
 
 
@@ -352,6 +374,13 @@ def _parse_gpu(entry: object, position: int, prefix: str) -> FakeGpuSpec:
         )
     resolved_index = position if index is None else index
     minor = _int_field(entry, "minor_number", where, minimum=0)
+    memory_used_mib = _int_field(entry, "memory_used_mib", where, minimum=0) or 0
+    if memory_mib is not None and memory_used_mib > memory_mib:
+        raise FakeGpuFileError(
+            f"{where}: 'memory_used_mib' ({memory_used_mib}) exceeds 'memory_mib' ({memory_mib})"
+        )
+    utilization = _percent_field(entry, "utilization_percent", where)
+    memory_utilization = _percent_field(entry, "memory_utilization_percent", where)
     return FakeGpuSpec(
         uuid=uuid,
         name=name,
@@ -363,6 +392,9 @@ def _parse_gpu(entry: object, position: int, prefix: str) -> FakeGpuSpec:
         index=resolved_index,
         pci_bus_id=pci_bus_id or f"00000000:{0x10 + resolved_index:02X}:00.0",
         minor_number=resolved_index if minor is None else minor,
+        memory_used_mib=memory_used_mib,
+        utilization_percent=utilization,
+        memory_utilization_percent=memory_utilization,
     )
 
 
@@ -435,6 +467,14 @@ class FakeMemoryInfo:
     total: int
     free: int
     used: int
+
+
+@dataclass(frozen=True, slots=True)
+class FakeUtilization:
+    """Shaped like pynvml's c_nvmlUtilization_t (percent of the last sample period)."""
+
+    gpu: int
+    memory: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -698,7 +738,14 @@ class FakeNvml:
         if gpu.memory_mib is None:
             raise NVMLError_NotSupported()
         total = gpu.memory_mib * 1024 * 1024
-        return FakeMemoryInfo(total=total, free=total, used=0)
+        used = gpu.memory_used_mib * 1024 * 1024
+        return FakeMemoryInfo(total=total, free=total - used, used=used)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeDeviceHandle) -> FakeUtilization:
+        gpu = self._lookup(handle, live=True)
+        if gpu.utilization_percent is None or gpu.memory_utilization_percent is None:
+            raise NVMLError_NotSupported()
+        return FakeUtilization(gpu=gpu.utilization_percent, memory=gpu.memory_utilization_percent)
 
     def nvmlDeviceGetNumaNodeId(self, handle: FakeDeviceHandle) -> int:
         gpu = self._lookup(handle, live=True)

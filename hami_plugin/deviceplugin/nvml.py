@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,24 @@ class GpuEvent:
     def xid(self) -> int | None:
         """The Xid of an XidCriticalError event, else None."""
         return self.data if self.is_xid_critical else None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuUsage:
+    """One GPU's live usage, read from NVML at one moment (for the metrics endpoint).
+
+    A field is None when NVML says the GPU cannot report it (NotSupported / FunctionNotFound,
+    e.g. memory on unified-memory GPUs); the GPU's other figures are still valid.
+    """
+
+    index: int
+    uuid: str
+    name: str
+    memory_used_bytes: int | None
+    utilization_percent: int | None
+    """NVML utilization rates `.gpu`: percent of the last sample period a kernel ran."""
+    memory_utilization_percent: int | None
+    """NVML utilization rates `.memory`: percent of the period device memory was read/written."""
 
 
 def load_nvml_module(kind: str, fake_gpus_path: str | None) -> Any:
@@ -111,6 +130,9 @@ class NvmlBackend:
         self._preconfigured_memory_mib = preconfigured_memory_mib
         self._error_type: type[Exception] = nvml.NVMLError
         self._known: dict[str, PhysicalGpu] = {}
+        # NVML index -> the last usage-read failure logged for it (see read_usage).
+        self._usage_failures: dict[int, str] = {}
+        self._usage_lock = threading.Lock()
 
     def _code(self, error: BaseException) -> int | None:
         value = getattr(error, "value", None)
@@ -261,6 +283,68 @@ class NvmlBackend:
             logger.debug("GPU %s does not answer NVML: %s", uuid, error)
             return False
         return True
+
+    # -- live usage (used by the metrics endpoint) --
+
+    def read_usage(self) -> list[GpuUsage]:
+        """Used memory and utilisation of every GPU NVML sees, in index order, read now.
+
+        A GPU whose queries fail is left out. That is logged as one warning when the GPU starts
+        failing (or fails differently), at debug level while it keeps failing, and at info level
+        when it answers again, so a lost GPU does not write a line on every scrape. Thread-safe
+        (NVML is; the failure book has a lock). Raises NvmlError when the GPU count cannot be
+        read.
+        """
+        try:
+            count = int(self._nvml.nvmlDeviceGetCount())
+        except self._error_type as error:
+            raise NvmlError(f"NVML device count failed: {error}") from error
+        usages: list[GpuUsage] = []
+        for index in range(count):
+            try:
+                usage = self._read_usage(index)
+            except self._error_type as error:
+                self._usage_failed(index, str(error))
+                continue
+            self._usage_answered(index, usage.uuid)
+            usages.append(usage)
+        return usages
+
+    def _read_usage(self, index: int) -> GpuUsage:
+        nvml = self._nvml
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        name = _text(nvml.nvmlDeviceGetName(handle))
+        memory_used: int | None = None
+        try:
+            memory_used = int(nvml.nvmlDeviceGetMemoryInfo(handle).used)
+        except self._error_type as error:
+            # HAMi's monitor skips only the memory figure of a GPU that cannot report it.
+            if not self._not_supported(error):
+                raise
+        utilization: int | None = None
+        memory_utilization: int | None = None
+        try:
+            rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+        except self._error_type as error:
+            if not self._not_supported(error):
+                raise
+        else:
+            utilization, memory_utilization = int(rates.gpu), int(rates.memory)
+        return GpuUsage(index, uuid, name, memory_used, utilization, memory_utilization)
+
+    def _usage_failed(self, index: int, message: str) -> None:
+        with self._usage_lock:
+            repeated = self._usage_failures.get(index) == message
+            self._usage_failures[index] = message
+        level = logging.DEBUG if repeated else logging.WARNING
+        logger.log(level, "GPU at NVML index %d left out of the metrics: %s", index, message)
+
+    def _usage_answered(self, index: int, uuid: str) -> None:
+        with self._usage_lock:
+            failed = self._usage_failures.pop(index, None)
+        if failed is not None:
+            logger.info("GPU %s (NVML index %d) reports its usage again", uuid, index)
 
     # -- events (used by health.py) --
 

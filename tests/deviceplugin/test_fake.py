@@ -154,6 +154,13 @@ def test_explicit_indexes_order_the_gpus() -> None:
         ("gpu: []\n", "unknown key 'gpu'"),
         ("init_error: Boom\ngpus: []\n", "'init_error' must be an NVML error name"),
         ("[1, 2]\n", "expected a mapping with a 'gpus' list"),
+        (
+            f"gpus:\n  - {{uuid: {UUID_A}, memory_mib: 10, memory_used_mib: 11}}\n",
+            "'memory_used_mib' (11) exceeds 'memory_mib' (10)",
+        ),
+        (f"gpus:\n  - {{uuid: {UUID_A}, memory_used_mib: -1}}\n", "'memory_used_mib' must be >="),
+        (f"gpus:\n  - {{uuid: {UUID_A}, utilization_percent: 101}}\n", "must be <= 100, got 101"),
+        (f"gpus:\n  - {{uuid: {UUID_A}, memory_utilization_percent: x}}\n", "must be an integer"),
         ("gpus: [\n", "not valid YAML at line 2"),
     ],
 )
@@ -340,3 +347,56 @@ def test_freed_set_rejects_waits(nvml: FakeNvml) -> None:
     nvml.nvmlEventSetFree(event_set)
     with pytest.raises(fake.NVMLError_InvalidArgument):
         nvml.nvmlEventSetWait(event_set, 10)
+
+
+# --- live usage (the metrics endpoint reads it) ------------------------------------------------
+
+
+def test_usage_defaults_to_an_idle_gpu(nvml: FakeNvml) -> None:
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    assert (memory.used, memory.free) == (0, memory.total)
+    rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+    assert (rates.gpu, rates.memory) == (0, 0)
+
+
+def test_usage_keys_are_served_and_follow_file_edits(tmp_path: Path) -> None:
+    path = tmp_path / "gpus.yaml"
+    path.write_text(
+        f"gpus:\n  - {{uuid: {UUID_A}, memory_mib: 1024, memory_used_mib: 256,"
+        " utilization_percent: 37, memory_utilization_percent: 12}\n"
+    )
+    module = FakeNvml(str(path))
+    module.nvmlInit()
+    handle = module.nvmlDeviceGetHandleByIndex(0)
+    memory = module.nvmlDeviceGetMemoryInfo(handle)
+    assert (memory.total, memory.used, memory.free) == (1024 << 20, 256 << 20, 768 << 20)
+    rates = module.nvmlDeviceGetUtilizationRates(handle)
+    assert (rates.gpu, rates.memory) == (37, 12)
+    rewrite(path, f"gpus:\n  - {{uuid: {UUID_A}, memory_used_mib: 512, utilization_percent: 90}}\n")
+    assert module.nvmlDeviceGetMemoryInfo(handle).used == 512 << 20
+    assert module.nvmlDeviceGetUtilizationRates(handle).gpu == 90
+
+
+def test_usage_has_pynvml_field_names() -> None:
+    # The adapter reads these attributes off pynvml's ctypes structures.
+    assert [name for name, _ in pynvml.c_nvmlUtilization_t._fields_] == ["gpu", "memory"]
+    assert {"total", "free", "used"} <= {name for name, _ in pynvml.c_nvmlMemory_t._fields_}
+    assert set(fake.FakeUtilization.__dataclass_fields__) == {"gpu", "memory"}
+    assert set(fake.FakeMemoryInfo.__dataclass_fields__) == {"total", "free", "used"}
+
+
+def test_null_utilization_means_not_supported(tmp_path: Path) -> None:
+    path = tmp_path / "gpus.yaml"
+    path.write_text(f"gpus:\n  - {{uuid: {UUID_A}, memory_utilization_percent: null}}\n")
+    module = FakeNvml(str(path))
+    module.nvmlInit()
+    with pytest.raises(fake.NVMLError_NotSupported):
+        module.nvmlDeviceGetUtilizationRates(module.nvmlDeviceGetHandleByIndex(0))
+
+
+def test_lost_gpu_cannot_report_usage(nvml: FakeNvml, gpus_file: Path) -> None:
+    handle = nvml.nvmlDeviceGetHandleByUUID(UUID_B)
+    rewrite(gpus_file, gpu_yaml(healthy_b=False))
+    with pytest.raises(fake.NVMLError_GpuIsLost):
+        nvml.nvmlDeviceGetUtilizationRates(handle)

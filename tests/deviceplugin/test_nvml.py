@@ -13,6 +13,7 @@ from hami_plugin.deviceplugin.fake import FakeNvml
 from hami_plugin.deviceplugin.nvml import (
     EventsNotSupportedError,
     GpuEvent,
+    GpuUsage,
     NvmlBackend,
     NvmlError,
     NvmlUnavailable,
@@ -258,3 +259,56 @@ def test_register_events_failures(tmp_path: Path) -> None:
     old.start()
     with pytest.raises(EventsNotSupportedError):
         old.register_events(old.create_event_set(), UUID_A)
+
+
+# --- live usage -------------------------------------------------------------------------------
+
+
+def test_read_usage_reports_every_gpu_in_index_order(tmp_path: Path) -> None:
+    backend, _ = backend_for(
+        tmp_path,
+        f"gpus:\n  - {{uuid: {UUID_B}, index: 1, name: Tesla T4, memory_used_mib: 3}}\n"
+        f"  - {{uuid: {UUID_A}, index: 0, name: NVIDIA A100, utilization_percent: 55,"
+        " memory_utilization_percent: 20}\n",
+    )
+    assert backend.read_usage() == [
+        GpuUsage(0, UUID_A, "NVIDIA A100", 0, 55, 20),
+        GpuUsage(1, UUID_B, "Tesla T4", 3 << 20, 0, 0),
+    ]
+
+
+def test_read_usage_leaves_out_what_the_gpu_cannot_report(tmp_path: Path) -> None:
+    backend, _ = backend_for(
+        tmp_path,
+        f"gpus:\n  - {{uuid: {UUID_A}, memory_mib: null, utilization_percent: null}}\n",
+    )
+    assert backend.read_usage() == [GpuUsage(0, UUID_A, "NVIDIA Fake GPU", None, None, None)]
+
+
+def test_read_usage_skips_a_failing_gpu_logging_once_until_it_recovers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    healthy = f"gpus:\n  - {{uuid: {UUID_A}}}\n  - {{uuid: {UUID_B}}}\n"
+    backend, path = backend_for(tmp_path, healthy)
+    write(path, f"gpus:\n  - {{uuid: {UUID_A}}}\n  - {{uuid: {UUID_B}, healthy: false}}\n")
+    caplog.set_level("INFO", logger="hami_plugin.deviceplugin.nvml")
+    for _ in range(3):
+        assert [usage.uuid for usage in backend.read_usage()] == [UUID_A]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == ["GPU at NVML index 1 left out of the metrics: GPU is lost"]
+    write(path, healthy)
+    assert [usage.uuid for usage in backend.read_usage()] == [UUID_A, UUID_B]
+    assert f"GPU {UUID_B} (NVML index 1) reports its usage again" in caplog.text
+
+
+def test_read_usage_raises_when_the_count_fails(tmp_path: Path) -> None:
+    class NoCount(FakeNvml):
+        def nvmlDeviceGetCount(self) -> int:
+            raise fake.NVMLError_Unknown()
+
+    path = tmp_path / "gpus.yaml"
+    write(path, "gpus: []\n")
+    backend = NvmlBackend(NoCount(str(path)))
+    backend.start()
+    with pytest.raises(NvmlError, match="NVML device count failed: Unknown Error"):
+        backend.read_usage()
