@@ -1,14 +1,16 @@
-"""The Kubernetes API as hami-plugin needs it: nodes, pods, metadata patches, events.
+"""The Kubernetes API as hami-plugin needs it: nodes, pods, patches, list/watch, bindings, leases,
+events.
 
 The only module of the package that imports `kubernetes`. It uses the real client's plumbing
 (`kubernetes.client.ApiClient`: configuration, auth, TLS, request building with
 `param_serialize`, the urllib3 REST client) but not its generated API classes, and adds what the
 daemons need on top of it:
 
-* six plain REST calls (`_Request`: GET/PATCH node, GET/LIST/PATCH pod, POST event) instead of
-  `CoreV1Api`. Importing `kubernetes.client.api.core_v1_api` wraps ~400 methods in pydantic
-  `validate_call` and pulls in ~250 model modules: ~20 MiB of resident memory in a daemon that
-  needs six URLs. Only the client's plumbing submodules and the config loaders are imported;
+* a dozen plain REST calls (`_Request`: nodes, pods, bindings, leases, events, any list or watch)
+  instead of `CoreV1Api`. Importing `kubernetes.client.api.core_v1_api` wraps ~400 methods in
+  pydantic `validate_call` and pulls in ~250 model modules: ~20 MiB of resident memory in a daemon
+  that needs a dozen URLs. Only the client's plumbing submodules and the config loaders are
+  imported;
   `kubernetes.client` and `kubernetes.client.models` load their members lazily, so no generated
   API or model module is ever loaded (tests/test_k8s.py checks this in a fresh interpreter);
 * plain frozen dataclasses (`NodeRecord`, `PodRecord`) instead of the generated models. Responses
@@ -23,8 +25,13 @@ daemons need on top of it:
   so that a caller answering someone who waits (kubelet's Allocate) fails in bounded time
   however many calls it makes and however the API server misbehaves;
 * one error-translation point (`_translate_errors`) that maps `ApiException` (raised here for a
-  non-2xx answer, as the generated API would) and urllib3 errors to `NotFound`, `Conflict`,
-  `Retryable` or `KubeError`, chained with `from`;
+  non-2xx answer, as the generated API would, and for a watch ERROR event) and urllib3 errors to
+  `NotFound`, `Conflict`, `Gone`, `Retryable` or `KubeError`, chained with `from`;
+* list and watch as the API server streams them (`list_objects`, `watch_objects`): pages
+  followed with `limit`/`continue`, watch events read line by line from the raw chunked response
+  with a read timeout, so that a silent connection cannot hang a watcher, and a `stop` event
+  that wakes a blocked read (`_StopGuard`); `hami_plugin.informer` builds the list-then-watch
+  loop on them;
 * metadata patches sent as JSON merge patch (`application/merge-patch+json`, see `_MERGE_PATCH`):
   merge patch is what HAMi uses for the node lock, and it gives `null` = delete and the
   `resourceVersion` precondition.
@@ -33,6 +40,7 @@ daemons need on top of it:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import email.utils
 import json
 import logging
@@ -69,6 +77,18 @@ _JSON = "application/json"
 # plugins). Client certificates are set up by the REST client's pool manager.
 _AUTH_SETTINGS = ["BearerToken"]
 
+_LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+_LEASE = _LEASES + "/{name}"
+
+# How long a watch stream may stay silent before it counts as dead. The API server sends a
+# bookmark about once a minute to watchers that allow them, so a live but quiet stream is not
+# cut; a dead one (a half-open connection) is noticed within this time and the watch resumed.
+WATCH_READ_TIMEOUT_SECONDS = 90.0
+# How often a watch's stop guard looks at its stop event (see _StopGuard).
+_STOP_POLL_SECONDS = 0.1
+# Kubernetes objects are at most ~1.5 MiB in etcd; a longer line is a broken stream.
+_MAX_WATCH_LINE_BYTES = 16 * 1024 * 1024
+
 _T = TypeVar("_T")
 
 
@@ -92,6 +112,11 @@ class NotFound(KubeError):  # noqa: N818 - names are the shared contract
 
 class Conflict(KubeError):  # noqa: N818 - names are the shared contract
     """The write lost a race (HTTP 409): resourceVersion mismatch or the object already exists."""
+
+
+class Gone(KubeError):  # noqa: N818 - names are the shared contract
+    """The resourceVersion or continue token is older than the server keeps (HTTP 410, or a
+    watch ERROR event with code 410): list again."""
 
 
 class Retryable(KubeError):  # noqa: N818 - names are the shared contract
@@ -145,6 +170,64 @@ class NodeRecord:
     labels: dict[str, str]
     allocatable: dict[str, str]
     resource_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectList:
+    """A whole LIST answer: its items as the server sent them and the list's resourceVersion
+    (the version to start a watch from)."""
+
+    items: list[dict[str, Any]]
+    resource_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One watch event: `type` is ADDED, MODIFIED, DELETED or BOOKMARK (ERROR events are raised,
+    never returned). A DELETED object is the last state, at the deletion's resourceVersion; a
+    BOOKMARK object carries only `kind`, `apiVersion` and `metadata.resourceVersion`."""
+
+    type: str
+    object: dict[str, Any]
+
+    @property
+    def resource_version(self) -> str:
+        """The object's `metadata.resourceVersion` ("" when absent)."""
+        metadata = self.object.get("metadata")
+        version = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
+        return version if isinstance(version, str) else ""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """The object an event is about (core/v1 ObjectReference). `namespace` is "" for
+    cluster-scoped objects such as nodes; `uid` and `resource_version` are left out when ""."""
+
+    kind: str
+    namespace: str
+    name: str
+    uid: str = ""
+    api_version: str = "v1"
+    resource_version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    """A coordination.k8s.io/v1 Lease, as leader election reads and writes it.
+
+    Times are timezone-aware datetimes (naive ones are taken as UTC when written); they go on
+    the wire as MicroTime, `2026-11-30T12:00:00.000000Z`. `resource_version` is "" for a lease
+    not yet created.
+    """
+
+    namespace: str
+    name: str
+    holder_identity: str
+    lease_duration_seconds: int
+    acquire_time: datetime | None
+    renew_time: datetime | None
+    lease_transitions: int
+    resource_version: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +294,8 @@ def _from_api_exception(what: str, exc: ApiException) -> KubeError:
         return NotFound(message, status)
     if status == 409:
         return Conflict(message, status)
+    if status == 410:
+        return Gone(message, status)
     if status == 429 or 500 <= status <= 599:
         return Retryable(message, status, _retry_after_seconds(exc))
     return KubeError(message, status)
@@ -310,7 +395,11 @@ def _container(obj: object) -> ContainerSpec:
     return ContainerSpec(name=_field(obj, "name", str, ""), env=env)
 
 
-def _pod_record(obj: Mapping[str, Any]) -> PodRecord:
+def pod_record(obj: Mapping[str, Any]) -> PodRecord:
+    """Decode a Pod object (a GET answer, a list item or a watch event's object).
+
+    Raises ValueError naming the field when the object has the wrong shape.
+    """
     metadata = _field(obj, "metadata", dict, {})
     spec = _field(obj, "spec", dict, {})
     status = _field(obj, "status", dict, {})
@@ -334,11 +423,12 @@ def _pod_records(obj: Mapping[str, Any]) -> list[PodRecord]:
     for item in _field(obj, "items", list, []):
         if not isinstance(item, dict):
             raise ValueError(f"list item should be an object, got {type(item).__name__}")
-        records.append(_pod_record(item))
+        records.append(pod_record(item))
     return records
 
 
-def _node_record(obj: Mapping[str, Any]) -> NodeRecord:
+def node_record(obj: Mapping[str, Any]) -> NodeRecord:
+    """Decode a Node object. Raises ValueError naming the field when it has the wrong shape."""
     metadata = _field(obj, "metadata", dict, {})
     status = _field(obj, "status", dict, {})
     return NodeRecord(
@@ -347,6 +437,105 @@ def _node_record(obj: Mapping[str, Any]) -> NodeRecord:
         labels=_str_map(metadata, "labels"),
         allocatable=_str_map(status, "allocatable"),
         resource_version=_field(metadata, "resourceVersion", str, ""),
+    )
+
+
+def lease_record(obj: Mapping[str, Any]) -> LeaseRecord:
+    """Decode a coordination.k8s.io/v1 Lease. Raises ValueError on a wrong shape."""
+    metadata = _field(obj, "metadata", dict, {})
+    spec = _field(obj, "spec", dict, {})
+    return LeaseRecord(
+        namespace=_field(metadata, "namespace", str, ""),
+        name=_field(metadata, "name", str, ""),
+        holder_identity=_field(spec, "holderIdentity", str, ""),
+        lease_duration_seconds=_int_field(spec, "leaseDurationSeconds"),
+        acquire_time=_timestamp(_field(spec, "acquireTime", str, "")),
+        renew_time=_timestamp(_field(spec, "renewTime", str, "")),
+        lease_transitions=_int_field(spec, "leaseTransitions"),
+        resource_version=_field(metadata, "resourceVersion", str, ""),
+    )
+
+
+def _int_field(obj: Mapping[str, Any], key: str) -> int:
+    value = obj.get(key)
+    # bool is an int in Python, not in JSON schema.
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ValueError(f"field {key!r} should be int, got {type(value).__name__}")
+    return value or 0
+
+
+def _micro_time(when: datetime) -> str:
+    """metav1.MicroTime as the API server writes it: RFC 3339, six fraction digits, UTC."""
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _lease_body(record: LeaseRecord) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": record.name, "namespace": record.namespace}
+    if record.resource_version:
+        metadata["resourceVersion"] = record.resource_version
+    spec: dict[str, Any] = {
+        "holderIdentity": record.holder_identity,
+        "leaseDurationSeconds": record.lease_duration_seconds,
+        "leaseTransitions": record.lease_transitions,
+    }
+    if record.acquire_time is not None:
+        spec["acquireTime"] = _micro_time(record.acquire_time)
+    if record.renew_time is not None:
+        spec["renewTime"] = _micro_time(record.renew_time)
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": metadata,
+        "spec": spec,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class _Page:
+    """One page of a LIST answer and the token for the next one ("" on the last page)."""
+
+    items: list[dict[str, Any]]
+    resource_version: str
+    continue_token: str
+
+
+def _page(obj: Mapping[str, Any]) -> _Page:
+    metadata = _field(obj, "metadata", dict, {})
+    items = _field(obj, "items", list, [])
+    for item in items:
+        if not isinstance(item, dict):
+            raise ValueError(f"list item should be an object, got {type(item).__name__}")
+    return _Page(
+        items=items,
+        resource_version=_field(metadata, "resourceVersion", str, ""),
+        continue_token=_field(metadata, "continue", str, ""),
+    )
+
+
+_WATCH_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
+
+
+def _watch_event(line: bytes) -> WatchEvent:
+    """Decode one line of a watch stream. Raises ValueError on a malformed event."""
+    decoded = _json_object(line)
+    kind, obj = decoded.get("type"), decoded.get("object")
+    if kind not in _WATCH_TYPES:
+        raise ValueError(f"unknown watch event type {kind!r}")
+    if not isinstance(obj, dict):
+        raise ValueError(f"watch event object should be an object, got {type(obj).__name__}")
+    return WatchEvent(str(kind), obj)
+
+
+def _status_exception(status: Mapping[str, Any]) -> ApiException:
+    """A watch ERROR event's metav1.Status as the ApiException an HTTP answer with its code would
+    raise, for `_translate_errors` (a code that is not a number counts as 500)."""
+    code = status.get("code")
+    if not isinstance(code, int) or isinstance(code, bool):
+        code = 500
+    return ApiException(
+        status=code, reason=str(status.get("reason") or ""), body=json.dumps(dict(status))
     )
 
 
@@ -366,28 +555,31 @@ class _Request:
 
 
 def _event_body(
-    pod: PodRecord, reason: str, message: str, event_type: str, component: str, now: datetime
+    ref: ObjectRef, reason: str, message: str, event_type: str, component: str, now: datetime
 ) -> dict[str, Any]:
-    """A core/v1 Event about `pod`, as the JSON the API server takes.
+    """A core/v1 Event about `ref`, as the JSON the API server takes.
 
-    The name is `<pod>.<hex nanoseconds>` as client-go writes it; the timestamps are RFC 3339 in
-    whole seconds, as metav1.Time serialises. uid and resourceVersion are left out when unknown.
+    The name is `<object>.<hex nanoseconds>` as client-go writes it; the timestamps are RFC 3339
+    in whole seconds, as metav1.Time serialises. An event about a cluster-scoped object (no
+    namespace) lives in `default`, as client-go's recorder puts it. uid and resourceVersion are
+    left out when unknown.
     """
-    involved: dict[str, str] = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "namespace": pod.namespace,
-        "name": pod.name,
-    }
-    if pod.uid:
-        involved["uid"] = pod.uid
-    if pod.resource_version:
-        involved["resourceVersion"] = pod.resource_version
+    involved: dict[str, str] = {"apiVersion": ref.api_version, "kind": ref.kind}
+    if ref.namespace:
+        involved["namespace"] = ref.namespace
+    involved["name"] = ref.name
+    if ref.uid:
+        involved["uid"] = ref.uid
+    if ref.resource_version:
+        involved["resourceVersion"] = ref.resource_version
     stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{pod.name}.{time.time_ns():x}", "namespace": pod.namespace},
+        "metadata": {
+            "name": f"{ref.name}.{time.time_ns():x}",
+            "namespace": ref.namespace or "default",
+        },
         "involvedObject": involved,
         "reason": reason,
         "message": message,
@@ -511,7 +703,7 @@ class KubeClient:
     def get_node(self, name: str) -> NodeRecord:
         """GET the node. Raises NotFound, Retryable or KubeError."""
         request = _Request("GET", "/api/v1/nodes/{name}", {"name": name})
-        return self._call(f"get node {name}", request, _node_record)
+        return self._call(f"get node {name}", request, node_record)
 
     def patch_node_annotations(
         self,
@@ -534,7 +726,7 @@ class KubeClient:
             body={"metadata": metadata},
             content_type=_MERGE_PATCH,
         )
-        return self._call(f"patch node {name} annotations", request, _node_record)
+        return self._call(f"patch node {name} annotations", request, node_record)
 
     # --- pods -----------------------------------------------------------------------------
 
@@ -545,7 +737,7 @@ class KubeClient:
             "/api/v1/namespaces/{namespace}/pods/{name}",
             {"namespace": namespace, "name": name},
         )
-        return self._call(f"get pod {namespace}/{name}", request, _pod_record)
+        return self._call(f"get pod {namespace}/{name}", request, pod_record)
 
     def list_pods_on_node(self, node_name: str) -> list[PodRecord]:
         """All pods bound to the node, every namespace (field selector `spec.nodeName`).
@@ -563,14 +755,18 @@ class KubeClient:
         name: str,
         annotations: Mapping[str, str | None],
         labels: Mapping[str, str | None] | None = None,
+        resource_version: str | None = None,
     ) -> PodRecord:
         """Merge-patch pod annotations and labels (None deletes a key); return the updated pod.
 
-        Raises NotFound, Retryable or KubeError.
+        With `resource_version` the patch only applies to that version of the pod, else it
+        raises Conflict. Also raises NotFound, Retryable or KubeError.
         """
         metadata: dict[str, Any] = {"annotations": dict(annotations)}
         if labels is not None:
             metadata["labels"] = dict(labels)
+        if resource_version is not None:
+            metadata["resourceVersion"] = resource_version
         request = _Request(
             "PATCH",
             "/api/v1/namespaces/{namespace}/pods/{name}",
@@ -578,29 +774,244 @@ class KubeClient:
             body={"metadata": metadata},
             content_type=_MERGE_PATCH,
         )
-        return self._call(f"patch pod {namespace}/{name} metadata", request, _pod_record)
+        return self._call(f"patch pod {namespace}/{name} metadata", request, pod_record)
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """Bind the pod to `node` (POST a v1 Binding to `pods/<name>/binding`).
+
+        `uid` (when not "") is a precondition: the API server refuses to bind another pod of
+        the same name. A Conflict is checked against the pod: if it is already bound to `node`
+        (a retry after an attempt that did succeed), the bind counts as done. Raises NotFound,
+        Conflict (bound elsewhere, or another uid), Retryable or KubeError.
+        """
+        what = f"bind pod {namespace}/{name} to node {node}"
+        metadata = {"name": name, "namespace": namespace}
+        if uid:
+            metadata["uid"] = uid
+        request = _Request(
+            "POST",
+            "/api/v1/namespaces/{namespace}/pods/{name}/binding",
+            {"namespace": namespace, "name": name},
+            body={
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": metadata,
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+            },
+            content_type=_JSON,
+        )
+        try:
+            self._call(what, request, _ignore_body)
+        except Conflict:
+            pod = self.get_pod(namespace, name)
+            if pod.node_name != node or (uid and pod.uid != uid):
+                raise
+            logger.debug("%s: already bound there", what)
+
+    # --- any resource: list and watch -----------------------------------------------------
+
+    def list_objects(
+        self,
+        path: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = 500,
+    ) -> ObjectList:
+        """LIST a collection (`/api/v1/pods`, `/api/v1/namespaces/ns/pods`, `/api/v1/nodes`...)
+        in pages of `page_size` (0: one page), following `continue`; every page is retried like
+        any call.
+
+        If a continue token expires (410) the list starts over once without pages, as
+        client-go's pager does. Raises Gone, Retryable or KubeError.
+        """
+        items: list[dict[str, Any]] = []
+        version = ""
+        pages = 0
+        try:
+            for page in self.list_pages(
+                path,
+                label_selector=label_selector,
+                field_selector=field_selector,
+                page_size=page_size,
+            ):
+                items.extend(page.items)
+                version = page.resource_version
+                pages += 1
+        except Gone:
+            if pages == 0:
+                raise
+            logger.info("list %s: continue token expired; listing again in one page", path)
+            return self.list_objects(
+                path, label_selector=label_selector, field_selector=field_selector, page_size=0
+            )
+        return ObjectList(items, version)
+
+    def list_pages(
+        self,
+        path: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = 500,
+    ) -> Iterator[ObjectList]:
+        """LIST a collection page by page (`limit`/`continue`; `page_size` 0: one page), so a
+        caller can reduce each page before the next one is read. Every page carries the list's
+        resourceVersion. Raises Gone (a continue token expired: list again), Retryable or
+        KubeError.
+        """
+        base: list[tuple[str, str]] = []
+        if label_selector:
+            base.append(("labelSelector", label_selector))
+        if field_selector:
+            base.append(("fieldSelector", field_selector))
+        if page_size > 0:
+            base.append(("limit", str(page_size)))
+        token = ""
+        number = 1
+        while True:
+            query = [*base, ("continue", token)] if token else base
+            request = _Request("GET", path, query=tuple(query))
+            page = self._call(f"list {path} (page {number})", request, _page)
+            yield ObjectList(page.items, page.resource_version)
+            if not page.continue_token:
+                return
+            token = page.continue_token
+            number += 1
+
+    def watch_objects(
+        self,
+        path: str,
+        resource_version: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_seconds: int = 300,
+        stop: threading.Event | None = None,
+        read_timeout_seconds: float = WATCH_READ_TIMEOUT_SECONDS,
+    ) -> Iterator[WatchEvent]:
+        """WATCH a collection from `resource_version` ("" or "0": the current state first, as
+        ADDED events), with bookmarks, for at most `timeout_seconds` (asked of the server).
+
+        The request is sent (and retried like any call) on the first `next()`; events are read
+        as they arrive. The iterator ends when the server ends the stream, when the connection
+        drops or stays silent for `read_timeout_seconds`, past `timeout_seconds +
+        read_timeout_seconds` in any case, and when `stop` is set (a blocked read is woken).
+        Resume from the last event's resourceVersion. Raises Gone (HTTP 410 or an ERROR event
+        with code 410: list again), Retryable (could not connect, 5xx, or such an ERROR event)
+        or KubeError (any other refusal, a malformed event).
+        """
+        what = f"watch {path} from resourceVersion {resource_version or '(now)'}"
+        query = [
+            ("watch", "true"),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(timeout_seconds)),
+        ]
+        if resource_version:
+            query.append(("resourceVersion", resource_version))
+        if label_selector:
+            query.append(("labelSelector", label_selector))
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
+        request = _Request("GET", path, query=tuple(query))
+        end = self._clock() + timeout_seconds + read_timeout_seconds
+        response = self._with_retries(
+            what, lambda timeout: self._send(request, (timeout, read_timeout_seconds))
+        )
+        guard = _StopGuard(stop, response) if stop is not None else None
+        finished = False
+        try:
+            lines = _lines(response)
+            while stop is None or not stop.is_set():
+                try:
+                    line = next(lines)
+                except StopIteration:
+                    finished = True
+                    return
+                except _TRANSPORT_ERRORS as exc:
+                    if stop is None or not stop.is_set():
+                        logger.debug("%s: stream ended: %s", what, _describe_transport_error(exc))
+                    return
+                with _translate_errors(what):
+                    event = _watch_event(line)
+                    if event.type == "ERROR":
+                        raise _status_exception(event.object)
+                yield event
+                if self._clock() > end:
+                    logger.debug("%s: past its %d s timeout; ending it", what, timeout_seconds)
+                    return
+        finally:
+            if guard is not None:
+                guard.close()
+            if not finished:
+                # Unread data (or a broken stream) stays behind: never reuse this connection.
+                response.close()
+            response.release_conn()
+
+    # --- leases ---------------------------------------------------------------------------
+
+    def get_lease(self, namespace: str, name: str) -> LeaseRecord:
+        """GET a coordination.k8s.io/v1 Lease. Raises NotFound, Retryable or KubeError."""
+        request = _Request("GET", _LEASE, {"namespace": namespace, "name": name})
+        return self._call(f"get lease {namespace}/{name}", request, lease_record)
+
+    def create_lease(self, record: LeaseRecord) -> LeaseRecord:
+        """Create the lease (its resource_version is ignored); return it as stored.
+
+        Raises Conflict if it exists already, Retryable or KubeError.
+        """
+        record = dataclasses.replace(record, resource_version="")
+        request = _Request(
+            "POST",
+            _LEASES,
+            {"namespace": record.namespace},
+            body=_lease_body(record),
+            content_type=_JSON,
+        )
+        return self._call(f"create lease {record.namespace}/{record.name}", request, lease_record)
+
+    def update_lease(self, record: LeaseRecord) -> LeaseRecord:
+        """Replace the lease (PUT) if it is still at `record.resource_version`; return it as
+        stored, with its new resource_version.
+
+        Raises Conflict when the lease changed since (someone else renewed or took it),
+        NotFound, Retryable or KubeError; ValueError for a record without resource_version.
+        """
+        if not record.resource_version:
+            raise ValueError(f"update_lease {record.namespace}/{record.name}: no resource_version")
+        request = _Request(
+            "PUT",
+            _LEASE,
+            {"namespace": record.namespace, "name": record.name},
+            body=_lease_body(record),
+            content_type=_JSON,
+        )
+        return self._call(f"update lease {record.namespace}/{record.name}", request, lease_record)
 
     # --- events ---------------------------------------------------------------------------
 
-    def create_pod_event(
+    def create_event(
         self,
-        pod: PodRecord,
+        ref: ObjectRef,
         reason: str,
         message: str,
         event_type: str = "Normal",
-        component: str = "hami-device-plugin",
+        component: str = "hami-scheduler",
     ) -> None:
-        """Record a core/v1 Event about the pod. Best effort: failures are logged, not raised.
+        """Record a core/v1 Event about any object. Best effort: failures are logged, not raised.
 
-        The event name is `<pod>.<hex nanoseconds>` as client-go writes it, so a retry after a
-        timeout that had in fact succeeded gets 409 and counts as done.
+        The event name is `<object>.<hex nanoseconds>` as client-go writes it, so a retry after
+        a timeout that had in fact succeeded gets 409 and counts as done.
         """
-        what = f"create event {reason} for pod {pod.namespace}/{pod.name}"
+        kind = ref.kind.lower()
+        where = f"{ref.namespace}/{ref.name}" if ref.namespace else ref.name
+        what = f"create event {reason} for {kind} {where}"
+        body = _event_body(ref, reason, message, event_type, component, datetime.now(UTC))
         request = _Request(
             "POST",
             "/api/v1/namespaces/{namespace}/events",
-            {"namespace": pod.namespace},
-            body=_event_body(pod, reason, message, event_type, component, datetime.now(UTC)),
+            {"namespace": body["metadata"]["namespace"]},
+            body=body,
             content_type=_JSON,
         )
         try:
@@ -610,11 +1021,28 @@ class KubeClient:
         except KubeError as exc:
             logger.warning("event not recorded: %s", exc)
 
+    def create_pod_event(
+        self,
+        pod: PodRecord,
+        reason: str,
+        message: str,
+        event_type: str = "Normal",
+        component: str = "hami-device-plugin",
+    ) -> None:
+        """Record a core/v1 Event about the pod; best effort, as `create_event`."""
+        ref = ObjectRef(
+            "Pod", pod.namespace, pod.name, uid=pod.uid, resource_version=pod.resource_version
+        )
+        self.create_event(ref, reason, message, event_type, component)
+
     # --- plumbing -------------------------------------------------------------------------
 
-    def _send(self, request: _Request, timeout: float) -> urllib3.BaseHTTPResponse:
+    def _send(
+        self, request: _Request, timeout: float | tuple[float, float]
+    ) -> urllib3.BaseHTTPResponse:
         """One attempt: build the request with the ApiClient (host, auth, default headers, URL
-        quoting), send it with `timeout` seconds and return the raw 2xx response, unread.
+        quoting), send it with `timeout` (seconds for the whole answer, or (connect, read)
+        seconds for a stream) and return the raw 2xx response, unread.
 
         Raises ApiException for any other status (the body read, the connection released), as
         the generated API does, and urllib3 errors as they come.
@@ -655,9 +1083,18 @@ class KubeClient:
     ) -> _T:
         """Send `request` with retries; `decode` the JSON object it answers.
 
-        Raises NotFound, Conflict, KubeError at once and Retryable after the last attempt, or
-        as soon as the thread's `deadline()` budget does not allow another one.
-        A body that does not decode (ValueError) is a KubeError, not retried.
+        Raises as `_with_retries`. A body that does not decode (ValueError) is a KubeError,
+        not retried.
+        """
+        return self._with_retries(
+            what, lambda timeout: decode(_read_object(self._send(request, timeout)))
+        )
+
+    def _with_retries(self, what: str, attempt: Callable[[float], _T]) -> _T:
+        """Run `attempt(timeout_seconds)` with retries, its failures translated.
+
+        Raises NotFound, Conflict, Gone, KubeError at once and Retryable after the last
+        attempt, or as soon as the thread's `deadline()` budget does not allow another one.
         """
         retry = 0
         while True:
@@ -669,7 +1106,7 @@ class KubeClient:
                 timeout = min(timeout, left[0])
             try:
                 with _translate_errors(what):
-                    return decode(_read_object(self._send(request, timeout)))
+                    return attempt(timeout)
             except Retryable as exc:
                 retry += 1
                 if retry >= self._retry.attempts:
@@ -688,6 +1125,59 @@ class KubeClient:
                     ) from exc.__cause__
                 logger.debug("%s; retry %d in %.3f s", exc, retry, delay)
                 self._sleep(delay)
+
+
+class _StopGuard:
+    """Wakes a read blocked on a streaming `response` once `stop` is set, by shutting the
+    socket down for reading from a helper thread (the read then fails at once).
+
+    `threading.Event` cannot be waited on together with another event, so the helper polls
+    `stop` every `_STOP_POLL_SECONDS`; `close()` ends it (the stream is done) and joins it.
+    """
+
+    def __init__(self, stop: threading.Event, response: urllib3.BaseHTTPResponse) -> None:
+        self._stop = stop
+        self._response = response
+        self._done = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="k8s-watch-stop", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            stopped = self._stop.wait(_STOP_POLL_SECONDS)
+            with self._lock:
+                if self._done:
+                    return
+                if stopped:
+                    # The response may be between reads or already broken: nothing to wake.
+                    with contextlib.suppress(Exception):
+                        self._response.shutdown()
+                    return
+
+    def close(self) -> None:
+        with self._lock:
+            self._done = True
+        self._thread.join()
+
+
+def _lines(response: urllib3.BaseHTTPResponse) -> Iterator[bytes]:
+    """The non-empty lines of a streamed response as they arrive (the API server sends one
+    JSON watch event per line, usually one per chunk). Raises KubeError for a line longer
+    than `_MAX_WATCH_LINE_BYTES` (a server that never ends a line must not exhaust memory)."""
+    buffer = bytearray()
+    for data in response.stream(amt=None):
+        buffer.extend(data)
+        start = 0
+        while (end := buffer.find(b"\n", start)) >= 0:
+            if end > start:
+                yield bytes(buffer[start:end])
+            start = end + 1
+        del buffer[:start]
+        if len(buffer) > _MAX_WATCH_LINE_BYTES:
+            raise KubeError(f"watch event longer than {_MAX_WATCH_LINE_BYTES} bytes")
+    if buffer.strip():
+        yield bytes(buffer)
 
 
 def _read_object(response: urllib3.BaseHTTPResponse) -> dict[str, Any]:
