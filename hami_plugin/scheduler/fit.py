@@ -12,11 +12,12 @@ As in HAMi, where every container re-sorts the same device list in place, an app
 sort starts from the order the previous GPU container left behind, so GPUs that compare equal
 keep that order (the first container, and every init container, start from index order).
 
-Two HAMi counting quirks are kept on purpose, because the failure strings must be HAMi's:
-`NumaNotFit` grows by 1 (not by the number of GPUs picked) each time the walk leaves a NUMA
-node on which it had picked GPUs, and `AllocatedCardsInsufficientRequest` is 1 whenever the
-walk ends with some GPUs picked. HAMi adds `len(tmpDevs)`, the size of its per-type map,
-which is 1 for an NVIDIA-only pick (HAMi's own tests pin this).
+Two counts are numbers of GPUs picked, as in HAMi v2.10 (`pkg/device/nvidia/device.go`, Fit,
+lines 746-754 and 871-873: `len(tmpDevs[k.Type])`): `NumaNotFit` grows by the number of GPUs
+picked on a NUMA node each time the walk leaves it, and `AllocatedCardsInsufficientRequest` is
+the number of GPUs picked when the walk ends short (v2.10's `device_test.go` expects
+`2/2 AllocatedCardsInsufficientRequest` for 3 asked of 2 free GPUs). HAMi v2.8 and v2.9 added
+`len(tmpDevs)`, the size of the per-type map, which was always 1.
 
 Not implemented (documented): the namespace quota check (`ResourceQuotaNotFit`) and the
 `topology-aware` pair-score choice (such pods are placed by the plain walk); MIG-mode GPUs are
@@ -267,10 +268,12 @@ def _walk(
             reason = FitReason.CARD_TYPE_MISMATCH
         else:
             if numa_bind and device.numa_node != previous_numa:  # 4.
-                # A new NUMA node: what was picked on the previous one does not count. HAMi
-                # adds len(tmpDevs), its per-type map: 1, however many GPUs were picked.
+                # A new NUMA node: what was picked on the previous one does not count, and
+                # every GPU picked there counts as NumaNotFit (v2.10 device.go:748 adds
+                # len(tmpDevs[k.Type]), the GPUs picked so far).
                 if picked:
-                    counts[FitReason.NUMA_NOT_FIT] = counts.get(FitReason.NUMA_NOT_FIT, 0) + 1
+                    so_far = counts.get(FitReason.NUMA_NOT_FIT, 0)
+                    counts[FitReason.NUMA_NOT_FIT] = so_far + len(picked)
                 needed = request.count
                 previous_numa = device.numa_node
                 picked, booked = [], []
@@ -314,8 +317,9 @@ def _walk(
                 continue
         counts[reason] = counts.get(reason, 0) + 1
     if picked:
-        # HAMi sets len(tmpDevs), the size of its per-type map: 1 for an NVIDIA pick.
-        counts[FitReason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] = 1
+        # v2.10 device.go:871-872 sets len(tmpDevs[k.Type]): the GPUs picked (on the last
+        # NUMA node with numa-bind), not 1 as v2.8/v2.9's len(tmpDevs) did.
+        counts[FitReason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] = len(picked)
     return _failure(counts, len(order))
 
 
@@ -328,9 +332,10 @@ def _screening_order(
     Each GPU's checks depend only on that GPU, so without numa-bind the walk fails or
     succeeds, with the same counts, whatever the order. With numa-bind the order is NUMA
     first (`gpu_order` makes it so whenever it uses scores): the walk meets the NUMA groups
-    in the same sequence, and the order inside a group changes neither verdict nor counts.
-    Only which GPUs a fitting node hands out depends on the scores. An order without scores
-    is the pod's own order (sorted from `base`).
+    in the same sequence, and the order inside a group changes neither verdict nor counts
+    (a group the walk leaves, or ends in, had every GPU that passed picked, so the picked
+    counts are the same too). Only which GPUs a fitting node hands out depends on the
+    scores. An order without scores is the pod's own order (sorted from `base`).
     """
     order = context.order
     if not order.uses_score:

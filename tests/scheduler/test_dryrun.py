@@ -20,11 +20,11 @@ T4_FAILURE = "1/2 CardCordoned, 1/2 CardNotHealth"
 
 
 def schedule(
-    capsys: pytest.CaptureFixture[str], pod: str, *extra: str
+    capsys: pytest.CaptureFixture[str], pod: str, *extra: str, snapshot: str = CLUSTER
 ) -> tuple[int, dict[str, Any], str]:
     pod_path = pod if "/" in pod else str(FIXTURES / pod)
     code = main(
-        ["schedule", "--snapshot", CLUSTER, "--pod", pod_path, "--now", "1741083600", *extra]
+        ["schedule", "--snapshot", snapshot, "--pod", pod_path, "--now", "1741083600", *extra]
     )
     captured = capsys.readouterr()
     output = json.loads(captured.out) if captured.out else {}
@@ -68,6 +68,39 @@ def test_numa_bind_pod(capsys: pytest.CaptureFixture[str]) -> None:
         "GPU-00552014-5c87-89ac-b1a6-7b53aa24b0ec,NVIDIA,8192,40:"
         "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448,NVIDIA,8192,40:;"
     )
+
+
+A100X8 = str(FIXTURES / "a100-numa.yaml")
+
+
+@pytest.mark.parametrize(
+    ("pod", "extra", "expected"),
+    [
+        # issue 7's table: HAMi v2.10 counts the GPUs picked (device.go:748, :872)
+        (
+            "pod-a100-four.yaml",
+            (),
+            "3/8 AllocatedCardsInsufficientRequest, 5/8 CardInsufficientMemory",
+        ),
+        (
+            "pod-a100-three-numa.yaml",
+            (),
+            "1/8 NumaNotFit, 2/8 AllocatedCardsInsufficientRequest, 5/8 CardInsufficientMemory",
+        ),
+        # binpack walks NUMA 0 first: two GPUs picked there, then NUMA 1 is tried
+        (
+            "pod-a100-three-numa.yaml",
+            ("--gpu-policy", "binpack"),
+            "1/8 AllocatedCardsInsufficientRequest, 2/8 NumaNotFit, 5/8 CardInsufficientMemory",
+        ),
+    ],
+)
+def test_failure_strings_count_the_gpus_picked(
+    capsys: pytest.CaptureFixture[str], pod: str, extra: tuple[str, ...], expected: str
+) -> None:
+    code, output, _ = schedule(capsys, pod, *extra, snapshot=A100X8)
+    assert code == 2
+    assert output["failedNodes"] == {"gpu-a100x8-0": expected}
 
 
 def test_init_container_pod(capsys: pytest.CaptureFixture[str]) -> None:

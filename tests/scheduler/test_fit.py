@@ -158,10 +158,10 @@ def test_counts_over_many_gpus_sort_as_strings() -> None:
     used = [10] * 4 + [0] * 6
     target = node(*gpus, used=used)
     ctx = context(nouse_gpu_uuids=("G4", "G5", "G6"))
-    # 3 GPUs were picked, but HAMi counts AllocatedCardsInsufficientRequest as 1 (the size of
-    # its per-type map), so the counts do not add up to 10
+    # 3 GPUs were picked: HAMi v2.10 counts AllocatedCardsInsufficientRequest as the GPUs
+    # picked (len(tmpDevs[k.Type]), device.go:872), so the counts add up to 10
     assert reason(target, mib(4, 100), ctx) == (
-        "1/10 AllocatedCardsInsufficientRequest, 3/10 CardUuidMismatch, "
+        "3/10 AllocatedCardsInsufficientRequest, 3/10 CardUuidMismatch, "
         "4/10 CardTimeSlicingExhausted"
     )
     # lexicographic, as HAMi sorts the strings: "10/10 ..." before "2/10 ..."

@@ -519,29 +519,50 @@ def test_3_5_2_the_first_failing_check_is_counted(
     assert reason(target, asked, ctx) == f"1/1 {expected}"
 
 
-def test_3_5_2_numa_not_fit_grows_by_one_per_numa_change_with_picks() -> None:
-    """HAMi adds len(tmpDevs), the size of its per-type map, not the number of GPUs picked
-    (HAMi's TestFit_NumaNotFitReason pins 1 after two picks)."""
+def test_3_5_2_numa_not_fit_grows_by_the_gpus_picked_on_the_numa_node_left() -> None:
+    """v2.10 `pkg/device/nvidia/device.go` Fit, line 748: `reason[NumaNotFit] +=
+    len(tmpDevs[k.Type])`, the GPUs picked on the NUMA node the walk leaves (v2.8/v2.9 added
+    `len(tmpDevs)`, the map's size, always 1)."""
     four = node(gpu("A", 0, numa=0), gpu("B", 1, numa=0), gpu("C", 2, numa=1), gpu("D", 3, numa=1))
     # spread + numa-bind walks D, C (2 picks on NUMA 1), then B, A (2 picks): 3 not reached
     assert reason(four, mib(3, 100), context(numa_bind=True)) == (
-        "1/4 AllocatedCardsInsufficientRequest, 1/4 NumaNotFit"
+        "2/4 AllocatedCardsInsufficientRequest, 2/4 NumaNotFit"
     )
     six = node(*(gpu(f"G{i}", i, numa=i // 2) for i in range(6)))
+    # NUMA 2 and NUMA 1 are left with 2 picks each, NUMA 0 ends the walk with 2
     assert reason(six, mib(3, 100), context(numa_bind=True)) == (
-        "1/6 AllocatedCardsInsufficientRequest, 2/6 NumaNotFit"
+        "2/6 AllocatedCardsInsufficientRequest, 4/6 NumaNotFit"
     )
     # leaving a NUMA node where nothing was picked adds nothing
     blocked = node(*four.devices, memory=[0, 0, 32768, 32768])
     assert reason(blocked, mib(3, 100), context(numa_bind=True)) == (
-        "1/4 AllocatedCardsInsufficientRequest, 2/4 CardInsufficientMemory"
+        "2/4 AllocatedCardsInsufficientRequest, 2/4 CardInsufficientMemory"
+    )
+    # one GPU picked on the NUMA node left, two on the last one
+    uneven = node(*four.devices, memory=[0, 0, 32768, 0])
+    assert reason(uneven, mib(3, 100), context(numa_bind=True)) == (
+        "1/4 CardInsufficientMemory, 1/4 NumaNotFit, 2/4 AllocatedCardsInsufficientRequest"
     )
 
 
-def test_3_5_2_allocated_cards_insufficient_request_is_one() -> None:
+def test_3_5_2_allocated_cards_insufficient_request_counts_the_gpus_picked() -> None:
+    """v2.10 device.go:871-872 sets `len(tmpDevs[k.Type])`. v2.10's device_test.go ("fit fail:
+    partial allocation AllocatedCardsInsufficientRequest for multiple cards") calls Fit with 3
+    GPUs asked of 2 and expects `2/2 AllocatedCardsInsufficientRequest`; the scheduler never
+    gets there (fitInDevices answers NodeInsufficientDevice first), so the same count is
+    pinned here with a third GPU that is full."""
+    hami_case = node(
+        gpu("dev-0", 0, count=100, memory=1280),
+        gpu("dev-1", 1, count=100, memory=1280),
+        gpu("dev-2", 2, count=100, memory=1280),
+        memory=[0, 0, 1280],
+    )
+    assert reason(hami_case, mib(3, 512, 20)) == (
+        "1/3 CardInsufficientMemory, 2/3 AllocatedCardsInsufficientRequest"
+    )
     target = node(*(gpu(f"G{i}", i, count=1) for i in range(4)), used=[1, 1, 0, 0])
     assert reason(target, mib(3, 100)) == (
-        "1/4 AllocatedCardsInsufficientRequest, 2/4 CardTimeSlicingExhausted"
+        "2/4 AllocatedCardsInsufficientRequest, 2/4 CardTimeSlicingExhausted"
     )
 
 
@@ -650,6 +671,34 @@ def test_3_5_3_counts_sorted_as_strings_over_the_candidate_count() -> None:
     assert reason(flipped, mib(1, 1)) == "10/12 CardNotHealth, 2/12 CardCordoned"
 
 
+# 8 x A100-80GB, NUMA 0: indexes 0-3, NUMA 1: 4-7; 50,000 MiB in use on GPUs 0, 1, 4, 5, 6
+# (issue 7's table; also tests/fixtures/scheduler/a100-numa.yaml through `hami schedule`).
+A100_80GB = "NVIDIA A100-SXM4-80GB"
+A100_NODE = node(
+    *(gpu(f"GPU-{i}", i, numa=i // 4, type=A100_80GB, memory=81920) for i in range(8)),
+    used=[1, 1, 0, 0, 1, 1, 1, 0],
+    memory=[50000, 50000, 0, 0, 50000, 50000, 50000, 0],
+)
+NUMA_BIND = {"nvidia.com/numa-bind": "true"}
+
+
+def test_3_5_3_gpus_picked_count_in_the_failure_string() -> None:
+    """HAMi v2.10 device.go:748 and :872 count `len(tmpDevs[k.Type])`, the GPUs picked."""
+    # 4 asked: GPUs 7, 3, 2 picked, the 5 others short of memory
+    assert reason(A100_NODE, mib(4, 40000)) == (
+        "3/8 AllocatedCardsInsufficientRequest, 5/8 CardInsufficientMemory"
+    )
+    # 3 asked with numa-bind; spread walks NUMA 1 first: GPU 7 picked, NUMA 1 left (+1),
+    # then GPUs 3 and 2 picked on NUMA 0 where the walk ends
+    assert reason(A100_NODE, mib(3, 40000), raw_context(NUMA_BIND)) == (
+        "1/8 NumaNotFit, 2/8 AllocatedCardsInsufficientRequest, 5/8 CardInsufficientMemory"
+    )
+    # binpack walks NUMA 0 first: GPUs 3 and 2 picked, NUMA 0 left (+2), then GPU 7
+    assert reason(A100_NODE, mib(3, 40000), raw_context(NUMA_BIND, "binpack")) == (
+        "1/8 AllocatedCardsInsufficientRequest, 2/8 NumaNotFit, 5/8 CardInsufficientMemory"
+    )
+
+
 # --- reference 3.5.4: GPU order (Fit walks from the end; a full pick shows the order) --------
 
 # A and C on NUMA 1, B and D on NUMA 0; fullness (score) B < C < A < D.
@@ -711,7 +760,7 @@ def test_3_5_4_the_comparator_reads_the_whole_policy_text() -> None:
     assert picks(ORDERED, mib(4, 100), chain) == ["D", "A", "C", "B"]
     busy = node(*ORDERED.devices, used=[1, 0, 0, 0], memory=ORDERED.used_memory_mib)
     assert reason(busy, mib(4, 100), raw_context({POLICY: "mutex "})) == (
-        "1/4 AllocatedCardsInsufficientRequest, 1/4 ExclusiveDeviceAllocateConflict"
+        "1/4 ExclusiveDeviceAllocateConflict, 3/4 AllocatedCardsInsufficientRequest"
     )
     # an empty P is not the default mutex either
     assert len(picks(busy, mib(4, 100), raw_context({POLICY: ""}, "mutex"))) == 4
@@ -852,7 +901,7 @@ def test_hami_schedule_reports_hami_strings(
     assert code == 2
     assert output["node"] is None
     assert output["failedNodes"] == {
-        "n1": "1/4 AllocatedCardsInsufficientRequest, 2/4 CardInsufficientMemory",
+        "n1": "2/4 AllocatedCardsInsufficientRequest, 2/4 CardInsufficientMemory",
         "n2": "NodeInsufficientDevice",
     }
 
@@ -932,7 +981,7 @@ def _model_fit(
             continue
         if numa_bind and prevnuma != dev.numa:
             if nums != origin:
-                count("NumaNotFit", 1 if picked else 0)  # len(tmpDevs): the map's size
+                count("NumaNotFit", len(picked))  # v2.10 device.go:748 len(tmpDevs[k.Type])
             nums, prevnuma, picked = origin, dev.numa, []
         if dev.count <= dev.used:
             count("CardTimeSlicingExhausted")
@@ -962,7 +1011,7 @@ def _model_fit(
         if nums == 0:
             return picked
     if picked:
-        reasons["AllocatedCardsInsufficientRequest"] = 1  # len(tmpDevs)
+        reasons["AllocatedCardsInsufficientRequest"] = len(picked)  # device.go:872
     return ", ".join(sorted(f"{n}/{len(devices)} {name}" for name, n in reasons.items() if n))
 
 
