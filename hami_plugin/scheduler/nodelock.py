@@ -1,0 +1,233 @@
+"""HAMi's node lock `hami.io/mutex.lock`, as decisions over values (reference 1.7).
+
+HAMi's scheduler takes a node lock before it binds a pod, and the device plugin releases it
+once the pod's Allocate is done (v2.10 `pkg/util/nodelock/nodelock.go`). The lock is one node
+annotation, `<RFC3339 time>,<namespace>,<pod>`; this module decides, from the value read and
+the clock, what the caller does next. The API calls (GET, merge patch with `resourceVersion`,
+retries) stay in the extender's adapter.
+
+`decide_lock` follows `LockNode` (nodelock.go:241-291):
+
+| lock value                                 | decision                              |
+|--------------------------------------------|---------------------------------------|
+| absent                                     | TAKE                                  |
+| older than the timeout (legacy or not)     | TAKE_OVER (EXPIRED)                   |
+| held by the requesting pod                 | REENTRANT                             |
+| held by a pod that no longer exists        | TAKE_OVER (OWNER_GONE)                |
+| held by a live pod, or a fresh legacy lock | CONTENTION (HAMi's message)           |
+| unreadable                                 | TAKE_OVER (MALFORMED)                 |
+
+Where HAMi differs: a lock it cannot parse makes its `LockNode` return the parse error, for
+ever (nothing can expire or release an unreadable lock whose text has commas), so the node
+never binds a GPU pod again; here it is taken over, logged by the caller. A legacy lock (the
+time alone, written by HAMi before v2.5) names no owner, so, as in HAMi, it is honoured until
+it expires.
+
+Whether the owner still exists is only known through the API: `decide_lock` answers
+CHECK_OWNER when it needs that answer, and the caller asks again with `owner_exists` set.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from hami_plugin.codec import AnnotationError, format_node_lock, parse_node_lock
+from hami_plugin.model import NodeLock
+
+__all__ = [
+    "CONTENTION_SUFFIX",
+    "LockAction",
+    "LockDecision",
+    "TakeoverReason",
+    "contention_message",
+    "decide_lock",
+    "format_go_duration",
+    "lock_value",
+    "parse_go_duration",
+    "releasable_by",
+]
+
+CONTENTION_SUFFIX = "node lock contention"
+"""The text of HAMi's `ErrNodeLockContention` (nodelock.go:46)."""
+
+
+class LockAction(enum.StrEnum):
+    """What the caller does with the lock."""
+
+    TAKE = "take"
+    """No lock: write ours (merge patch with the node's resourceVersion)."""
+    REENTRANT = "reentrant"
+    """The requesting pod already holds it: nothing to write."""
+    TAKE_OVER = "take_over"
+    """Delete the stale lock (only if it is still the value read), then write ours."""
+    CONTENTION = "contention"
+    """Another pod holds it: wait or fail with `LockDecision.message`."""
+    CHECK_OWNER = "check_owner"
+    """Ask again with `owner_exists`: does the pod named by `LockDecision.lock` exist?"""
+
+
+class TakeoverReason(enum.StrEnum):
+    """Why a held lock may be taken over (also the recovery's metric label)."""
+
+    EXPIRED = "lock_expired"
+    OWNER_GONE = "owner_gone"
+    MALFORMED = "malformed"
+
+
+@dataclass(frozen=True, slots=True)
+class LockDecision:
+    """One decision. `lock` is the parsed current value (None when absent or unreadable);
+    `message` is HAMi's contention error, or why a lock is taken over."""
+
+    action: LockAction
+    lock: NodeLock | None = None
+    reason: TakeoverReason | None = None
+    message: str = ""
+
+
+def decide_lock(
+    node: str,
+    value: str | None,
+    now: datetime,
+    timeout: timedelta,
+    namespace: str,
+    pod_name: str,
+    owner_exists: bool | None = None,
+) -> LockDecision:
+    """What pod `namespace/pod_name` does about node `node`'s lock `value` at `now`.
+
+    `now` and the lock time are compared as instants (time-zone aware `now`). A lock is
+    expired when it is older than `timeout` (strictly, as HAMi's `time.Since(t) > timeout`).
+    """
+    if value is None:
+        return LockDecision(LockAction.TAKE)
+    try:
+        lock = parse_node_lock(value)
+    except AnnotationError as error:
+        return LockDecision(
+            LockAction.TAKE_OVER,
+            reason=TakeoverReason.MALFORMED,
+            message=f"node {node}: unreadable lock {value!r} taken over ({error.detail})",
+        )
+    if now - lock.time > timeout:
+        return LockDecision(
+            LockAction.TAKE_OVER,
+            lock,
+            TakeoverReason.EXPIRED,
+            f"node {node}: lock {value!r} older than {format_go_duration(timeout)} taken over",
+        )
+    if lock.owned_by(namespace, pod_name):
+        return LockDecision(LockAction.REENTRANT, lock)
+    # HAMi checks the owner only when the lock names one (nodelock.go:270).
+    if lock.namespace and lock.pod_name:
+        if owner_exists is None:
+            return LockDecision(LockAction.CHECK_OWNER, lock)
+        if not owner_exists:
+            return LockDecision(
+                LockAction.TAKE_OVER,
+                lock,
+                TakeoverReason.OWNER_GONE,
+                f"node {node}: lock of deleted pod {lock.namespace}/{lock.pod_name} taken over",
+            )
+    return LockDecision(LockAction.CONTENTION, lock, message=contention_message(node, timeout))
+
+
+def contention_message(node: str, timeout: timedelta) -> str:
+    """HAMi's error for a lock held by another live pod (nodelock.go:290)."""
+    return f"node {node} has been locked within {format_go_duration(timeout)}: {CONTENTION_SUFFIX}"
+
+
+def lock_value(now: datetime, namespace: str, pod_name: str) -> str:
+    """The value HAMi's scheduler writes (`GenerateNodeLockKeyByPod`): `now` in RFC 3339 in
+    its own zone (HAMi writes the scheduler's local time), then the owner."""
+    return format_node_lock(NodeLock(now, namespace, pod_name))
+
+
+def releasable_by(value: str | None, namespace: str, pod_name: str) -> bool:
+    """True when pod `namespace/pod_name` may delete the lock `value` without forcing it
+    (HAMi's `ReleaseNodeLock` owner check, nodelock.go:196): a value with commas belongs to
+    the pod it ends with; a value without (legacy, or garbage) to nobody, so anyone may."""
+    if not value:
+        return False
+    return "," not in value or value.endswith(f",{namespace},{pod_name}")
+
+
+# --- Go durations (HAMI_NODELOCK_EXPIRE, the scheduler's duration flags) ----------------------
+
+_NANOSECONDS = {
+    "ns": 1,
+    "us": 1_000,
+    "µs": 1_000,  # Go accepts the micro sign
+    "μs": 1_000,  # and the Greek mu
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60 * 1_000_000_000,
+    "h": 3600 * 1_000_000_000,
+}
+_GO_DURATION_PART = re.compile(r"([0-9]*)(?:\.([0-9]*))?(ns|us|µs|μs|ms|s|m|h)")
+
+
+def parse_go_duration(text: str) -> timedelta:
+    """Go's `time.ParseDuration`: `300ms`, `1.5h`, `2h45m`, `-1m`; `0` alone is zero.
+
+    Raises ValueError naming the text when it is not a duration (a unit is required, as in Go).
+    Precision is Go's nanosecond, rounded to Python's microsecond.
+    """
+    body = text
+    sign = 1
+    if body[:1] in ("+", "-"):
+        sign = -1 if body[0] == "-" else 1
+        body = body[1:]
+    if body == "0":
+        return timedelta(0)
+    if not body:
+        raise ValueError(f"invalid duration {text!r}")
+    total_ns = 0
+    position = 0
+    while position < len(body):
+        match = _GO_DURATION_PART.match(body, position)
+        if match is None or (not match.group(1) and not match.group(2)):
+            raise ValueError(f"invalid duration {text!r} (expected e.g. 30s, 5m, 1m30s)")
+        whole, fraction, unit = match.groups()
+        scale = _NANOSECONDS[unit]
+        total_ns += int(whole or "0") * scale
+        if fraction:
+            total_ns += int(fraction) * scale // 10 ** len(fraction)
+        position = match.end()
+    return timedelta(microseconds=sign * total_ns / 1000)
+
+
+def format_go_duration(duration: timedelta) -> str:
+    """Go's `Duration.String()`: `5m0s`, `28s`, `1h0m0s`, `1.5s`, `500ms`, `0s`."""
+    total_ns = (
+        duration.days * 86_400_000_000_000
+        + duration.seconds * 1_000_000_000
+        + duration.microseconds * 1_000
+    )
+    if total_ns == 0:
+        return "0s"
+    sign = "-" if total_ns < 0 else ""
+    total_ns = abs(total_ns)
+    if total_ns < 1_000_000_000:
+        for unit, scale in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
+            if total_ns >= scale or unit == "ns":
+                return sign + _decimal(total_ns, scale) + unit
+    hours, rest = divmod(total_ns, 3600 * 1_000_000_000)
+    minutes, rest = divmod(rest, 60 * 1_000_000_000)
+    seconds = _decimal(rest, 1_000_000_000) + "s"
+    if hours:
+        return f"{sign}{hours}h{minutes}m{seconds}"
+    if minutes:
+        return f"{sign}{minutes}m{seconds}"
+    return sign + seconds
+
+
+def _decimal(value: int, scale: int) -> str:
+    whole, fraction = divmod(value, scale)
+    if not fraction:
+        return str(whole)
+    digits = str(fraction).rjust(len(str(scale)) - 1, "0").rstrip("0")
+    return f"{whole}.{digits}"

@@ -1,0 +1,205 @@
+"""HAMi's node-lock decisions (reference 1.7, v2.10 nodelock.go LockNode) and Go durations."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hami_plugin.codec import parse_node_lock
+from hami_plugin.scheduler.nodelock import (
+    LockAction,
+    TakeoverReason,
+    decide_lock,
+    format_go_duration,
+    lock_value,
+    parse_go_duration,
+    releasable_by,
+)
+
+NOW = datetime(2026, 7, 3, 12, 0, 0, tzinfo=UTC)
+TIMEOUT = timedelta(minutes=5)
+
+
+def _stamp(age: timedelta) -> str:
+    return (NOW - age).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@pytest.mark.parametrize(
+    ("value", "owner_exists", "action", "reason"),
+    [
+        (None, None, LockAction.TAKE, None),
+        (f"{_stamp(timedelta(seconds=10))},default,me", None, LockAction.REENTRANT, None),
+        (f"{_stamp(timedelta(seconds=10))},default,other", None, LockAction.CHECK_OWNER, None),
+        (f"{_stamp(timedelta(seconds=10))},default,other", True, LockAction.CONTENTION, None),
+        (
+            f"{_stamp(timedelta(seconds=10))},default,other",
+            False,
+            LockAction.TAKE_OVER,
+            TakeoverReason.OWNER_GONE,
+        ),
+        # expiry wins before the owner is even looked at (nodelock.go:256)
+        (
+            f"{_stamp(timedelta(minutes=5, seconds=1))},default,other",
+            None,
+            LockAction.TAKE_OVER,
+            TakeoverReason.EXPIRED,
+        ),
+        # exactly the timeout is not expired: HAMi compares with `>`
+        (f"{_stamp(TIMEOUT)},default,other", True, LockAction.CONTENTION, None),
+        # a fresh legacy lock names no owner: honoured until it expires, as HAMi does
+        (_stamp(timedelta(seconds=10)), None, LockAction.CONTENTION, None),
+        (_stamp(timedelta(minutes=6)), None, LockAction.TAKE_OVER, TakeoverReason.EXPIRED),
+        # unreadable: HAMi fails every bind for ever; taken over here
+        ("garbage,x", None, LockAction.TAKE_OVER, TakeoverReason.MALFORMED),
+        ("not-a-time,default,p", None, LockAction.TAKE_OVER, TakeoverReason.MALFORMED),
+        ("", None, LockAction.TAKE_OVER, TakeoverReason.MALFORMED),
+        # a lock with an empty owner part has no owner to check
+        (f"{_stamp(timedelta(seconds=10))},,", None, LockAction.CONTENTION, None),
+    ],
+)
+def test_decide_lock_table(
+    value: str | None,
+    owner_exists: bool | None,
+    action: LockAction,
+    reason: TakeoverReason | None,
+) -> None:
+    decision = decide_lock("n1", value, NOW, TIMEOUT, "default", "me", owner_exists)
+    assert decision.action is action
+    assert decision.reason is reason
+
+
+def test_contention_message_is_hamis() -> None:
+    value = f"{_stamp(timedelta(seconds=1))},default,other"
+    decision = decide_lock("gpu-1", value, NOW, TIMEOUT, "default", "me", owner_exists=True)
+    assert decision.message == "node gpu-1 has been locked within 5m0s: node lock contention"
+
+
+def test_lock_in_another_zone_compares_as_an_instant() -> None:
+    plus8 = timezone(timedelta(hours=8))
+    value = lock_value(NOW.astimezone(plus8) - timedelta(minutes=4), "default", "other")
+    assert value.startswith("2026-07-03T19:56:00+08:00,")
+    decision = decide_lock("n", value, NOW, TIMEOUT, "default", "me", owner_exists=True)
+    assert decision.action is LockAction.CONTENTION
+
+
+def test_lock_value_round_trips() -> None:
+    lock = parse_node_lock(lock_value(NOW, "ns", "pod-a"))
+    assert (lock.time, lock.namespace, lock.pod_name) == (NOW, "ns", "pod-a")
+
+
+@pytest.mark.parametrize(
+    ("value", "mine"),
+    [
+        (None, False),
+        ("2026-07-03T12:00:00Z,default,me", True),
+        ("2026-07-03T12:00:00Z,default,other", False),
+        ("2026-07-03T12:00:00Z,other-ns,me", False),
+        ("2026-07-03T12:00:00Z", True),  # legacy: nobody's, so anyone's
+        ("garbage", True),
+    ],
+)
+def test_releasable_by(value: str | None, mine: bool) -> None:
+    assert releasable_by(value, "default", "me") is mine
+
+
+_names = st.text(alphabet="abcdefghij-", min_size=1, max_size=6)
+
+
+@given(
+    age_seconds=st.integers(min_value=-600, max_value=3600),
+    owner=st.tuples(_names, _names),
+    me=st.tuples(_names, _names),
+    exists=st.booleans(),
+    timeout_seconds=st.integers(min_value=1, max_value=900),
+)
+def test_decisions_never_steal_a_live_fresh_lock(
+    age_seconds: int,
+    owner: tuple[str, str],
+    me: tuple[str, str],
+    exists: bool,
+    timeout_seconds: int,
+) -> None:
+    """Whatever the inputs: a fresh lock of another live pod is contention, never taken; an
+    expired or orphaned one is taken over; the owner is only looked up when it matters."""
+    timeout = timedelta(seconds=timeout_seconds)
+    value = lock_value(NOW - timedelta(seconds=age_seconds), *owner)
+    first = decide_lock("n", value, NOW, timeout, *me)
+    expired = age_seconds > timeout_seconds
+    if expired:
+        assert first.action is LockAction.TAKE_OVER
+        assert first.reason is TakeoverReason.EXPIRED
+        return
+    if owner == me:
+        assert first.action is LockAction.REENTRANT
+        return
+    assert first.action is LockAction.CHECK_OWNER
+    second = decide_lock("n", value, NOW, timeout, *me, owner_exists=exists)
+    if exists:
+        assert second.action is LockAction.CONTENTION
+        assert second.message.endswith("node lock contention")
+    else:
+        assert second.action is LockAction.TAKE_OVER
+        assert second.reason is TakeoverReason.OWNER_GONE
+
+
+@given(st.text(max_size=40))
+def test_any_value_gets_a_decision(value: str) -> None:
+    decision = decide_lock("n", value, NOW, TIMEOUT, "default", "me", owner_exists=True)
+    assert decision.action in {
+        LockAction.TAKE_OVER,
+        LockAction.REENTRANT,
+        LockAction.CONTENTION,
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("5m", 300),
+        ("28s", 28),
+        ("1m30s", 90),
+        ("1.5h", 5400),
+        ("300ms", 0.3),
+        ("2h45m", 9900),
+        ("0", 0),
+        ("-1m", -60),
+        (".5s", 0.5),
+        ("1us", 0.000001),
+        ("1µs", 0.000001),
+    ],
+)
+def test_parse_go_duration(text: str, seconds: float) -> None:
+    assert parse_go_duration(text).total_seconds() == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "5", "m", "5x", "1m 30s", "--1s", ".s", "1h-2m"])
+def test_parse_go_duration_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid duration"):
+        parse_go_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (300, "5m0s"),
+        (28, "28s"),
+        (90, "1m30s"),
+        (3600, "1h0m0s"),
+        (1.5, "1.5s"),
+        (0.5, "500ms"),
+        (0, "0s"),
+        (-60, "-1m0s"),
+        (0.000001, "1µs"),
+    ],
+)
+def test_format_go_duration(seconds: float, text: str) -> None:
+    assert format_go_duration(timedelta(seconds=seconds)) == text
+
+
+@given(st.integers(min_value=-(10**12), max_value=10**12))
+def test_go_duration_round_trip(microseconds: int) -> None:
+    duration = timedelta(microseconds=microseconds)
+    assert parse_go_duration(format_go_duration(duration)) == duration
