@@ -1,0 +1,94 @@
+"""What the scheduler daemon tells its metrics: the observer it calls and the view it offers.
+
+The daemon calls a `SchedulerObserver` as things happen (a filter answered, a bind done, a
+booking expired...); the metrics package implements it (`hami_plugin.metrics.scheduler`), so
+the extender never imports `prometheus_client`. `NullObserver` is the default when no metrics
+server runs. Usage gauges are not pushed: a collector reads `SchedulerView.usage_snapshot()`
+at scrape time.
+
+Observer methods are called on request and worker threads, never under the state lock; an
+implementation must be thread-safe and must not block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from hami_plugin.scheduler.ledger import TrackedPod
+from hami_plugin.scheduler.usage import NodeUsage
+
+__all__ = [
+    "FILTER_OUTCOMES",
+    "RECOVERY_REASONS",
+    "NullObserver",
+    "SchedulerObserver",
+    "SchedulerView",
+]
+
+FILTER_OUTCOMES = ("fit", "no_fit", "error", "no_gpu")
+"""The `outcome` values of `SchedulerObserver.filter_done`."""
+RECOVERY_REASONS = ("allocation_timeout", "owner_gone", "lock_expired")
+"""The `reason` values of `SchedulerObserver.pod_recovered`."""
+
+
+class SchedulerObserver(Protocol):
+    """Events of the scheduler daemon, for metrics."""
+
+    def filter_done(self, seconds: float, outcome: str) -> None:
+        """A /filter call answered; `outcome` is one of FILTER_OUTCOMES."""
+
+    def filter_failures(self, reasons: Mapping[str, int]) -> None:
+        """A /filter call that found no node: per reason (a FitReason value such as
+        `CardInsufficientMemory`, or `NodeUnregistered` / `NodeInsufficientDevice`), how many
+        nodes failed with it."""
+
+    def bind_done(self, seconds: float, ok: bool) -> None:
+        """A /bind call answered."""
+
+    def bind_waited(self, seconds: float) -> None:
+        """Time a bind waited for a node lock or for an in-flight pod of its node."""
+
+    def booking_expired(self) -> None:
+        """A filter booking that no bind followed was freed."""
+
+    def pod_recovered(self, reason: str) -> None:
+        """The recovery loop undid something stuck; `reason` is one of RECOVERY_REASONS."""
+
+    def leader_changed(self, is_leader: bool) -> None:
+        """This replica started or stopped leading."""
+
+
+class SchedulerView(Protocol):
+    """The daemon's state as metrics read it at scrape time (thread-safe snapshots)."""
+
+    def usage_snapshot(self) -> tuple[Sequence[NodeUsage], Sequence[TrackedPod]]:
+        """Every registered node's usage and every tracked pod's booking, taken together."""
+
+    def is_leader(self) -> bool:
+        """Whether this replica serves filter and bind now."""
+
+
+class NullObserver:
+    """An observer that records nothing (no metrics server)."""
+
+    def filter_done(self, seconds: float, outcome: str) -> None:
+        return None
+
+    def filter_failures(self, reasons: Mapping[str, int]) -> None:
+        return None
+
+    def bind_done(self, seconds: float, ok: bool) -> None:
+        return None
+
+    def bind_waited(self, seconds: float) -> None:
+        return None
+
+    def booking_expired(self) -> None:
+        return None
+
+    def pod_recovered(self, reason: str) -> None:
+        return None
+
+    def leader_changed(self, is_leader: bool) -> None:
+        return None
