@@ -371,7 +371,32 @@ def _decode_node_json(value: str) -> tuple[GpuDevice, ...]:
     return tuple(devices)
 
 
+def _go_field(text: str, what: str, func: str, bits: int = 64) -> int:
+    """One integer field of the comma form, parsed as Go's strconv does; a bad one raises
+    ValueError worded as HAMi's DecodeNodeDevices wraps it: `invalid <what> field: strconv.
+    <func>: parsing "<text>": invalid syntax` (or `value out of range`)."""
+    try:
+        return parse_go_int(text, bits)
+    except ValueError:
+        problem = "value out of range" if _GO_INT.fullmatch(text) else "invalid syntax"
+        raise ValueError(
+            f"invalid {what} field: strconv.{func}: parsing {_excerpt(text)}: {problem}"
+        ) from None
+
+
+def _go_health(text: str) -> bool:
+    try:
+        return parse_go_bool(text)
+    except ValueError:
+        raise ValueError(
+            f"invalid health field: strconv.ParseBool: parsing {_excerpt(text)}: invalid syntax"
+        ) from None
+
+
 def _decode_node_comma(value: str) -> tuple[GpuDevice, ...]:
+    """The ≤ v2.7 comma form, checked as HAMi v2.10's `DecodeNodeDevices` does
+    (`pkg/device/devices.go` lines 317-381): separator, segment, field count, then count,
+    memory, core, health, numa, index and its sign, each error under HAMi's prefix."""
     key = ANNOTATION_NODE_REGISTER
     if ":" not in value:
         raise AnnotationError(key, "node annotation missing device separator")
@@ -385,16 +410,16 @@ def _decode_node_comma(value: str) -> tuple[GpuDevice, ...]:
         if len(fields) not in (7, 9):
             raise AnnotationError(key, f"unexpected field count {len(fields)} in node annotation")
         try:
-            count = parse_go_int(fields[1])
-            memory = parse_go_int(fields[2])
-            cores = parse_go_int(fields[3])
-            healthy = parse_go_bool(fields[6])
-            numa = parse_go_int(fields[5], bits=64)
+            count = _go_field(fields[1], "count", "ParseInt", bits=32)
+            memory = _go_field(fields[2], "memory", "ParseInt", bits=32)
+            cores = _go_field(fields[3], "core", "ParseInt", bits=32)
+            healthy = _go_health(fields[6])  # HAMi reads health (field 6) before numa (5)
+            numa = _go_field(fields[5], "numa", "Atoi")
             index, mode = 0, MODE_HAMI_CORE
             if len(fields) == 9:
-                index = parse_go_int(fields[7], bits=64)
+                index = _go_field(fields[7], "index", "Atoi")
                 if index < 0:
-                    raise ValueError(f"negative device index {index}")
+                    raise ValueError(f"index field must not be negative: {index}")
                 mode = fields[8]
         except ValueError as error:
             raise AnnotationError(key, f"{error} in segment {_excerpt(segment)}") from None

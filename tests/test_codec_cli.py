@@ -106,6 +106,28 @@ def test_bad_input_is_one_line_and_exit_1(
     assert err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("value", "prefix"),
+    [
+        ("GPU-a,ten,7680,100,P4,0,true:", "invalid count field: "),
+        ("GPU-a,10,lots,100,P4,0,true:", "invalid memory field: "),
+        ("GPU-a,10,7680,all,P4,0,true:", "invalid core field: "),
+        ("GPU-a,10,7680,100,P4,near,maybe:", "invalid health field: "),
+        ("GPU-a,10,7680,100,P4,near,true:", "invalid numa field: "),
+        ("GPU-a,10,7680,100,P4,0,true,first,hami-core:", "invalid index field: "),
+        ("GPU-a,10,7680,100,P4,0,true,-1,hami-core:", "index field must not be negative: -1 "),
+    ],
+)
+def test_decode_legacy_register_reports_hamis_prefix(
+    value: str, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """HAMi v2.10 DecodeNodeDevices' prefixes (reference 1.5.2), after the annotation key."""
+    code, out, err = run(["decode", REGISTER, value], capsys)
+    assert (code, out) == (1, "")
+    assert err.startswith(f"hami decode: {REGISTER}: {prefix}")
+    assert err.endswith(f' in segment "{value.rstrip(":")}"\n')
+
+
 def test_console_script_and_module_entry_point() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "hami_plugin", "decode", TO_ALLOCATE, "GPU-a,NVIDIA,1,2:;"],
