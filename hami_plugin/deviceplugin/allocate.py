@@ -5,8 +5,9 @@ calls these functions and carries out the result (host directories, annotation p
 
 HAMi v2.10 behaviour being matched (reference 4.4 / 4.5):
 - the pending pod is the one the node lock names, else a Pending pod bound to this node whose
-  `hami.io/bind-phase` is `allocating` (oldest `hami.io/bind-time` first, a stable rule where
-  HAMi takes whatever the API list order gives);
+  `hami.io/bind-phase` is `allocating`; where several such pods are in flight (our scheduler on
+  a node marked `hami-plugin.io/allocate-protocol`), `inflight.choose` tells them apart from
+  kubelet's device count (HAMi takes whatever the API list order gives);
 - each ContainerAllocateRequest consumes the next non-empty entry of
   `hami.io/vgpu-devices-to-allocate`; the number of devices must equal kubelet's;
 - the environment and the mounts are HAMi-core's, in HAMi's order.
@@ -17,9 +18,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Generic, Protocol, TypeVar
 
-from hami_plugin import codec
+from hami_plugin import codec, inflight
 from hami_plugin.deviceplugin.inventory import physical_uuid_of
 from hami_plugin.model import (
     ANNOTATION_BIND_PHASE,
@@ -70,6 +72,12 @@ class PodLike(Protocol):
     def phase(self) -> str: ...
 
     @property
+    def node_name(self) -> str: ...
+
+    @property
+    def creation_timestamp(self) -> datetime | None: ...
+
+    @property
     def annotations(self) -> Mapping[str, str]: ...
 
     @property
@@ -113,6 +121,7 @@ class FailureReason(enum.StrEnum):
     """Why an Allocate could not be answered; the edge maps each to a gRPC status."""
 
     NO_PENDING_POD = "NoPendingPod"
+    NO_MATCHING_POD = "NoMatchingPod"
     MALFORMED_ANNOTATION = "MalformedAnnotation"
     NO_PENDING_ENTRY = "NoPendingEntry"
     DEVICE_COUNT_MISMATCH = "DeviceCountMismatch"
@@ -211,27 +220,80 @@ def _bind_time_key(pod: PodLike) -> tuple[int, int, str, str]:
 
 
 def is_pending_on(pod: PodLike, node_name: str) -> bool:
-    """True when the pod waits for its devices on `node_name` (reference 4.4 step 1)."""
+    """True when the pod waits for its devices on `node_name` (reference 4.4 step 1): bound
+    here, Pending, `hami.io/bind-phase: allocating`, with a bind-time and `hami.io/vgpu-node`.
+
+    A pod being deleted still qualifies: kubelet admits a pod it has not seen before even when
+    its deletionTimestamp is set (HandlePodAdditions only skips pods its pod workers already
+    terminate), so an Allocate may still be for it.
+    """
     annotations = pod.annotations
     return (
         pod.phase == POD_PHASE_PENDING
+        and pod.node_name == node_name
         and ANNOTATION_BIND_TIME in annotations
         and annotations.get(ANNOTATION_BIND_PHASE) == BindPhase.ALLOCATING
         and annotations.get(ANNOTATION_VGPU_NODE) == node_name
     )
 
 
+def _choose_in_flight(
+    node_name: str, candidates: Sequence[PodT], device_count: int
+) -> tuple[PodT | None, str]:
+    """The candidate kubelet's call for `device_count` devices is for (`inflight.choose`).
+
+    A candidate without a usable booking (to-allocate missing, unreadable or all consumed) could
+    be any Allocate: it is taken instead whenever kubelet could be admitting it, that is when
+    nothing else matches or the match is a not-started pod created no earlier; it then fails on
+    its annotation, and the caller's kubelet call with it, rather than another pod's GPUs going
+    to it.
+    """
+    readable: dict[tuple[str, str], PodT] = {}
+    views = []
+    unusable: list[PodT] = []
+    for pod in candidates:
+        view = inflight.in_flight_pod(
+            pod.namespace, pod.name, pod.creation_timestamp, pod.annotations
+        )
+        if view is None or view.finished:
+            unusable.append(pod)
+        else:
+            readable[view.key] = pod
+            views.append(view)
+    choice = inflight.choose(views, device_count)
+    if unusable:
+        wildcard = min(
+            unusable,
+            key=lambda p: (inflight.created_seconds_of(p.creation_timestamp), p.namespace, p.name),
+        )
+        wildcard_created = inflight.created_seconds_of(wildcard.creation_timestamp)
+        if choice.pod is None or (
+            not choice.pod.started and wildcard_created <= choice.pod.created_seconds
+        ):
+            return wildcard, ""
+    if choice.pod is None:
+        return None, (
+            f"node {node_name}: cannot tell which pod an allocation of {device_count} device(s) "
+            f"is for: {choice.reason}"
+        )
+    return readable[choice.pod.key], ""
+
+
 def select_pending_pod(
-    node_name: str, lock_value: str | None, pods: Sequence[PodT]
+    node_name: str, lock_value: str | None, pods: Sequence[PodT], device_count: int
 ) -> PendingPodChoice[PodT]:
-    """Choose the pod kubelet is admitting, from the node lock value and the pods on the node.
+    """Choose the pod kubelet is admitting, from the node lock, the pods on the node and the
+    number of devices kubelet asks (`len(devices_ids)`, or `allocation_size`).
 
-    The pod the lock names wins when it is a Pending pod on this node. Otherwise the Pending pod
-    with bind-phase `allocating` and `hami.io/vgpu-node` = this node with the oldest bind-time.
-    A malformed lock does not block allocation (HAMi fails every Allocate until the lock expires);
-    the choice carries a warning instead.
+    The pod the lock names wins when it is a Pending pod on this node (HAMi's scheduler). Else
+    the one pod pending on this node (`is_pending_on`), whatever the count: a wrong count then
+    fails it with "device number not matched", as in HAMi. Several (our scheduler's in-flight
+    protocol): `inflight.choose` over their bookings. A malformed lock does not block allocation
+    (HAMi fails every Allocate until the lock expires); the choice carries a warning instead.
 
-    Raises AllocateFailure(NO_PENDING_POD) when no pod qualifies.
+    Raises AllocateFailure(NO_PENDING_POD) when no pod qualifies, and (NO_MATCHING_POD) when
+    several do and none can be told to be the one; `pod_known` is False for both (nothing is
+    patched).
     """
     warning: str | None = None
     lock: NodeLock | None = None
@@ -252,7 +314,12 @@ def select_pending_pod(
             f"no binding pod found on node {node_name}",
             pod_known=False,
         )
-    return PendingPodChoice(pod=candidates[0], via_lock=False, lock_warning=warning)
+    if len(candidates) == 1:
+        return PendingPodChoice(pod=candidates[0], via_lock=False, lock_warning=warning)
+    chosen, reason = _choose_in_flight(node_name, candidates, device_count)
+    if chosen is None:
+        raise AllocateFailure(FailureReason.NO_MATCHING_POD, reason, pod_known=False)
+    return PendingPodChoice(pod=chosen, via_lock=False, lock_warning=warning)
 
 
 def lock_releasable_by(lock_value: str | None, namespace: str, name: str) -> bool:

@@ -281,11 +281,12 @@ class PodAllocator:
             license_present=os.path.exists(f"{vgpu_dir}/license"),
         )
 
-    def _pending_pod(self) -> tuple[NodeRecord, PendingPodChoice[PodRecord]]:
+    def _pending_pod(self, device_count: int) -> tuple[NodeRecord, PendingPodChoice[PodRecord]]:
+        """The pod kubelet's call for `device_count` devices is for (`select_pending_pod`)."""
         node = self._kube.get_node(self._node_name)
         pods = self._kube.list_pods_on_node(self._node_name)
         choice = allocate.select_pending_pod(
-            self._node_name, node.annotations.get(ANNOTATION_NODE_LOCK), pods
+            self._node_name, node.annotations.get(ANNOTATION_NODE_LOCK), pods, device_count
         )
         if choice.lock_warning:
             logger.warning("node %s: %s", self._node_name, choice.lock_warning)
@@ -297,13 +298,15 @@ class PodAllocator:
         """Decide and carry out one Allocate call.
 
         `advertised` is every device ID kubelet was offered; an ID outside it fails the pod.
-        Raises AllocateFailure(NO_PENDING_POD or INVALID_REQUEST) or a KubeError when no pod
-        could be chosen (nothing is patched then), or PodAllocationError when the chosen pod
-        failed (it is then marked `failed`, its lock released and a Warning event recorded).
+        Raises AllocateFailure(NO_PENDING_POD, NO_MATCHING_POD or INVALID_REQUEST) or a
+        KubeError when no pod could be chosen (nothing is patched then), or PodAllocationError
+        when the chosen pod failed (it is then marked `failed`, its lock released and a Warning
+        event recorded).
         """
         allocate.check_requests(requests)
         with self._within(self._allocate_budget):
-            node, choice = self._pending_pod()
+            # kubelet sends one container per call; the first one's count picks the pod.
+            node, choice = self._pending_pod(len(requests[0]))
             pod = choice.pod
             try:
                 decision = allocate.decide_allocation(
@@ -351,7 +354,7 @@ class PodAllocator:
         pod: PodRecord | None
         try:
             with self._within(self._preferred_budget):
-                _, choice = self._pending_pod()
+                _, choice = self._pending_pod(requests[0].size if requests else 0)
             pod = choice.pod
         except AllocateFailure as error:
             logger.info("preferred allocation without a pod: %s", error)

@@ -15,7 +15,7 @@ from hami_plugin.model import (
     ANNOTATION_VGPU_NODE,
     ContainerDevice,
 )
-from hami_plugin.testing.apiserver import FakeApiServer, JsonObject, make_container
+from hami_plugin.testing.apiserver import FakeApiServer, JsonObject, make_container, make_pod
 
 NODE = "gpu-node-1"
 GPU_A = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
@@ -41,13 +41,14 @@ def add_pending_pod(
     bind_time: int = 100,
     bind_phase: str = "allocating",
     lock: str | None = "owned",
+    created: str | None = None,
 ) -> JsonObject:
     """A pod as the scheduler leaves it after Bind. `lock`: "owned" (the node lock names this
-    pod), None (no lock) or a raw lock value."""
+    pod), None (no lock) or a raw lock value; `created`: its creationTimestamp (default: now)."""
     value = raw_value if raw_value is not None else codec.encode_pod_devices(
         tuple(tuple(e) for e in entries)
     )  # fmt: skip
-    pod = apiserver.add_pod(
+    pod = make_pod(
         name,
         node_name=NODE,
         annotations={
@@ -59,6 +60,9 @@ def add_pending_pod(
         },
         containers=[make_container(c, env=env) for c in containers],
     )
+    if created is not None:
+        pod["metadata"]["creationTimestamp"] = created
+    pod = apiserver.add_pod(pod)
     if lock is not None:
         set_lock(apiserver, f"2026-01-01T00:00:00Z,default,{name}" if lock == "owned" else lock)
     return pod

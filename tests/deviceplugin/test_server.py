@@ -228,8 +228,10 @@ def test_versioned_libvgpu_and_disable_control(plugin: Plugin, apiserver: FakeAp
 def test_two_concurrent_allocates_serve_two_pending_pods(
     plugin: Plugin, apiserver: FakeApiServer
 ) -> None:
-    add_pending_pod(apiserver, "older", [[dev(GPU_A, 1111)]], bind_time=100, lock=None)
-    add_pending_pod(apiserver, "newer", [[dev(GPU_B, 2222)]], bind_time=200, lock=None)
+    # In flight together (no node lock): kubelet admits the older-created pod first.
+    older, newer = "2026-01-01T00:00:00Z", "2026-01-01T00:00:01Z"
+    add_pending_pod(apiserver, "older", [[dev(GPU_A, 1111)]], lock=None, created=older)
+    add_pending_pod(apiserver, "newer", [[dev(GPU_B, 2222)]], lock=None, created=newer)
     with futures.ThreadPoolExecutor(2) as pool:
         answers = list(
             pool.map(lambda device_id: allocate(plugin, device_id), [f"{GPU_A}-0", f"{GPU_B}-0"])
