@@ -13,6 +13,7 @@ from hami_plugin.model import (
     RESOURCE_GPU_CORES,
     RESOURCE_GPU_MEMORY,
     RESOURCE_GPU_MEMORY_PERCENTAGE,
+    RESOURCE_GPU_PRIORITY,
     GpuPolicy,
     GpuPolicyName,
     NodePolicy,
@@ -29,6 +30,8 @@ class ResourceNames:
     memory: str = RESOURCE_GPU_MEMORY
     memory_percentage: str = RESOURCE_GPU_MEMORY_PERCENTAGE
     cores: str = RESOURCE_GPU_CORES
+    priority: str = RESOURCE_GPU_PRIORITY
+    """Copied into `CUDA_TASK_PRIORITY` by the admission webhook; not a scheduling input."""
 
 
 @dataclass(frozen=True, slots=True)
