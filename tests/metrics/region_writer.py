@@ -248,8 +248,8 @@ def write_region(path: str | os.PathLike[str], spec: RegionSpec) -> Path:
     region = region_struct(spec)
     struct_type = type(region)
     slot_size = ctypes.sizeof(ProcSlotV0 if spec.version == 0 else ProcSlotV1)
-    procs_offset = struct_type.procs.offset  # type: ignore[union-attr]
-    tail_offset = struct_type.proc_num.offset  # type: ignore[union-attr]
+    procs_offset = struct_type.procs.offset
+    tail_offset = struct_type.proc_num.offset
     size = ctypes.sizeof(region)
     base = ctypes.addressof(region)
     used_slots = min(len(spec.procs), PROCESSES)
