@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from hami_plugin.deviceplugin.nvml import NvmlBackend, PhysicalGpu
     from hami_plugin.deviceplugin.register import RegisterPublisher
     from hami_plugin.deviceplugin.server import DeviceBoard, KubeApi
+    from hami_plugin.metrics.node import DevicePluginMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,8 @@ class DevicePluginDaemon:
         self._publisher: RegisterPublisher | None = None
         self.board: DeviceBoard | None = None
         self.registrar: KubeletRegistrar | None = None
+        self.metrics: DevicePluginMetrics | None = None
+        """The `/metrics` endpoint while serving (None when off or unusable)."""
         self.started = threading.Event()
         """Set once the server is up and registration has begun (for tests and benchmarks)."""
 
@@ -131,6 +134,7 @@ class DevicePluginDaemon:
         from hami_plugin.deviceplugin.register import RegisterPublisher
         from hami_plugin.deviceplugin.server import DeviceBoard, DevicePluginService, PodAllocator
         from hami_plugin.k8s import KubeClient, KubeError
+        from hami_plugin.metrics.node import start_device_plugin_metrics
 
         settings = self.settings
         try:
@@ -182,10 +186,19 @@ class DevicePluginDaemon:
             registrar.start()
             health.start(gpus)
             publisher.start()
+            self.metrics = start_device_plugin_metrics(
+                settings,
+                backend=backend,
+                gpus=lambda: self._gpus,
+                devices=lambda: board.devices,
+                kube=kube,
+            )
             self.started.set()
             self._stop.wait()
             logger.info("stopping: removing %s", registrar.socket_path)
         finally:
+            if self.metrics is not None:
+                self.metrics.stop()
             registrar.stop()
             publisher.stop()
             health.stop()

@@ -71,6 +71,10 @@ class DevicePluginSettings:
     filter_uuids: frozenset[str] = frozenset()
     filter_indexes: frozenset[int] = frozenset()
     enable_preferred_allocation: bool = True
+    metrics_bind_address: str = ":9394"
+    """Where `/metrics` is served: HAMi's `:9394`, `host:port`, or `0` (off). Checked when the
+    daemon starts the endpoint (`metrics.server.parse_bind_address`; the pure core imports
+    this module, so it must not import the metrics package)."""
     only_xids: frozenset[int] | None = None
     """When set, only these Xids mark a GPU unhealthy (`DP_DISABLE_HEALTHCHECKS=all` together
     with a `DP_ENABLE_HEALTHCHECKS` list); None means every Xid outside `ignored_xids` counts."""
@@ -238,6 +242,9 @@ _OPTIONS: tuple[_Option, ...] = (
             "ENABLE_PREFERRED_ALLOCATION", _parse_bool,
             "offer GetPreferredAllocation to kubelet (default true)",
             node_key="enablegetpreferredallocation", is_bool=True),
+    _Option("metrics_bind_address", "--metrics-bind-address", "METRICS_BIND_ADDRESS",
+            _parse_str, "where to serve Prometheus metrics at /metrics: :PORT, HOST:PORT, or 0 "
+            "(off) (default :9394)"),
 )  # fmt: skip
 
 _METAVARS = {
@@ -259,6 +266,7 @@ _METAVARS = {
     "preconfigured_device_memory_mib": "MIB",
     "filter_uuids": "UUIDS",
     "filter_indexes": "INDEXES",
+    "metrics_bind_address": "ADDRESS",
 }
 _OPTIONS_BY_FIELD = {option.field: option for option in _OPTIONS}
 _NVIDIA_KEYS = {o.nvidia_key.lower(): o.field for o in _OPTIONS if o.nvidia_key}

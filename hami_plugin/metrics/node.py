@@ -1,0 +1,361 @@
+"""The device plugin daemon's node collector: the GPUs of this node, read at scrape time.
+
+HAMi's vGPU monitor names (`cmd/vGPUmonitor/metrics.go`, v2.10), same labels, const label
+`zone="vGPU"`, values straight from NVML on every scrape:
+
+* `hami_host_gpu_memory_used_bytes{node, device_index, device_uuid, device_type}`
+* `hami_host_gpu_utilization_ratio{node, device_index, device_uuid, device_type}` (0-100)
+* `hami_host_gpu_memory_controller_utilization_ratio{device_index, device_uuid, device_type}`
+  (0-100; HAMi gives this one no `node` label)
+
+`device_type` is `"NVIDIA-" + NVML name`, always prefixed, as HAMi's monitor builds it (so an
+A100 reads `NVIDIA-NVIDIA A100-SXM4-80GB`; the register annotation's type is prefixed only when
+the name lacks `NVIDIA`). Kept as HAMi has it so existing dashboards keep matching.
+
+What HAMi lacks, same `hami_` prefix and labels, no zone (they are not HAMi's):
+
+* `hami_host_gpu_healthy` 1/0: the health the daemon reports to kubelet for the GPU's slots.
+* `hami_host_gpu_vgpu_slots`: kubelet devices advertised for the GPU (the split count).
+* `hami_host_gpu_vgpu_slots_allocated`: slots booked on the GPU by pods bound to this node,
+  counted as the scheduler counts its `hami_gpu_shared_count` (reference 3.3): every pod on
+  the node with `hami.io/vgpu-node` = this node that has not finished (Failed/Succeeded),
+  its `hami.io/vgpu-devices-allocated` collapsed per GPU (init containers by their peak, app
+  containers one slot each). Pods still `allocating` count: their slots are taken. Kubelet's
+  device IDs are not used: HAMi's Allocate serves the scheduler's booking, not the ID kubelet
+  picked, so the ID says nothing about which GPU a container got.
+
+A GPU that fails an NVML query is left out of the scrape (the adapter logs it); NVML failing as
+a whole, or the pod list failing, leaves out only the metrics that need it, with one log line.
+The scrape's duration is exported by `server.ScrapeGuard`, which runs this collector.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
+from hami_plugin.codec import AnnotationError, decode_pod_devices
+from hami_plugin.deviceplugin.inventory import PhysicalGpu, VgpuDevice
+from hami_plugin.metrics.containers import ContainerScanner, vgpu_containers_dir
+from hami_plugin.metrics.server import (
+    MetricsServer,
+    MetricsServerError,
+    guarded_registry,
+    start_metrics_server,
+)
+from hami_plugin.metrics.vgpu import VgpuCollector
+from hami_plugin.model import ANNOTATION_DEVICES_ALLOCATED, ANNOTATION_VGPU_NODE
+from hami_plugin.scheduler.usage import collapse_pod_devices
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
+
+    from hami_plugin.deviceplugin.nvml import GpuUsage, NvmlBackend
+    from hami_plugin.deviceplugin.settings import DevicePluginSettings
+    from hami_plugin.k8s import PodRecord
+
+logger = logging.getLogger(__name__)
+
+ZONE = "vGPU"
+"""HAMi registers its collectors with this const label (`zone`)."""
+
+_FINISHED_PHASES = frozenset({"Failed", "Succeeded"})
+_HOST_LABELS = ["node", "device_index", "device_uuid", "device_type"]
+
+MEMORY_USED = "hami_host_gpu_memory_used_bytes"
+UTILIZATION = "hami_host_gpu_utilization_ratio"
+MEMORY_CONTROLLER_UTILIZATION = "hami_host_gpu_memory_controller_utilization_ratio"
+HEALTHY = "hami_host_gpu_healthy"
+SLOTS = "hami_host_gpu_vgpu_slots"
+SLOTS_ALLOCATED = "hami_host_gpu_vgpu_slots_allocated"
+
+
+def monitor_device_type(nvml_name: str) -> str:
+    """`device_type` as HAMi's monitor writes it: `NVIDIA-` + the NVML name, always."""
+    return f"NVIDIA-{nvml_name}"
+
+
+def booked_slots(pods: Sequence[PodRecord], node_name: str) -> dict[str, int]:
+    """Slots booked per GPU UUID by the pods of `node_name` (see the module docstring).
+
+    A pod whose allocation annotation does not decode is left out (logged at debug level: the
+    scheduler reports it where the user sees it).
+    """
+    slots: dict[str, int] = {}
+    for pod in pods:
+        value = pod.annotations.get(ANNOTATION_DEVICES_ALLOCATED)
+        if (
+            value is None
+            or pod.annotations.get(ANNOTATION_VGPU_NODE) != node_name
+            or pod.phase in _FINISHED_PHASES
+        ):
+            continue
+        try:
+            devices = decode_pod_devices(value, ANNOTATION_DEVICES_ALLOCATED)
+        except AnnotationError as error:
+            logger.debug("pod %s/%s left out of the slot count: %s", pod.namespace, pod.name, error)
+            continue
+        for tally in collapse_pod_devices(devices, len(pod.init_containers)):
+            slots[tally.uuid] = slots.get(tally.uuid, 0) + tally.slots
+    return slots
+
+
+class NodePods:
+    """The pods bound to this node, listed at most once per `max_age_seconds`.
+
+    Shared by the collectors of one scrape (and by scrapes from several Prometheus servers),
+    so a scrape costs the API server one list at most. Thread-safe; a failed list is raised to
+    the caller and retried on the next call.
+    """
+
+    def __init__(
+        self,
+        list_pods: Callable[[], Sequence[PodRecord]],
+        *,
+        max_age_seconds: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._list_pods = list_pods
+        self._max_age = max_age_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._pods: Sequence[PodRecord] = ()
+        self._listed_at: float | None = None
+
+    @classmethod
+    def from_kube(cls, kube: Any, node_name: str, *, timeout_seconds: float = 3.0) -> NodePods:
+        """Pods of `node_name` from a `KubeClient` (or any object with `list_pods_on_node`).
+
+        With `KubeClient.deadline` the list is bounded to `timeout_seconds`, retries included,
+        so an unreachable API server delays a scrape by that much at most.
+        """
+        deadline = getattr(kube, "deadline", None)
+
+        def list_pods() -> Sequence[PodRecord]:
+            if deadline is None:
+                pods: Sequence[PodRecord] = kube.list_pods_on_node(node_name)
+                return pods
+            with deadline(timeout_seconds):
+                pods = kube.list_pods_on_node(node_name)
+                return pods
+
+        return cls(list_pods)
+
+    def __call__(self) -> Sequence[PodRecord]:
+        """The pods, listed now unless a list younger than `max_age_seconds` is at hand."""
+        with self._lock:
+            now = self._clock()
+            if self._listed_at is None or now - self._listed_at >= self._max_age:
+                self._pods = tuple(self._list_pods())
+                self._listed_at = now
+            return self._pods
+
+
+class NodeCollector:
+    """`hami_host_gpu_*` for this node, read at scrape time (see the module docstring).
+
+    Sources, all called on every scrape and all thread-safe:
+    `read_usage` (NvmlBackend.read_usage; may raise), `gpus` (the daemon's inventory, for the
+    index and name of a GPU that no longer answers NVML), `devices` (the kubelet devices as
+    advertised, with their health), `pods` (the pods bound to this node, may raise; None: no
+    allocated-slots metric).
+    """
+
+    def __init__(
+        self,
+        node_name: str,
+        *,
+        read_usage: Callable[[], Sequence[GpuUsage]],
+        gpus: Callable[[], Sequence[PhysicalGpu]],
+        devices: Callable[[], Sequence[VgpuDevice]],
+        pods: Callable[[], Sequence[PodRecord]] | None = None,
+    ) -> None:
+        self._node = node_name
+        self._read_usage = read_usage
+        self._gpus = gpus
+        self._devices = devices
+        self._pods = pods
+        # Log a failing source once per distinct message, not on every scrape.
+        self._last_problem: dict[str, str] = {}
+        self._problem_lock = threading.Lock()
+
+    def describe(self) -> Iterator[Metric]:
+        """The families this collector produces (no samples), for the registry."""
+        return iter(_families())
+
+    def collect(self) -> Iterator[Metric]:
+        """Read NVML, the daemon's devices and the node's pods now; yield the gauges."""
+        (
+            memory_used,
+            utilization,
+            memory_controller,
+            healthy,
+            slots,
+            allocated,
+        ) = _families()
+        zone = [ZONE]
+        try:
+            usages = self._read_usage()
+        except Exception as error:
+            self._problem("nvml", f"GPU usage left out of the metrics: {error}")
+            usages = ()
+        else:
+            self._solved("nvml", "GPU usage is read again")
+        for usage in usages:
+            device_type = monitor_device_type(usage.name)
+            labels = [self._node, str(usage.index), usage.uuid, device_type]
+            if usage.memory_used_bytes is not None:
+                memory_used.add_metric([*labels, *zone], usage.memory_used_bytes)
+            if usage.utilization_percent is not None:
+                utilization.add_metric([*labels, *zone], usage.utilization_percent)
+            if usage.memory_utilization_percent is not None:
+                memory_controller.add_metric(
+                    [str(usage.index), usage.uuid, device_type, *zone],
+                    usage.memory_utilization_percent,
+                )
+
+        booked = self._booked()
+        known = {gpu.uuid: gpu for gpu in self._gpus()}
+        per_gpu: dict[str, list[bool]] = {}
+        for device in self._devices():
+            per_gpu.setdefault(device.gpu_uuid, []).append(device.healthy)
+        for uuid, health in per_gpu.items():
+            gpu = known.get(uuid)
+            if gpu is None:
+                continue  # advertised before the inventory caught up; next scrape has it
+            labels = [self._node, str(gpu.index), uuid, monitor_device_type(gpu.name)]
+            healthy.add_metric(labels, 1 if all(health) else 0)
+            slots.add_metric(labels, len(health))
+            if booked is not None:
+                allocated.add_metric(labels, booked.get(uuid, 0))
+        return iter((memory_used, utilization, memory_controller, healthy, slots, allocated))
+
+    def _booked(self) -> dict[str, int] | None:
+        if self._pods is None:
+            return None
+        try:
+            pods = self._pods()
+        except Exception as error:
+            self._problem("pods", f"allocated vGPU slots left out of the metrics: {error}")
+            return None
+        self._solved("pods", "allocated vGPU slots are counted again")
+        return booked_slots(pods, self._node)
+
+    def _problem(self, source: str, message: str) -> None:
+        with self._problem_lock:
+            repeated = self._last_problem.get(source) == message
+            self._last_problem[source] = message
+        logger.log(logging.DEBUG if repeated else logging.WARNING, "%s", message)
+
+    def _solved(self, source: str, message: str) -> None:
+        if source not in self._last_problem:
+            return
+        with self._problem_lock:
+            had = self._last_problem.pop(source, None)
+        if had is not None:
+            logger.info("%s", message)
+
+
+def _families() -> tuple[GaugeMetricFamily, ...]:
+    zoned = [*_HOST_LABELS, "zone"]
+    return (
+        GaugeMetricFamily(MEMORY_USED, "GPU device memory usage in bytes", labels=zoned),
+        GaugeMetricFamily(UTILIZATION, "GPU core utilization ratio (0-100)", labels=zoned),
+        GaugeMetricFamily(
+            MEMORY_CONTROLLER_UTILIZATION,
+            "GPU memory controller utilization ratio (0-100)",
+            labels=["device_index", "device_uuid", "device_type", "zone"],
+        ),
+        GaugeMetricFamily(
+            HEALTHY,
+            "1 when the device plugin reports the GPU healthy to kubelet, else 0",
+            labels=_HOST_LABELS,
+        ),
+        GaugeMetricFamily(
+            SLOTS,
+            "vGPU slots (kubelet devices) the device plugin advertises for the GPU",
+            labels=_HOST_LABELS,
+        ),
+        GaugeMetricFamily(
+            SLOTS_ALLOCATED,
+            "vGPU slots booked on the GPU by unfinished pods bound to this node "
+            "(hami.io/vgpu-devices-allocated, counted as the scheduler counts them)",
+            labels=_HOST_LABELS,
+        ),
+    )
+
+
+class DevicePluginMetrics:
+    """The device plugin daemon's running `/metrics` endpoint and the region scanner it reads.
+
+    `stop()` stops the endpoint and, when it created the scanner, closes the scanner's files.
+    """
+
+    def __init__(
+        self, server: MetricsServer, scanner: ContainerScanner, *, owns_scanner: bool
+    ) -> None:
+        self.server = server
+        self.scanner = scanner
+        self._owns_scanner = owns_scanner
+
+    @property
+    def url(self) -> str:
+        """`http://<host>:<port>/metrics` (see `MetricsServer.url`)."""
+        return self.server.url
+
+    def stop(self) -> None:
+        """Stop serving; close the scanner's descriptors if this object opened them."""
+        self.server.stop()
+        if self._owns_scanner:
+            self.scanner.close()
+
+
+def start_device_plugin_metrics(
+    settings: DevicePluginSettings,
+    *,
+    backend: NvmlBackend,
+    gpus: Callable[[], Sequence[PhysicalGpu]],
+    devices: Callable[[], Sequence[VgpuDevice]],
+    kube: Any,
+    scanner: ContainerScanner | None = None,
+) -> DevicePluginMetrics | None:
+    """Serve the device plugin daemon's `/metrics` on `settings.metrics_bind_address`.
+
+    One fresh registry, one `ScrapeGuard` over two collectors: `node` (this module) and `vgpu`
+    (per-container usage from HAMi-core's regions, `metrics.vgpu`). Both share one pod list
+    (`NodePods`). `scanner`: the daemon's region scanner when it runs the priority feedback
+    loop too (pass it so both read one set of open files); None creates one for the metrics
+    alone, closed by `stop()`.
+
+    Returns None when the address is `0`, does not parse, or cannot be bound: a metrics problem
+    is one error line and never stops the daemon from serving GPUs.
+    """
+    pods = NodePods.from_kube(kube, settings.node_name)
+    owns_scanner = scanner is None
+    if scanner is None:
+        scanner = ContainerScanner(vgpu_containers_dir(settings.hook_path), pods)
+    collectors: dict[str, Collector] = {
+        "node": NodeCollector(
+            settings.node_name,
+            read_usage=backend.read_usage,
+            gpus=gpus,
+            devices=devices,
+            pods=pods,
+        ),
+        "vgpu": VgpuCollector(scanner, settings.node_name),
+    }
+    try:
+        server = start_metrics_server(settings.metrics_bind_address, guarded_registry(collectors))
+    except MetricsServerError as error:
+        logger.error("%s; running without metrics", error)
+        server = None
+    if server is None:
+        if owns_scanner:
+            scanner.close()
+        return None
+    return DevicePluginMetrics(server, scanner, owns_scanner=owns_scanner)
