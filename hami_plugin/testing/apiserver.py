@@ -1,28 +1,47 @@
 """An HTTP test double of the Kubernetes API server, for the real `kubernetes` client.
 
-Serves a slice of core/v1 over real HTTP/1.1 on 127.0.0.1 (random port), from a
-`ThreadingHTTPServer` in a background thread: Nodes, Pods and Events in memory.
+Serves a slice of the API over real HTTP/1.1 on 127.0.0.1 (random port), from a
+`ThreadingHTTPServer` in a background thread: Nodes, Pods and Events (core/v1) and Leases
+(coordination.k8s.io/v1) in memory.
 
 What it implements, as the real API server does it:
 * GET one object, LIST with `fieldSelector` (`=`, `==`, `!=` on the fields listed in
   `_FIELD_SELECTORS`) and `labelSelector` (`k=v`, `k==v`, `k!=v`, `k`, `!k`), list bodies with
-  `kind`, `apiVersion` and `metadata.resourceVersion`;
+  `kind`, `apiVersion` and `metadata.resourceVersion`; `limit` and `continue` pages served from
+  a snapshot taken by the first page (as etcd serves them at the list's revision), a token older
+  than the event history answering 410 Expired;
+* WATCH (`?watch=true`) of every collection, cluster-wide or in a namespace: a chunked HTTP/1.1
+  stream of newline-delimited JSON events (`ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK`, `ERROR`)
+  from `resourceVersion` (unset or "0": the current objects first, as ADDED), replayed from an
+  event history ring buffer. A version older than the buffer answers HTTP 200 and one ERROR
+  event carrying a 410 `Expired` Status, as the watch cache does. Selectors apply to events: an
+  object that stops matching is sent as DELETED (its last matching state at the event's
+  version), one that starts matching as ADDED. `allowWatchBookmarks=true` gets a BOOKMARK
+  (kind, apiVersion and metadata.resourceVersion only) every `bookmark_interval_seconds` of
+  silence; `timeoutSeconds` ends the stream cleanly (the terminating chunk);
 * POST (create; `generateName` works; 409 AlreadyExists), PUT (replace), DELETE;
 * PATCH with `application/merge-patch+json` (RFC 7386), `application/strategic-merge-patch+json`
   (treated as a merge patch: equal on metadata maps, lists are replaced whole) and
   `application/json-patch+json` (RFC 6902 add/remove/replace/test/copy/move); other types
   answer 415;
-* one cluster-wide `resourceVersion` counter bumped on every write; a PATCH or PUT that carries a
-  `metadata.resourceVersion` that is not the current one answers 409 Conflict;
-* `POST pods/<name>/binding` sets `spec.nodeName` (409 if the pod is already bound);
+* one cluster-wide `resourceVersion` counter bumped on every write, and every write recorded as
+  one watch event at its new version; a PATCH or PUT that carries a `metadata.resourceVersion`
+  that is not the current one answers 409 Conflict (a Lease PUT is how leader election takes
+  and renews a lease);
+* `POST pods/<name>/binding` sets `spec.nodeName` and the PodScheduled condition, merges the
+  Binding's annotations (409 if the pod is already bound or `metadata.uid` names another pod,
+  400 if the Binding's name is not the pod's);
 * errors as `metav1.Status` bodies with the API server's reasons and messages.
 
-Test controls: `inject_fault` (next K matching requests answer status S, a raw body, hang for T
-seconds, or drop the connection), `requests` (a log of every request), and helpers to add, get and
-delete objects as plain dicts. All thread-safe.
+Test controls: `inject_fault` (next K matching requests, watches included, answer status S, a
+raw body, hang for T seconds, or drop the connection), `drop_watches` (cut every open watch
+stream mid-flight), `expire_history` (the next watch from an older version gets 410),
+`requests` (a log of every request), `watch_count`, and helpers to add, get, update and delete
+objects as plain dicts (writes through the helpers emit watch events too). All thread-safe.
 
-Watch is not implemented: `?watch=true` answers 501 from `_serve_watch`, the seam for the
-scheduler issue.
+Stored objects are never changed in place: every write stores a new dict (sharing unchanged
+parts with the old one), so the event history and the watch streams hold references, not
+copies, and serialise them outside the lock.
 """
 
 from __future__ import annotations
@@ -35,6 +54,7 @@ import re
 import secrets
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -62,12 +82,14 @@ class _Resource:
     plural: str
     kind: str
     namespaced: bool
+    api_version: str = "v1"
 
 
 _RESOURCES = {
     "nodes": _Resource("nodes", "Node", namespaced=False),
     "pods": _Resource("pods", "Pod", namespaced=True),
     "events": _Resource("events", "Event", namespaced=True),
+    "leases": _Resource("leases", "Lease", namespaced=True, api_version="coordination.k8s.io/v1"),
 }
 
 # Field selectors the real API server accepts for these resources (a subset).
@@ -94,6 +116,7 @@ _FIELD_SELECTORS: dict[str, frozenset[str]] = {
             "type",
         }
     ),
+    "leases": frozenset({"metadata.name", "metadata.namespace"}),
 }
 
 _ROUTES: list[tuple[re.Pattern[str], str]] = [
@@ -105,6 +128,18 @@ _ROUTES: list[tuple[re.Pattern[str], str]] = [
         "object",
     ),
     (re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/binding"), "binding"),
+    (re.compile(r"/apis/coordination\.k8s\.io/v1/(?P<res>leases)"), "collection"),
+    (
+        re.compile(r"/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/(?P<res>leases)"),
+        "collection",
+    ),
+    (
+        re.compile(
+            r"/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/(?P<res>leases)"
+            r"/(?P<name>[^/]+)"
+        ),
+        "object",
+    ),
 ]
 
 
@@ -122,6 +157,8 @@ class RecordedRequest:
     """Header names in lower case."""
     content_type: str
     body: bytes
+    query_string: str = ""
+    """The raw query (after `?`), as sent."""
 
     def json(self) -> Any:
         """The body decoded as JSON (raises ValueError if it is not JSON)."""
@@ -140,14 +177,16 @@ class Fault:
     headers: dict[str, str] = field(default_factory=dict)
     hang_seconds: float = 0.0
     disconnect: bool = False
+    query: str = ".*"
     fired: int = 0
     """How many requests this rule has answered so far."""
 
-    def _matches(self, method: str, path: str) -> bool:
+    def _matches(self, request: RecordedRequest) -> bool:
         return (
             (self.times is None or self.fired < self.times)
-            and re.fullmatch(self.method, method, re.IGNORECASE) is not None
-            and re.fullmatch(self.path, path) is not None
+            and re.fullmatch(self.method, request.method, re.IGNORECASE) is not None
+            and re.fullmatch(self.path, request.path) is not None
+            and re.fullmatch(self.query, request.query_string) is not None
         )
 
 
@@ -183,6 +222,7 @@ _REASONS = {
     404: "NotFound",
     405: "MethodNotAllowed",
     409: "Conflict",
+    410: "Gone",
     415: "UnsupportedMediaType",
     422: "Invalid",
     429: "TooManyRequests",
@@ -429,16 +469,114 @@ def _label_matches(labels: Mapping[str, str], text: str) -> bool:
     return True
 
 
-# --- the server -------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Selector:
+    """A request's namespace, field selector and label selector, checked once when parsed."""
+
+    namespace: str
+    field_terms: tuple[tuple[str, str, bool], ...]
+    label_text: str
+
+    @classmethod
+    def parse(cls, plural: str, namespace: str, request: RecordedRequest) -> _Selector:
+        field_terms = _parse_field_selector(plural, _query(request, "fieldSelector") or "")
+        label_text = _query(request, "labelSelector") or ""
+        _label_matches({}, label_text)  # a bad selector is a 400 now, not in the middle of a watch
+        return cls(namespace, tuple(field_terms), label_text)
+
+    def matches(self, obj: JsonObject) -> bool:
+        if self.namespace and obj["metadata"].get("namespace") != self.namespace:
+            return False
+        if any((_field_value(obj, k) == v) != eq for k, v, eq in self.field_terms):
+            return False
+        return _label_matches(obj["metadata"].get("labels") or {}, self.label_text)
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    """One write, as the watch cache keeps it. `obj` is the new state (for DELETED the last
+    state at the deletion's version); `previous` the state before (None for ADDED)."""
+
+    resource_version: int
+    plural: str
+    type: str
+    obj: JsonObject
+    previous: JsonObject | None
+
+    def event_for(self, selector: _Selector) -> JsonObject | None:
+        """The event a watcher with `selector` gets for this change (None: nothing), as the
+        watch cache converts it: an object that stops matching is DELETED, at this version."""
+        now = self.type != "DELETED" and selector.matches(self.obj)
+        before = self.previous is not None and selector.matches(self.previous)
+        if now:
+            return {"type": "MODIFIED" if before else "ADDED", "object": self.obj}
+        if before:
+            assert self.previous is not None
+            return {"type": "DELETED", "object": _with_version(self.previous, self.obj)}
+        return None
+
+
+@dataclass(slots=True)
+class _Watch:
+    """One open watch stream: where it is in the history and what it asked for."""
+
+    plural: str
+    selector: _Selector
+    position: int
+    """The last resourceVersion the stream has covered."""
+    deadline: float
+    bookmarks: bool
+    generation: int
+    """`FakeApiServer._drop_generation` when opened; a newer one means "cut"."""
+    next_bookmark: float
+    pending: list[JsonObject] = field(default_factory=list)
+    """Events to send before reading the history (the initial ADDED events, or an ERROR)."""
+    ended: bool = False
+    """Set with an ERROR in `pending`: the stream ends after it."""
+
+
+# Continue tokens kept (oldest dropped first; a dropped token answers 410 like an expired one).
+_MAX_CONTINUE_TOKENS = 100
+
+
+def _with_version(obj: JsonObject, version_source: JsonObject) -> JsonObject:
+    """`obj` with the resourceVersion of `version_source` (new top-level and metadata dicts)."""
+    metadata = dict(obj["metadata"])
+    metadata["resourceVersion"] = version_source["metadata"]["resourceVersion"]
+    return {**obj, "metadata": metadata}
+
+
+def _expired_status(message: str) -> JsonObject:
+    return ApiError(410, "Expired", message).status_body()
 
 
 class FakeApiServer:
-    """In-memory core/v1 API server over real HTTP. Use as a context manager or start()/stop()."""
+    """In-memory API server over real HTTP. Use as a context manager or start()/stop().
 
-    def __init__(self) -> None:
+    `history_size` is how many writes the event history keeps for watches (and continue
+    tokens) to resume from; `bookmark_interval_seconds` how long a watch that allows bookmarks
+    stays silent before it gets one (the real server: about a minute). Both can be changed
+    while serving.
+    """
+
+    def __init__(
+        self, *, history_size: int = 10_000, bookmark_interval_seconds: float = 60.0
+    ) -> None:
+        if history_size < 1:
+            raise ValueError(f"history_size must be >= 1, got {history_size}")
         self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
         self._objects: dict[str, dict[tuple[str, str], JsonObject]] = {r: {} for r in _RESOURCES}
         self._resource_version = 0
+        self._history: list[_Change] = []
+        # Every change with a version above the floor is in _history, in order, with
+        # consecutive versions: _history[i] has version _history_floor + 1 + i.
+        self._history_floor = 0
+        self.history_size = history_size
+        self.bookmark_interval_seconds = bookmark_interval_seconds
+        self._drop_generation = 0
+        self._watches: set[int] = set()
+        self._pages: dict[str, tuple[int, list[JsonObject]]] = {}
         self._faults: list[Fault] = []
         self._requests: list[RecordedRequest] = []
         self._stopping = threading.Event()
@@ -463,11 +601,14 @@ class FakeApiServer:
         return self
 
     def stop(self) -> None:
-        """Stop serving, wake hung requests, drop open connections and join every thread."""
+        """Stop serving, wake hung requests and watches, drop open connections and join every
+        thread."""
         httpd, thread = self._httpd, self._thread
         if httpd is None or thread is None:
             return
         self._stopping.set()
+        with self._lock:
+            self._changed.notify_all()
         httpd.shutdown()
         httpd.close_connections()
         httpd.server_close()
@@ -534,15 +675,18 @@ class FakeApiServer:
         headers: Mapping[str, str] | None = None,
         hang_seconds: float = 0.0,
         disconnect: bool = False,
+        query: str = ".*",
     ) -> Fault:
         """Change the answer to the next `times` requests (None = forever) matching the rule.
 
-        `method` and `path` are regular expressions matched in full (path without the query).
-        The first matching rule wins. Actions, applied in this order:
-        `hang_seconds` waits (cut short by `stop()`); `disconnect` closes the connection with
-        no answer; `status` answers with that code and `body` (default: a metav1.Status);
-        `body` alone answers 200 with that body (raw bytes are sent as they are, e.g. bad JSON).
-        A hang without another action then serves the request normally.
+        `method`, `path` and `query` are regular expressions matched in full (`path` without
+        the query, `query` the raw query string: a watch is a GET of its collection with
+        `watch=true`, e.g. `query=".*watch=true.*"`). The first matching rule wins. Actions,
+        applied in this order: `hang_seconds` waits (cut short by `stop()`); `disconnect`
+        closes the connection with no answer; `status` answers with that code and `body`
+        (default: a metav1.Status); `body` alone answers 200 with that body (raw bytes are
+        sent as they are, e.g. bad JSON). A hang without another action then serves the
+        request normally.
         """
         raw_body = json.dumps(body).encode() if isinstance(body, dict) else body
         fault = Fault(
@@ -554,6 +698,7 @@ class FakeApiServer:
             headers=dict(headers or {}),
             hang_seconds=hang_seconds,
             disconnect=disconnect,
+            query=query,
         )
         with self._lock:
             self._faults.append(fault)
@@ -562,6 +707,28 @@ class FakeApiServer:
     def clear_faults(self) -> None:
         with self._lock:
             self._faults.clear()
+
+    def drop_watches(self) -> None:
+        """Cut every open watch stream at once, without the terminating chunk (a dropped
+        connection, as a restarting API server or a load balancer gives)."""
+        with self._lock:
+            self._drop_generation += 1
+            self._changed.notify_all()
+
+    def expire_history(self) -> None:
+        """Forget the event history and every continue token: a watch from any version older
+        than the current one, or a continue, now answers 410 Expired (etcd compaction)."""
+        with self._lock:
+            self._history.clear()
+            self._history_floor = self._resource_version
+            self._pages.clear()
+            self._changed.notify_all()
+
+    @property
+    def watch_count(self) -> int:
+        """How many watch streams are open now."""
+        with self._lock:
+            return len(self._watches)
 
     @property
     def requests(self) -> list[RecordedRequest]:
@@ -584,7 +751,8 @@ class FakeApiServer:
     # --- object helpers -------------------------------------------------------------------
 
     def add_object(self, obj: Mapping[str, Any]) -> JsonObject:
-        """Store a Node, Pod or Event dict (by `kind`) as if created; returns the stored copy."""
+        """Store a Node, Pod, Event or Lease dict (by `kind`) as if created; returns the stored
+        copy."""
         plural = {r.kind: r.plural for r in _RESOURCES.values()}.get(str(obj.get("kind")))
         if plural is None:
             raise ValueError(f"unsupported kind {obj.get('kind')!r}")
@@ -610,33 +778,55 @@ class FakeApiServer:
         return [self.add_object(doc) for doc in yaml.safe_load_all(text) if doc]
 
     def get_node(self, name: str) -> JsonObject | None:
-        return self._get_copy("nodes", "", name)
+        return self.get_object("nodes", "", name)
 
     def get_pod(self, namespace: str, name: str) -> JsonObject | None:
-        return self._get_copy("pods", namespace, name)
+        return self.get_object("pods", namespace, name)
+
+    def get_lease(self, namespace: str, name: str) -> JsonObject | None:
+        return self.get_object("leases", namespace, name)
+
+    def get_object(self, plural: str, namespace: str, name: str) -> JsonObject | None:
+        """A copy of the stored object, or None (`namespace` is ignored for nodes)."""
+        with self._lock:
+            obj = self._objects[plural].get(self._key(plural, namespace, name))
+            return copy.deepcopy(obj) if obj is not None else None
+
+    def objects(self, plural: str, namespace: str | None = None) -> list[JsonObject]:
+        """Copies of the stored objects of a resource, optionally of one namespace."""
+        with self._lock:
+            return [
+                copy.deepcopy(obj)
+                for (ns, _), obj in self._objects[plural].items()
+                if namespace is None or ns == namespace
+            ]
 
     def delete_pod(self, namespace: str, name: str) -> bool:
+        return self.delete_object("pods", namespace, name)
+
+    def delete_object(self, plural: str, namespace: str, name: str) -> bool:
+        """Delete as another client would (a DELETED watch event); False if it was not there."""
         with self._lock:
-            return self._objects["pods"].pop((namespace, name), None) is not None
+            key = self._key(plural, namespace, name)
+            if key not in self._objects[plural]:
+                return False
+            self._commit(plural, key, "DELETED", None)
+            return True
 
     def update_object(
         self, plural: str, namespace: str, name: str, change: Callable[[JsonObject], None]
     ) -> JsonObject:
-        """Change a stored object in place (as another client would) and bump its version."""
+        """Change a stored object (a copy is passed to `change`, which edits it in place) as
+        another client would: its version is bumped and a MODIFIED watch event sent."""
         with self._lock:
-            obj = self._objects[plural][(namespace if _RESOURCES[plural].namespaced else "", name)]
+            key = self._key(plural, namespace, name)
+            obj = copy.deepcopy(self._objects[plural][key])
             change(obj)
-            obj["metadata"]["resourceVersion"] = self._next_resource_version()
-            return copy.deepcopy(obj)
+            return copy.deepcopy(self._commit(plural, key, "MODIFIED", obj))
 
     def events(self, namespace: str | None = None) -> list[JsonObject]:
         """Stored events, oldest first, optionally of one namespace."""
-        with self._lock:
-            return [
-                copy.deepcopy(e)
-                for (ns, _), e in self._objects["events"].items()
-                if namespace is None or ns == namespace
-            ]
+        return self.objects("events", namespace)
 
     @property
     def resource_version(self) -> int:
@@ -644,10 +834,9 @@ class FakeApiServer:
         with self._lock:
             return self._resource_version
 
-    def _get_copy(self, plural: str, namespace: str, name: str) -> JsonObject | None:
-        with self._lock:
-            obj = self._objects[plural].get((namespace, name))
-            return copy.deepcopy(obj) if obj is not None else None
+    @staticmethod
+    def _key(plural: str, namespace: str, name: str) -> tuple[str, str]:
+        return (namespace if _RESOURCES[plural].namespaced else "", name)
 
     # --- request handling (called from handler threads) ----------------------------------
 
@@ -655,7 +844,7 @@ class FakeApiServer:
         with self._lock:
             self._requests.append(request)
             for fault in self._faults:
-                if fault._matches(request.method, request.path):
+                if fault._matches(request):
                     fault.fired += 1
                     return fault
         return None
@@ -663,30 +852,29 @@ class FakeApiServer:
     def _wait(self, seconds: float) -> None:
         self._stopping.wait(seconds)
 
-    def _handle(self, request: RecordedRequest) -> tuple[int, JsonObject]:
-        """Route one request; returns (status, JSON body). Raises ApiError for failures."""
+    def _route(self, request: RecordedRequest) -> tuple[str, str, str, str | None]:
+        """(route kind, plural, namespace, name). Raises ApiError 404 for an unknown path."""
         for pattern, kind in _ROUTES:
             match = pattern.fullmatch(request.path)
-            if match is None:
-                continue
-            groups = match.groupdict()
-            plural = groups.get("res") or "pods"
-            namespace = groups.get("ns") or ""
-            name = groups.get("name")
-            with self._lock:
-                if kind == "binding":
-                    return self._bind(namespace, str(name), request)
-                if kind == "collection":
-                    return self._collection(plural, namespace, request)
-                return self._object(plural, namespace, str(name), request)
+            if match is not None:
+                groups = match.groupdict()
+                return kind, groups.get("res") or "pods", groups.get("ns") or "", groups.get("name")
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+    def _handle(self, request: RecordedRequest) -> tuple[int, JsonObject]:
+        """Route one request; returns (status, JSON body). Raises ApiError for failures."""
+        kind, plural, namespace, name = self._route(request)
+        with self._lock:
+            if kind == "binding":
+                return self._bind(namespace, str(name), request)
+            if kind == "collection":
+                return self._collection(plural, namespace, request)
+            return self._object(plural, namespace, str(name), request)
 
     def _collection(
         self, plural: str, namespace: str, request: RecordedRequest
     ) -> tuple[int, JsonObject]:
         if request.method == "GET":
-            if _query(request, "watch") in ("true", "1"):
-                return self._serve_watch(plural, namespace, request)
             return 200, self._list(plural, namespace, request)
         if request.method == "POST":
             if _RESOURCES[plural].namespaced and not namespace:
@@ -694,37 +882,33 @@ class FakeApiServer:
             return 201, copy.deepcopy(self._create(plural, namespace, _body_object(request)))
         raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported here")
 
-    def _serve_watch(
-        self, plural: str, namespace: str, request: RecordedRequest
-    ) -> tuple[int, JsonObject]:
-        """Seam for watch support (scheduler issue); not implemented yet."""
-        raise ApiError(501, "NotImplemented", f"watch on {plural} is not implemented by the fake")
-
     def _object(
         self, plural: str, namespace: str, name: str, request: RecordedRequest
     ) -> tuple[int, JsonObject]:
         key = (namespace, name)
-        store = self._objects[plural]
-        obj = store.get(key)
-        if obj is None and request.method != "PUT":
+        obj = self._objects[plural].get(key)
+        if obj is None:
             raise _not_found(plural, name)
         if request.method == "GET":
-            assert obj is not None
             return 200, copy.deepcopy(obj)
         if request.method == "DELETE":
-            del store[key]
-            self._next_resource_version()
-            assert obj is not None
-            return 200, copy.deepcopy(obj)
+            return 200, copy.deepcopy(self._commit(plural, key, "DELETED", None))
         if request.method == "PATCH":
-            assert obj is not None
             patched = self._apply_patch(obj, request)
             self._check_precondition(plural, name, obj, patched)
             return 200, copy.deepcopy(self._store_update(plural, key, obj, patched))
         if request.method == "PUT":
             replacement = _body_object(request)
-            if obj is None:
-                raise _not_found(plural, name)
+            metadata = replacement.get("metadata")
+            if not isinstance(metadata, dict):
+                raise ApiError(400, "BadRequest", "metadata must be an object")
+            if metadata.get("name") not in (None, name):
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    f"the name of the object ({metadata['name']}) does not match the name on "
+                    f"the URL ({name})",
+                )
             self._check_precondition(plural, name, obj, replacement)
             return 200, copy.deepcopy(self._store_update(plural, key, obj, replacement))
         raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported here")
@@ -773,15 +957,17 @@ class FakeApiServer:
     def _store_update(
         self, plural: str, key: tuple[str, str], current: JsonObject, proposed: JsonObject
     ) -> JsonObject:
-        metadata = proposed.setdefault("metadata", {})
+        metadata = dict(proposed.get("metadata") or {})
         for immutable in ("name", "namespace", "uid", "creationTimestamp"):
             if immutable in current["metadata"]:
                 metadata[immutable] = current["metadata"][immutable]
-        proposed["kind"] = current["kind"]
-        proposed["apiVersion"] = current["apiVersion"]
-        metadata["resourceVersion"] = self._next_resource_version()
-        self._objects[plural][key] = proposed
-        return proposed
+        proposed = {
+            **proposed,
+            "kind": current["kind"],
+            "apiVersion": current["apiVersion"],
+            "metadata": metadata,
+        }
+        return self._commit(plural, key, "MODIFIED", proposed)
 
     def _create(self, plural: str, namespace: str, obj: JsonObject) -> JsonObject:
         resource = _RESOURCES[plural]
@@ -815,36 +1001,81 @@ class FakeApiServer:
                 {"name": name, "kind": plural},
             )
         obj["kind"] = resource.kind
-        obj["apiVersion"] = "v1"
+        obj["apiVersion"] = resource.api_version
         metadata["uid"] = str(uuid.uuid4())
         metadata.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
-        metadata["resourceVersion"] = self._next_resource_version()
         if plural == "pods":
             obj.setdefault("status", {}).setdefault("phase", "Pending")
-        self._objects[plural][key] = obj
-        return obj
+        return self._commit(plural, key, "ADDED", obj)
+
+    def _commit(
+        self, plural: str, key: tuple[str, str], change: str, obj: JsonObject | None
+    ) -> JsonObject:
+        """The one place a write happens: bump the version, store (or delete) the object at
+        it, record the change for watches and wake them. Returns the stored object (for a
+        delete, the last state at the deletion's version)."""
+        self._resource_version += 1
+        version = str(self._resource_version)
+        store = self._objects[plural]
+        previous = store.get(key)
+        if change == "DELETED":
+            assert previous is not None
+            stored = {**previous, "metadata": {**previous["metadata"], "resourceVersion": version}}
+            del store[key]
+        else:
+            assert obj is not None
+            stored = {**obj, "metadata": {**obj["metadata"], "resourceVersion": version}}
+            store[key] = stored
+        self._history.append(_Change(self._resource_version, plural, change, stored, previous))
+        excess = len(self._history) - self.history_size
+        if excess > 0:
+            self._history_floor = self._history[excess - 1].resource_version
+            del self._history[:excess]
+        self._changed.notify_all()
+        return stored
 
     def _list(self, plural: str, namespace: str, request: RecordedRequest) -> JsonObject:
-        field_terms = _parse_field_selector(plural, _query(request, "fieldSelector") or "")
-        label_text = _query(request, "labelSelector") or ""
-        items = []
-        for (ns, _), obj in self._objects[plural].items():
-            if namespace and ns != namespace:
-                continue
-            if any((_field_value(obj, k) == v) != eq for k, v, eq in field_terms):
-                continue
-            if not _label_matches(obj["metadata"].get("labels") or {}, label_text):
-                continue
-            item = copy.deepcopy(obj)
-            # The real API server leaves kind/apiVersion off list items.
-            item.pop("kind", None)
-            item.pop("apiVersion", None)
-            items.append(item)
+        selector = _Selector.parse(plural, namespace, request)
+        limit_text = _query(request, "limit") or "0"
+        token = _query(request, "continue")
+        if not limit_text.isdigit():
+            raise ApiError(400, "BadRequest", f"invalid limit {limit_text!r}")
+        limit = int(limit_text)
+        if token:
+            # A continue page is served from the first page's snapshot, at its version.
+            pager = self._pages.get(token)
+            if pager is None:
+                raise ApiError(
+                    410,
+                    "Expired",
+                    "The provided continue parameter is too old to display a consistent list "
+                    "result. You can start a new list without the continue parameter, or use "
+                    "the continue token in this response to retrieve the remainder of the "
+                    "results. Continuing with the provided token results in an inconsistent "
+                    "list - objects that were created, modified, or deleted between the time "
+                    "the first chunk was returned and now may show up in the list.",
+                )
+            version, items = pager
+        else:
+            version = self._resource_version
+            items = [obj for obj in self._objects[plural].values() if selector.matches(obj)]
+        metadata: JsonObject = {"resourceVersion": str(version)}
+        if limit and len(items) > limit:
+            items, rest = items[:limit], items[limit:]
+            token = secrets.token_urlsafe(12)
+            self._pages[token] = (version, rest)
+            for stale in list(self._pages)[:-_MAX_CONTINUE_TOKENS]:
+                del self._pages[stale]
+            metadata["continue"] = token
+            metadata["remainingItemCount"] = len(rest)
         return {
             "kind": f"{_RESOURCES[plural].kind}List",
-            "apiVersion": "v1",
-            "metadata": {"resourceVersion": str(self._resource_version)},
-            "items": items,
+            "apiVersion": _RESOURCES[plural].api_version,
+            "metadata": metadata,
+            # The real API server leaves kind/apiVersion off list items.
+            "items": [
+                {k: v for k, v in obj.items() if k not in ("kind", "apiVersion")} for obj in items
+            ],
         }
 
     def _bind(self, namespace: str, name: str, request: RecordedRequest) -> tuple[int, JsonObject]:
@@ -852,11 +1083,29 @@ class FakeApiServer:
             raise ApiError(405, "MethodNotAllowed", "binding only supports POST")
         binding = _body_object(request)
         target = binding.get("target")
+        metadata = binding.get("metadata") if isinstance(binding.get("metadata"), dict) else {}
+        assert isinstance(metadata, dict)
         if not isinstance(target, dict) or not target.get("name"):
             raise ApiError(422, "Invalid", "Binding.target.name is required")
-        pod = self._objects["pods"].get((namespace, name))
+        if metadata.get("name") not in (None, name):
+            raise ApiError(
+                400,
+                "BadRequest",
+                f"name in URL does not match name in Binding object: {name},{metadata['name']}",
+            )
+        key = (namespace, name)
+        pod = self._objects["pods"].get(key)
         if pod is None:
             raise _not_found("pods", name)
+        uid = metadata.get("uid")
+        if uid and uid != pod["metadata"].get("uid"):
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on pods/binding "{name}": Precondition failed: '
+                f"UID in precondition: {uid}, UID in object meta: {pod['metadata'].get('uid')}",
+                {"name": name, "kind": "pods/binding"},
+            )
         bound = pod.get("spec", {}).get("nodeName")
         if bound:
             raise ApiError(
@@ -866,8 +1115,14 @@ class FakeApiServer:
                 f'assigned to node "{bound}"',
                 {"name": name, "kind": "pods/binding"},
             )
-        pod.setdefault("spec", {})["nodeName"] = str(target["name"])
-        pod["metadata"]["resourceVersion"] = self._next_resource_version()
+        updated = copy.deepcopy(pod)
+        updated.setdefault("spec", {})["nodeName"] = str(target["name"])
+        if isinstance(metadata.get("annotations"), dict):
+            updated["metadata"].setdefault("annotations", {}).update(metadata["annotations"])
+        status = updated.setdefault("status", {})
+        conditions = [c for c in status.get("conditions", []) if c.get("type") != "PodScheduled"]
+        status["conditions"] = [*conditions, {"type": "PodScheduled", "status": "True"}]
+        self._commit("pods", key, "MODIFIED", updated)
         return 201, {
             "kind": "Status",
             "apiVersion": "v1",
@@ -876,9 +1131,96 @@ class FakeApiServer:
             "code": 201,
         }
 
-    def _next_resource_version(self) -> str:
-        self._resource_version += 1
-        return str(self._resource_version)
+    # --- watches --------------------------------------------------------------------------
+
+    def _open_watch(self, request: RecordedRequest) -> _Watch | None:
+        """A `_Watch` for a watch request (None for any other request). Raises ApiError for a
+        bad one (unknown path, bad selector or version)."""
+        if request.method != "GET" or _query(request, "watch") not in ("true", "1"):
+            return None
+        kind, plural, namespace, _ = self._route(request)
+        if kind != "collection":
+            return None
+        selector = _Selector.parse(plural, namespace, request)
+        version_text = _query(request, "resourceVersion") or ""
+        if version_text and not version_text.isdigit():
+            raise ApiError(400, "BadRequest", f"invalid resource version: {version_text!r}")
+        timeout_text = _query(request, "timeoutSeconds") or "1800"
+        if not timeout_text.isdigit():
+            raise ApiError(400, "BadRequest", f"invalid timeoutSeconds {timeout_text!r}")
+        now = time.monotonic()
+        with self._lock:
+            watch = _Watch(
+                plural=plural,
+                selector=selector,
+                position=self._resource_version,
+                deadline=now + int(timeout_text),
+                bookmarks=_query(request, "allowWatchBookmarks") == "true",
+                generation=self._drop_generation,
+                next_bookmark=now + self.bookmark_interval_seconds,
+            )
+            if version_text in ("", "0"):
+                # No version: the current state first, as ADDED events, then changes.
+                watch.pending = [
+                    {"type": "ADDED", "object": obj}
+                    for obj in self._objects[plural].values()
+                    if selector.matches(obj)
+                ]
+            elif int(version_text) < self._history_floor:
+                # As the watch cache: HTTP 200, then one ERROR event with the 410 Status.
+                message = f"too old resource version: {version_text} ({self._history_floor})"
+                watch.pending = [{"type": "ERROR", "object": _expired_status(message)}]
+                watch.ended = True
+            else:
+                watch.position = int(version_text)
+            self._watches.add(id(watch))
+        return watch
+
+    def _close_watch(self, watch: _Watch) -> None:
+        with self._lock:
+            self._watches.discard(id(watch))
+
+    def _next_events(self, watch: _Watch) -> tuple[list[JsonObject], str | None]:
+        """Block until the watch has something to send: (events, end) where end is None (go
+        on), "timeout" (end the stream cleanly), "error" (end it after these events) or
+        "dropped" (cut the connection)."""
+        with self._lock:
+            while True:
+                if self._stopping.is_set() or watch.generation != self._drop_generation:
+                    return [], "dropped"
+                if watch.pending:
+                    events, watch.pending = watch.pending, []
+                    return events, "error" if watch.ended else None
+                if watch.position < self._history_floor:
+                    message = f"too old resource version: {watch.position} ({self._history_floor})"
+                    return [{"type": "ERROR", "object": _expired_status(message)}], "error"
+                events = []
+                for index in range(watch.position - self._history_floor, len(self._history)):
+                    change = self._history[index]
+                    if change.plural == watch.plural:
+                        event = change.event_for(watch.selector)
+                        if event is not None:
+                            events.append(event)
+                watch.position = self._resource_version
+                now = time.monotonic()
+                if events:
+                    watch.next_bookmark = now + self.bookmark_interval_seconds
+                    return events, None
+                if now >= watch.deadline:
+                    return [], "timeout"
+                if watch.bookmarks and now >= watch.next_bookmark:
+                    watch.next_bookmark = now + self.bookmark_interval_seconds
+                    resource = _RESOURCES[watch.plural]
+                    bookmark = {
+                        "kind": resource.kind,
+                        "apiVersion": resource.api_version,
+                        "metadata": {"resourceVersion": str(watch.position)},
+                    }
+                    return [{"type": "BOOKMARK", "object": bookmark}], None
+                wake = watch.deadline
+                if watch.bookmarks:
+                    wake = min(wake, watch.next_bookmark)
+                self._changed.wait(max(0.0, wake - now))
 
 
 def _query(request: RecordedRequest, name: str) -> str | None:
@@ -972,6 +1314,7 @@ class _Handler(BaseHTTPRequestHandler):
             headers={k.lower(): v for k, v in self.headers.items()},
             content_type=(self.headers.get("Content-Type") or "").split(";")[0].strip(),
             body=body,
+            query_string=url.query,
         )
         fault = fake._record(request)
         if fault is not None:
@@ -990,6 +1333,17 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(status, payload, fault.headers)
                 return
         try:
+            watch = fake._open_watch(request)
+        except ApiError as exc:
+            self._send(exc.code, json.dumps(exc.status_body()).encode(), {})
+            return
+        if watch is not None:
+            try:
+                self._stream(watch)
+            finally:
+                fake._close_watch(watch)
+            return
+        try:
             status, answer = fake._handle(request)
         except ApiError as exc:
             status, answer = exc.code, exc.status_body()
@@ -997,6 +1351,35 @@ class _Handler(BaseHTTPRequestHandler):
             logger.exception("fake API server failed on %s %s", request.method, request.path)
             status, answer = 500, ApiError(500, "InternalError", str(exc)).status_body()
         self._send(status, json.dumps(answer).encode(), {})
+
+    def _stream(self, watch: _Watch) -> None:
+        """Serve a watch: chunked newline-delimited JSON events until it ends."""
+        fake = self.server.fake
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            while True:
+                events, end = fake._next_events(watch)
+                # One chunk per event, as the API server flushes them; one write per batch.
+                chunks = []
+                for event in events:
+                    line = json.dumps(event, separators=(",", ":")).encode() + b"\n"
+                    chunks.append(b"%x\r\n%s\r\n" % (len(line), line))
+                if end == "dropped":
+                    break
+                if end is not None:
+                    chunks.append(b"0\r\n\r\n")
+                self.wfile.write(b"".join(chunks))
+                if end is not None:
+                    return
+        except OSError:
+            pass  # the client went away
+        # Dropped: no terminating chunk, the connection cut as a failing server or proxy does.
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
 
     def _send(self, status: int, payload: bytes, headers: Mapping[str, str]) -> None:
         try:
