@@ -7,9 +7,13 @@ decision the scheduler runs, and prints JSON on stdout:
      "scores": {"<node>": <float>}}
 
 Every node of the snapshot is a candidate unless `--nodes` names some; every one is fitted, so
-`failedNodes` and `scores` (fitting nodes only) are complete. `--explain` writes a table to
-stderr (stdout stays JSON). `--repeat N` times N more decisions the way the scheduler makes
-them (stopping at the first fitting node in policy order) and adds `decision_ms`.
+`failedNodes` and `scores` (fitting nodes only) are complete. A node whose device plugin is
+gone by HAMi's CheckHealth (no allocatable `nvidia.com/gpu` and a `Requesting_` handshake 60 s
+old or more) is `node unregistered`; the handshake's age is judged against `--now` (default:
+the wall clock), its text read as UTC, the local time of HAMi's scheduler image. `--explain`
+writes a table to stderr (stdout stays JSON). `--repeat N` times N more decisions the way the
+scheduler makes them (stopping at the first fitting node in policy order) and adds
+`decision_ms`.
 Exit status: 0 the pod fits (or asks no GPU), 2 no node fits, 1 bad input (one line on stderr).
 """
 
@@ -97,7 +101,13 @@ def register(subparsers: Any) -> None:
         help="order GPUs NUMA first for every pod (the design note's order)",
     )
     parser.add_argument(
-        "--now", type=int, metavar="UNIX_SECONDS", help="time written to hami.io/vgpu-time"
+        "--now",
+        type=int,
+        metavar="UNIX_SECONDS",
+        help=(
+            "the dry run's clock (default: now): written to hami.io/vgpu-time, and the age "
+            "of each node's Requesting_ handshake (read as UTC) is judged against it"
+        ),
     )
     parser.set_defaults(func=run)
 
@@ -163,13 +173,16 @@ def _run(args: argparse.Namespace) -> int:
         pod = parse_pod(_read(args.pod), what=args.pod)
     except (AnnotationError, ValueError) as error:
         raise _BadInputError(str(error)) from None
-    ledger = build_ledger(snapshot)
+    try:
+        now = datetime.fromtimestamp(args.now, UTC) if args.now is not None else datetime.now(UTC)
+    except (OverflowError, OSError, ValueError):
+        raise _BadInputError(f"--now {args.now} is not a time this machine can represent") from None
+    ledger = build_ledger(snapshot, now)
     ledger.untrack(pod.key)  # re-scheduling a tracked pod: its old allocation is released
     if args.nodes is not None:
         candidates = [name.strip() for name in args.nodes.split(",") if name.strip()]
     else:
         candidates = [node.name for node in snapshot.nodes]
-    now = datetime.fromtimestamp(args.now, UTC) if args.now is not None else datetime.now(UTC)
 
     result = decide(ledger, pod, candidates, now, settings, exhaustive=True)
     if result.error is not None:
@@ -188,7 +201,10 @@ def _run(args: argparse.Namespace) -> int:
         output["decision_ms"] = _time_decisions(ledger, pod, candidates, now, settings, args.repeat)
     print(json.dumps(output, indent=2), flush=True)
     if args.explain:
-        print(_explain(ledger, pod, candidates, result, settings), file=sys.stderr)
+        from hami_plugin.scheduler.snapshot import unhealthy_nodes
+
+        gone = set(unhealthy_nodes(snapshot, now))
+        print(_explain(ledger, pod, candidates, result, settings, gone), file=sys.stderr)
     if result.node is None and result.requests.wants_gpu:
         return EXIT_NO_FIT
     return EXIT_FITS
@@ -223,6 +239,7 @@ def _explain(
     candidates: list[str],
     result: FilterResult,
     settings: SchedulerSettings,
+    unhealthy: set[str],
 ) -> str:
     from hami_plugin.scheduler.fit import render_failure
     from hami_plugin.scheduler.policy import prefers_higher_score
@@ -253,7 +270,8 @@ def _explain(
         rows.append((name, repr(_shortest_float32(usage.score)), verdict + mark, gpus))
     for name, failure in sorted(result.failed_nodes.items()):
         if ledger.node(name) is None:
-            rows.append((name, "-", render_failure(failure), ""))
+            why = "device plugin gone (handshake expired, no GPU allocatable)"
+            rows.append((name, "-", render_failure(failure), why if name in unhealthy else ""))
     widths = [max(len(row[column]) for row in rows) for column in range(3)]
     lines = [
         f"node policy {node_policy.value} (nodes in the order they are tried), "

@@ -2,20 +2,39 @@
 
 Accepted: a `v1 List` (or `NodeList`/`PodList`) with `items`, a stream of YAML documents
 (`---`-separated objects or lists), or any mix; objects of other kinds are skipped.
+
+The ledger built from a snapshot registers the nodes a HAMi v2.10 scheduler would: a node whose
+device plugin is gone by HAMi's CheckHealth (`scheduler.health`: kubelet reports no
+`nvidia.com/gpu` and the `Requesting_` handshake is at least 60 s old at the time given) is
+left out, so the filter reports it `node unregistered`. The snapshot carries no clock of its
+own: the caller passes the time to judge by.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import yaml
 
+from hami_plugin.model import ANNOTATION_NODE_HANDSHAKE
+from hami_plugin.scheduler.health import check_node_health
 from hami_plugin.scheduler.ledger import Ledger
 from hami_plugin.scheduler.objects import NodeInfo, ObjectError, PodInfo, read_node, read_pod
 
-__all__ = ["ClusterSnapshot", "SnapshotError", "build_ledger", "parse_pod", "parse_snapshot"]
+__all__ = [
+    "ClusterSnapshot",
+    "SnapshotError",
+    "build_ledger",
+    "parse_pod",
+    "parse_snapshot",
+    "unhealthy_nodes",
+]
+
+logger = logging.getLogger(__name__)
 
 _Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -82,10 +101,27 @@ def parse_pod(text: str, what: str = "pod") -> PodInfo:
         raise SnapshotError(f"{what}: {error}") from None
 
 
-def build_ledger(snapshot: ClusterSnapshot) -> Ledger:
-    """A ledger holding the snapshot's nodes and pods, as a scheduler's informers would."""
+def unhealthy_nodes(snapshot: ClusterSnapshot, now: datetime) -> tuple[str, ...]:
+    """The nodes HAMi's CheckHealth finds unhealthy at `now`, judged as a scheduler that has
+    not seen them before judges (`check_node_health`), in snapshot order."""
+    return tuple(node.name for node in snapshot.nodes if not check_node_health(node, now).healthy)
+
+
+def build_ledger(snapshot: ClusterSnapshot, now: datetime) -> Ledger:
+    """A ledger holding the snapshot's nodes and pods, as a scheduler's informers would, less
+    the nodes unhealthy at `now` (`unhealthy_nodes`; each logged). Pods on such a node stay
+    tracked, as HAMi keeps them."""
+    unhealthy = set(unhealthy_nodes(snapshot, now))
     ledger = Ledger()
     for node in snapshot.nodes:
+        if node.name in unhealthy:
+            logger.info(
+                "node %s not registered: no nvidia.com/gpu allocatable and handshake %r is "
+                "60 s old or more",
+                node.name,
+                node.annotations.get(ANNOTATION_NODE_HANDSHAKE),
+            )
+            continue
         ledger.update_node(node)
     for pod in snapshot.pods:
         ledger.update_pod(pod)

@@ -20,12 +20,15 @@ T4_FAILURE = "1/2 CardCordoned, 1/2 CardNotHealth"
 
 
 def schedule(
-    capsys: pytest.CaptureFixture[str], pod: str, *extra: str, snapshot: str = CLUSTER
+    capsys: pytest.CaptureFixture[str],
+    pod: str,
+    *extra: str,
+    snapshot: str = CLUSTER,
+    now: str | None = "1741083600",  # 2025-03-04 10:20:00 UTC
 ) -> tuple[int, dict[str, Any], str]:
     pod_path = pod if "/" in pod else str(FIXTURES / pod)
-    code = main(
-        ["schedule", "--snapshot", snapshot, "--pod", pod_path, "--now", "1741083600", *extra]
-    )
+    clock = ["--now", now] if now is not None else []
+    code = main(["schedule", "--snapshot", snapshot, "--pod", pod_path, *clock, *extra])
     captured = capsys.readouterr()
     output = json.loads(captured.out) if captured.out else {}
     return code, output, captured.err
@@ -101,6 +104,59 @@ def test_failure_strings_count_the_gpus_picked(
     code, output, _ = schedule(capsys, pod, *extra, snapshot=A100X8)
     assert code == 2
     assert output["failedNodes"] == {"gpu-a100x8-0": expected}
+
+
+HANDSHAKE = str(FIXTURES / "handshake.yaml")
+HEALTHY = ["gpu-live-0", "gpu-new-0", "gpu-waiting-0"]
+
+
+def test_nodes_whose_device_plugin_is_gone_are_unregistered(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 7 part 3: HAMi v2.10 CheckHealth; --now 1741083600 is 2025-03-04 10:20:00 UTC."""
+    code, output, _ = schedule(capsys, "pod-small.yaml", snapshot=HANDSHAKE)
+    assert code == 0
+    assert output["failedNodes"] == {
+        "gpu-gone-0": "node unregistered",
+        "gpu-zero-0": "node unregistered",
+    }
+    assert sorted(output["scores"]) == HEALTHY
+
+
+@pytest.mark.parametrize(
+    ("now", "unregistered"),
+    [
+        ("1741083361", []),  # 10:16:01, 59 s after the 10:15:02 handshakes
+        ("1741083362", ["gpu-gone-0", "gpu-zero-0"]),  # 60 s after: expired
+        ("1741083630", ["gpu-gone-0", "gpu-waiting-0", "gpu-zero-0"]),  # 10:20:30
+    ],
+)
+def test_the_handshake_age_is_judged_against_now(
+    capsys: pytest.CaptureFixture[str], now: str, unregistered: list[str]
+) -> None:
+    code, output, _ = schedule(capsys, "pod-small.yaml", snapshot=HANDSHAKE, now=now)
+    assert code == 0
+    assert sorted(output["failedNodes"]) == unregistered
+    assert set(output["failedNodes"].values()) <= {"node unregistered"}
+
+
+def test_without_now_the_handshake_age_is_judged_against_the_wall_clock(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # every handshake of the fixture was written in March 2025, long before any run of this
+    code, output, _ = schedule(capsys, "pod-small.yaml", snapshot=HANDSHAKE, now=None)
+    assert code == 0
+    assert sorted(output["failedNodes"]) == ["gpu-gone-0", "gpu-waiting-0", "gpu-zero-0"]
+    assert output["node"] in ("gpu-live-0", "gpu-new-0")
+
+
+def test_explain_says_why_a_node_is_unregistered(capsys: pytest.CaptureFixture[str]) -> None:
+    _, _, err = schedule(capsys, "pod-small.yaml", "--explain", snapshot=HANDSHAKE)
+    gone = [line for line in err.splitlines() if line.startswith("gpu-gone-0")]
+    assert gone == [
+        "gpu-gone-0     -      node unregistered  "
+        "device plugin gone (handshake expired, no GPU allocatable)"
+    ]
 
 
 def test_init_container_pod(capsys: pytest.CaptureFixture[str]) -> None:
@@ -190,6 +246,7 @@ def test_rescheduling_a_tracked_pod_releases_its_old_allocation(
         (["--gpu-policy", "bogus"], "--gpu-policy: unknown GPU scheduler policy"),
         (["--node-policy", "fill"], "--node-policy: unknown node scheduler policy"),
         (["--repeat", "-1"], "--repeat must not be negative"),
+        (["--now", "99999999999999"], "--now 99999999999999 is not a time"),
         (["--memory-factor", "0"], "memory_factor must be at least 1"),
         (
             ["--pod", str(FIXTURES / "pod-bad-policy.yaml")],

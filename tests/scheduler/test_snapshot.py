@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
-from hami_plugin.scheduler.snapshot import SnapshotError, build_ledger, parse_pod, parse_snapshot
+from hami_plugin.scheduler.snapshot import (
+    SnapshotError,
+    build_ledger,
+    parse_pod,
+    parse_snapshot,
+    unhealthy_nodes,
+)
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "scheduler"
+NOW = datetime(2025, 3, 4, 10, 20, 0, tzinfo=UTC)  # the fixtures' --now 1741083600
 
 
 def test_kubectl_list_fixture() -> None:
@@ -21,7 +29,7 @@ def test_kubectl_list_fixture() -> None:
         "cpu-0",
     ]
     assert len(snapshot.pods) == 6
-    ledger = build_ledger(snapshot)
+    ledger = build_ledger(snapshot, NOW)
     assert ledger.node_names() == ["gpu-a100-0", "gpu-t4-0", "gpu-v100-0"]
     # the Succeeded pod released its GPU; the running ones are booked
     assert ledger.tracked("ml/nightly-eval-9tq4m") is None
@@ -64,7 +72,7 @@ metadata: {{name: ignored}}
     snapshot = parse_snapshot(text)
     assert [n.name for n in snapshot.nodes] == ["n1"]
     assert [p.key for p in snapshot.pods] == ["ns/p"]
-    node = build_ledger(snapshot).node("n1")
+    node = build_ledger(snapshot, NOW).node("n1")
     assert node is not None and node.used_memory_mib == (100,)
 
 
@@ -92,3 +100,53 @@ def test_parse_pod() -> None:
         parse_pod("kind: Node\nmetadata: {name: a}\n")
     with pytest.raises(SnapshotError, match="expected one pod, found 0 objects"):
         parse_pod("")
+
+
+def test_nodes_whose_device_plugin_is_gone_are_not_registered() -> None:
+    """HAMi v2.10 CheckHealth (reference 1.6, 3.2): no allocatable nvidia.com/gpu and a
+    Requesting_ handshake 60 s old or more at the time given."""
+    snapshot = parse_snapshot((FIXTURES / "handshake.yaml").read_text())
+    assert unhealthy_nodes(snapshot, NOW) == ("gpu-gone-0", "gpu-zero-0")
+    ledger = build_ledger(snapshot, NOW)
+    assert ledger.node_names() == ["gpu-live-0", "gpu-new-0", "gpu-waiting-0"]
+    # the same handshakes judged earlier: 59 s after 10:15:02 nobody is gone yet, 60 s after
+    # both are (HAMi: healthy while now is before t + 60 s)
+    written = datetime(2025, 3, 4, 10, 15, 2, tzinfo=UTC)
+    assert unhealthy_nodes(snapshot, written + timedelta(seconds=59)) == ()
+    assert len(build_ledger(snapshot, written + timedelta(seconds=59))) == 5
+    assert unhealthy_nodes(snapshot, written + timedelta(seconds=60)) == (
+        "gpu-gone-0",
+        "gpu-zero-0",
+    )
+    # an hour later the 10:19:30 handshake has expired too
+    assert unhealthy_nodes(snapshot, NOW + timedelta(hours=1)) == (
+        "gpu-gone-0",
+        "gpu-zero-0",
+        "gpu-waiting-0",
+    )
+    # the handshake text is read in the zone of the time given (10:20 UTC is 11:20 at +01:00)
+    plus_one = NOW.astimezone(timezone(timedelta(hours=1)))
+    assert unhealthy_nodes(snapshot, plus_one) == (
+        "gpu-gone-0",
+        "gpu-zero-0",
+        "gpu-waiting-0",
+    )
+
+
+def test_pods_on_an_unregistered_node_stay_tracked() -> None:
+    text = f"""
+kind: List
+items:
+- kind: Node
+  metadata:
+    name: n1
+    annotations:
+      hami.io/node-nvidia-register: '{REGISTER}'
+      hami.io/node-handshake: Requesting_2025-03-04 10:00:00
+- kind: Pod
+  metadata: {{name: p, namespace: ns, annotations: {ALLOCATED}}}
+"""
+    ledger = build_ledger(parse_snapshot(text), NOW)
+    assert len(ledger) == 0
+    tracked = ledger.tracked("ns/p")
+    assert tracked is not None and tracked.node == "n1"
