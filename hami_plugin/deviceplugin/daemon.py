@@ -133,6 +133,7 @@ class DevicePluginDaemon:
         from hami_plugin.deviceplugin.nvml import NvmlError
         from hami_plugin.deviceplugin.register import RegisterPublisher
         from hami_plugin.deviceplugin.server import DeviceBoard, DevicePluginService, PodAllocator
+        from hami_plugin.inflight import ALLOCATE_PROTOCOL, ANNOTATION_ALLOCATE_PROTOCOL
         from hami_plugin.k8s import KubeClient, KubeError
         from hami_plugin.metrics.node import start_device_plugin_metrics
 
@@ -181,6 +182,8 @@ class DevicePluginDaemon:
             settings.node_name,
             self._register_value,
             interval_seconds=settings.register_interval_seconds,
+            # Our Allocate tells several in-flight pods apart: the scheduler may skip HAMi's lock.
+            also_annotate={ANNOTATION_ALLOCATE_PROTOCOL: ALLOCATE_PROTOCOL},
         )
         try:
             registrar.start()
@@ -201,6 +204,7 @@ class DevicePluginDaemon:
                 self.metrics.stop()
             registrar.stop()
             publisher.stop()
+            publisher.withdraw()  # bounded; the scheduler falls back to HAMi's node lock
             health.stop()
             board.close()
             if owned_kube is not None:

@@ -7,10 +7,16 @@ the value again if the node lost it (a Node object deleted and re-created by kub
 without annotations, and HAMi's scheduler would then never see this node's GPUs again). API
 failures are logged once per outage and retried at the next round (5 s after an error, as HAMi
 does, or sooner when the interval is shorter); they never stop the daemon.
+
+Annotations that describe this plugin rather than the GPUs (`also_annotate`: our device plugin
+passes `hami-plugin.io/allocate-protocol: in-flight/v1`, see `hami_plugin.inflight`) travel in
+the same patch, are checked and re-written like the register value, and are removed by
+`withdraw()` on a clean shutdown, so a node whose plugin is gone stops claiming them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -21,6 +27,8 @@ from hami_plugin.model import ANNOTATION_NODE_REGISTER
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_ERROR_SECONDS = 5.0
+WITHDRAW_BUDGET_SECONDS = 5.0
+"""All API calls of `withdraw()`: shutdown must not wait on a hanging API server."""
 
 
 class NodeWithAnnotations(Protocol):
@@ -45,7 +53,8 @@ class RegisterPublisher:
     """Writes the register annotation whenever `build_value()` returns a new string.
 
     `build_value` returns the encoded device list (`codec.encode_node_devices`); an exception
-    from it is logged and the round skipped.
+    from it is logged and the round skipped. `also_annotate` goes out in every patch and is
+    written again when the node lost it.
     """
 
     def __init__(
@@ -55,11 +64,13 @@ class RegisterPublisher:
         build_value: Callable[[], str],
         *,
         interval_seconds: float = 30.0,
+        also_annotate: Mapping[str, str] | None = None,
     ) -> None:
         self._kube = kube
         self._node_name = node_name
         self._build_value = build_value
         self._interval = interval_seconds
+        self._also = dict(also_annotate or {})
         self._last_written: str | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -78,17 +89,19 @@ class RegisterPublisher:
         except Exception:
             logger.exception("cannot build the node register annotation")
             return False
+        wanted = {ANNOTATION_NODE_REGISTER: value, **self._also}
         try:
             if value == self._last_written:
                 node = self._kube.get_node(self._node_name)
-                if node.annotations.get(ANNOTATION_NODE_REGISTER) == value:
+                lost = sorted(k for k, v in wanted.items() if node.annotations.get(k) != v)
+                if not lost:
                     return self._recovered()
                 logger.warning(
-                    "node %s: %s is missing or changed on the node; writing it again",
+                    "node %s: %s missing or changed on the node; writing again",
                     self._node_name,
-                    ANNOTATION_NODE_REGISTER,
+                    ", ".join(lost),
                 )
-            self._kube.patch_node_annotations(self._node_name, {ANNOTATION_NODE_REGISTER: value})
+            self._kube.patch_node_annotations(self._node_name, wanted)
         except Exception as error:
             if not self._failing:
                 logger.warning(
@@ -108,6 +121,27 @@ class RegisterPublisher:
         if self._failing:
             logger.info("node %s: register annotation up to date again", self._node_name)
         self._failing = False
+        return True
+
+    def withdraw(self, budget_seconds: float = WITHDRAW_BUDGET_SECONDS) -> bool:
+        """Remove the `also_annotate` keys from the node (call after `stop()`), within
+        `budget_seconds` of API time when the client supports deadlines. Best effort: a
+        failure is logged and False returned, never raised. The register value stays (HAMi's
+        scheduler judges the node by it and its handshake)."""
+        if not self._also:
+            return True
+        deadline: Callable[[float], contextlib.AbstractContextManager[object]] | None = getattr(
+            self._kube, "deadline", None
+        )
+        try:
+            with deadline(budget_seconds) if deadline is not None else contextlib.nullcontext():
+                self._kube.patch_node_annotations(self._node_name, dict.fromkeys(self._also, None))
+        except Exception as error:
+            logger.warning(
+                "node %s: %s not removed (%s)", self._node_name, ", ".join(self._also), error
+            )
+            return False
+        logger.info("node %s: removed %s", self._node_name, ", ".join(self._also))
         return True
 
     def poke(self) -> None:

@@ -22,6 +22,7 @@ import yaml
 from hami_plugin import codec
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
+from hami_plugin.inflight import ANNOTATION_ALLOCATE_PROTOCOL
 from hami_plugin.k8s import KubeClient
 from hami_plugin.model import (
     ANNOTATION_BIND_PHASE,
@@ -68,6 +69,7 @@ class Running:
     apiserver: FakeApiServer
     gpus_file: Path
     hook_path: str
+    thread: threading.Thread
 
 
 @pytest.fixture
@@ -96,7 +98,7 @@ def running(
     thread.start()
     try:
         assert daemon.started.wait(10)
-        yield Running(daemon, kubelet, apiserver, gpus_file, hook)
+        yield Running(daemon, kubelet, apiserver, gpus_file, hook, thread)
     finally:
         daemon.stop()
         thread.join(10)
@@ -203,6 +205,29 @@ def test_end_to_end_from_scheduler_annotations_to_bind_success(running: Running)
     node = apiserver.get_node(NODE)
     assert node is not None
     assert ANNOTATION_NODE_LOCK not in node["metadata"]["annotations"]
+
+
+def node_annotation(apiserver: FakeApiServer, key: str) -> str | None:
+    node = apiserver.get_node(NODE)
+    assert node is not None
+    value = node["metadata"]["annotations"].get(key)
+    return None if value is None else str(value)
+
+
+def test_the_in_flight_protocol_is_claimed_while_serving_and_withdrawn_on_stop(
+    running: Running,
+) -> None:
+    apiserver = running.apiserver
+    wait_until(lambda: node_annotation(apiserver, ANNOTATION_ALLOCATE_PROTOCOL) == "in-flight/v1")
+    # Lost (a Node object re-created, someone's edit): the next round writes it again.
+    apiserver.update_object(
+        "nodes", "", NODE, lambda n: n["metadata"]["annotations"].pop(ANNOTATION_ALLOCATE_PROTOCOL)
+    )
+    wait_until(lambda: node_annotation(apiserver, ANNOTATION_ALLOCATE_PROTOCOL) is not None)
+    running.daemon.stop()
+    running.thread.join(10)
+    assert node_annotation(apiserver, ANNOTATION_ALLOCATE_PROTOCOL) is None
+    assert node_annotation(apiserver, ANNOTATION_NODE_REGISTER) is not None
 
 
 def test_a_bad_pod_fails_while_the_daemon_keeps_serving(running: Running) -> None:
@@ -318,6 +343,9 @@ def test_sigterm_stops_serving_removes_the_socket_and_exits_zero(
         assert code == 0, output
         assert not os.path.exists(os.path.join(sock_dir, "nvidia-gpu.sock"))
         assert "received SIGTERM" in output
+        node = apiserver.get_node(NODE)
+        assert node is not None
+        assert ANNOTATION_ALLOCATE_PROTOCOL not in node["metadata"]["annotations"]
         assert kubelet.latest().stream_ended.wait(5)
 
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from hami_plugin.deviceplugin.register import RegisterPublisher
+from hami_plugin.inflight import ALLOCATE_PROTOCOL, ANNOTATION_ALLOCATE_PROTOCOL
 from hami_plugin.k8s import KubeClient
 from hami_plugin.model import ANNOTATION_NODE_REGISTER
 from hami_plugin.testing.apiserver import FakeApiServer
@@ -89,3 +90,69 @@ def test_poke_publishes_at_once(
             break
         done.wait(0.02)
     assert annotation(apiserver) == "[1,2]"
+
+
+# --- the in-flight protocol mark ----------------------------------------------------------------
+
+PROTOCOL = {ANNOTATION_ALLOCATE_PROTOCOL: ALLOCATE_PROTOCOL}
+
+
+def node_annotations(apiserver: FakeApiServer) -> dict[str, str]:
+    stored = apiserver.get_node(NODE)
+    assert stored is not None
+    return dict(stored["metadata"]["annotations"])
+
+
+def test_the_protocol_mark_goes_out_with_the_register_value(
+    apiserver: FakeApiServer, kube: KubeClient
+) -> None:
+    publisher = RegisterPublisher(kube, NODE, lambda: "[1]", also_annotate=PROTOCOL)
+    assert publisher.publish_once()
+    assert patches(apiserver) == [
+        {"metadata": {"annotations": {ANNOTATION_NODE_REGISTER: "[1]", **PROTOCOL}}}
+    ]
+    assert node_annotations(apiserver)[ANNOTATION_ALLOCATE_PROTOCOL] == "in-flight/v1"
+
+
+def test_a_lost_protocol_mark_is_written_again(apiserver: FakeApiServer, kube: KubeClient) -> None:
+    publisher = RegisterPublisher(kube, NODE, lambda: "[1]", also_annotate=PROTOCOL)
+    assert publisher.publish_once()
+    assert publisher.publish_once()
+    assert len(patches(apiserver)) == 1  # unchanged: read, not written
+    apiserver.update_object(
+        "nodes", "", NODE, lambda n: n["metadata"]["annotations"].pop(ANNOTATION_ALLOCATE_PROTOCOL)
+    )
+    assert publisher.publish_once()
+    assert len(patches(apiserver)) == 2
+    assert node_annotations(apiserver)[ANNOTATION_ALLOCATE_PROTOCOL] == ALLOCATE_PROTOCOL
+
+
+def test_withdraw_removes_the_mark_and_keeps_the_register_value(
+    apiserver: FakeApiServer, kube: KubeClient
+) -> None:
+    publisher = RegisterPublisher(kube, NODE, lambda: "[1]", also_annotate=PROTOCOL)
+    assert publisher.publish_once()
+    assert publisher.withdraw()
+    annotations = node_annotations(apiserver)
+    assert ANNOTATION_ALLOCATE_PROTOCOL not in annotations
+    assert annotations[ANNOTATION_NODE_REGISTER] == "[1]"
+    assert patches(apiserver)[-1] == {
+        "metadata": {"annotations": {ANNOTATION_ALLOCATE_PROTOCOL: None}}
+    }
+
+
+def test_withdraw_gives_up_within_its_budget_when_the_api_server_hangs(
+    apiserver: FakeApiServer, kube: KubeClient
+) -> None:
+    publisher = RegisterPublisher(kube, NODE, lambda: "[1]", also_annotate=PROTOCOL)
+    assert publisher.publish_once()
+    apiserver.inject_fault("PATCH", hang_seconds=30, times=None)
+    assert not publisher.withdraw(budget_seconds=0.3)
+    apiserver.clear_faults()
+    assert ANNOTATION_ALLOCATE_PROTOCOL in node_annotations(apiserver)
+
+
+def test_without_a_mark_withdraw_sends_nothing(apiserver: FakeApiServer, kube: KubeClient) -> None:
+    publisher = RegisterPublisher(kube, NODE, lambda: "[1]")
+    assert publisher.withdraw()
+    assert patches(apiserver) == []
