@@ -893,8 +893,9 @@ class KubeClient:
         """WATCH a collection from `resource_version` ("" or "0": the current state first, as
         ADDED events), with bookmarks, for at most `timeout_seconds` (asked of the server).
 
-        The request is sent (and retried like any call) on the first `next()`; events are read
-        as they arrive. The iterator ends when the server ends the stream, when the connection
+        The request is sent (and retried like any call, each attempt waiting at most the retry
+        policy's timeout for the answer's headers) on the first `next()`; events are read as
+        they arrive. The iterator ends when the server ends the stream, when the connection
         drops or stays silent for `read_timeout_seconds`, past `timeout_seconds +
         read_timeout_seconds` in any case, and when `stop` is set (a blocked read is woken).
         Resume from the last event's resourceVersion. Raises Gone (HTTP 410 or an ERROR event
@@ -915,9 +916,15 @@ class KubeClient:
             query.append(("fieldSelector", field_selector))
         request = _Request("GET", path, query=tuple(query))
         end = self._clock() + timeout_seconds + read_timeout_seconds
-        response = self._with_retries(
-            what, lambda timeout: self._send(request, (timeout, read_timeout_seconds))
-        )
+
+        def open_stream(timeout: float) -> urllib3.BaseHTTPResponse:
+            response = self._send(request, (timeout, timeout))
+            # The headers came within the call's timeout; events may be far apart.
+            if response.connection is not None:
+                response.connection.timeout = read_timeout_seconds
+            return response
+
+        response = self._with_retries(what, open_stream, stop)
         guard = _StopGuard(stop, response) if stop is not None else None
         finished = False
         try:
@@ -1090,11 +1097,17 @@ class KubeClient:
             what, lambda timeout: decode(_read_object(self._send(request, timeout)))
         )
 
-    def _with_retries(self, what: str, attempt: Callable[[float], _T]) -> _T:
+    def _with_retries(
+        self,
+        what: str,
+        attempt: Callable[[float], _T],
+        stop: threading.Event | None = None,
+    ) -> _T:
         """Run `attempt(timeout_seconds)` with retries, its failures translated.
 
         Raises NotFound, Conflict, Gone, KubeError at once and Retryable after the last
-        attempt, or as soon as the thread's `deadline()` budget does not allow another one.
+        attempt, as soon as the thread's `deadline()` budget does not allow another one, or
+        when `stop` is set during a backoff.
         """
         retry = 0
         while True:
@@ -1124,7 +1137,12 @@ class KubeClient:
                         exc.status,
                     ) from exc.__cause__
                 logger.debug("%s; retry %d in %.3f s", exc, retry, delay)
-                self._sleep(delay)
+                if stop is None:
+                    self._sleep(delay)
+                elif stop.wait(delay):
+                    raise Retryable(f"{exc} (stopped after {retry} attempts)", exc.status) from (
+                        exc.__cause__
+                    )
 
 
 class _StopGuard:
