@@ -48,6 +48,7 @@ __all__ = [
     "lock_value",
     "parse_go_duration",
     "releasable_by",
+    "stale_lock",
 ]
 
 CONTENTION_SUFFIX = "node lock contention"
@@ -133,6 +134,43 @@ def decide_lock(
                 f"node {node}: lock of deleted pod {lock.namespace}/{lock.pod_name} taken over",
             )
     return LockDecision(LockAction.CONTENTION, lock, message=contention_message(node, timeout))
+
+
+def stale_lock(
+    node: str,
+    value: str,
+    now: datetime,
+    timeout: timedelta,
+    owner_exists: bool | None = None,
+) -> LockDecision:
+    """The recovery loop's view of a held lock, with no pod asking for it: TAKE_OVER (release
+    it) when it is older than `timeout` or its owner pod is gone, CHECK_OWNER when the answer
+    depends on the owner, else CONTENTION (leave it). An unreadable lock is left to the next
+    bind on the node, which takes it over (TAKE_OVER, MALFORMED)."""
+    try:
+        lock = parse_node_lock(value)
+    except AnnotationError as error:
+        return LockDecision(
+            LockAction.TAKE_OVER, reason=TakeoverReason.MALFORMED, message=str(error)
+        )
+    if now - lock.time > timeout:
+        return LockDecision(
+            LockAction.TAKE_OVER,
+            lock,
+            TakeoverReason.EXPIRED,
+            f"node {node}: lock {value!r} older than {format_go_duration(timeout)} released",
+        )
+    if lock.namespace and lock.pod_name:
+        if owner_exists is None:
+            return LockDecision(LockAction.CHECK_OWNER, lock)
+        if not owner_exists:
+            return LockDecision(
+                LockAction.TAKE_OVER,
+                lock,
+                TakeoverReason.OWNER_GONE,
+                f"node {node}: lock of deleted pod {lock.namespace}/{lock.pod_name} released",
+            )
+    return LockDecision(LockAction.CONTENTION, lock)
 
 
 def contention_message(node: str, timeout: timedelta) -> str:

@@ -1,0 +1,448 @@
+"""`/bind`: the pod's booking written in one patch, then the Binding; any failure rolled back.
+
+Steps for `ExtenderBindingArgs{PodName, PodNamespace, PodUID, Node}`:
+
+1. The pod: from the watch's store, else one GET (a LIST by name, so the full pod comes back).
+   A pod already bound to that node answers success (a retried bind); bound elsewhere, being
+   deleted, or another pod of that name (UID differs): Error.
+2. The booking: the one filter made on that node (`SchedulerState.plan_bind`), else the pod is
+   decided again on that node alone (expired booking, another node, a restarted scheduler).
+3. Serialise with other allocations of the node:
+   * node with `hami-plugin.io/allocate-protocol: in-flight/v1` (our device plugin): wait until
+     `inflight.must_wait_for` finds no in-flight pod that kubelet's Allocate could confuse with
+     this one, then count it in flight. No node lock, so a burst binds concurrently;
+   * any other node (HAMi's device plugin): HAMi's node lock `hami.io/mutex.lock` through the
+     API (GET node, decide with `scheduler.nodelock`, merge patch with the node's
+     resourceVersion; a stale lock is replaced in that same patch). A lock held by a live pod
+     is waited for (woken by the node watch), HAMi only waits for pod-group members.
+   Both waits end after `--node-lock-retry-timeout` (28 s, below kube-scheduler's 30 s).
+4. ONE pod merge patch with the pod's resourceVersion as precondition: `hami.io/vgpu-node`,
+   `hami.io/vgpu-time`, `hami.io/vgpu-devices-to-allocate`, `hami.io/vgpu-devices-allocated`,
+   `hami.io/bind-phase: allocating`, `hami.io/bind-time` and the label `hami.io/vgpu-node`
+   (a Conflict re-reads the pod and tries once more). The device plugin finds all of it before
+   kubelet can call Allocate, which only happens after step 5.
+5. The Binding (`pods/<name>/binding`, with the pod's UID as precondition).
+
+On failure after step 2 everything is undone: the patch is reverted (the booking annotations
+and label removed, `bind-phase: failed` left as the record of the attempt; with the patched
+resourceVersion as precondition, so if the Binding did happen after all the revert conflicts,
+the pod is found bound and the bind counts as done), the lock released if we took it, the
+booking freed, a Warning event `BindingFailed`, and the answer is the error. Removing the
+annotations (rather than only marking the attempt failed) is the safer rollback: no reader of
+them, our ledger, HAMi's scheduler, HAMi's monitor listing pods by the label, can count GPUs
+that nothing holds any more.
+
+Binds run concurrently (kube-scheduler sends up to 16 at once); the state lock is never held
+across an API call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from datetime import timedelta
+from typing import Protocol
+
+from hami_plugin.extender.state import BindPlan, PodEvent, SchedulerState
+from hami_plugin.k8s import (
+    Conflict,
+    KubeError,
+    NodeRecord,
+    NotFound,
+    ObjectList,
+    PodRecord,
+)
+from hami_plugin.model import (
+    ANNOTATION_BIND_PHASE,
+    ANNOTATION_BIND_TIME,
+    ANNOTATION_DEVICES_ALLOCATED,
+    ANNOTATION_DEVICES_TO_ALLOCATE,
+    ANNOTATION_NODE_LOCK,
+    ANNOTATION_VGPU_NODE,
+    ANNOTATION_VGPU_TIME,
+    LABEL_VGPU_NODE,
+    BindPhase,
+)
+from hami_plugin.scheduler.nodelock import (
+    LockAction,
+    decide_lock,
+    lock_value,
+    releasable_by,
+)
+from hami_plugin.scheduler.objects import ObjectError, PodInfo, read_pod
+
+__all__ = ["BindApi", "Binder", "release_node_lock"]
+
+logger = logging.getLogger(__name__)
+
+_CONFLICT_RETRIES = 3
+_ROLLBACK_BUDGET_SECONDS = 5.0
+_API_BUDGET_SECONDS = 10.0
+"""Time the API calls after the wait (patch, Binding) may take together."""
+
+
+class BindApi(Protocol):
+    """The API calls of bind and recovery (`hami_plugin.k8s.KubeClient` provides them)."""
+
+    def get_node(self, name: str) -> NodeRecord: ...
+
+    def patch_node_annotations(
+        self,
+        name: str,
+        annotations: Mapping[str, str | None],
+        resource_version: str | None = None,
+    ) -> NodeRecord: ...
+
+    def patch_pod_metadata(
+        self,
+        namespace: str,
+        name: str,
+        annotations: Mapping[str, str | None],
+        labels: Mapping[str, str | None] | None = None,
+        resource_version: str | None = None,
+    ) -> PodRecord: ...
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+    def list_objects(
+        self,
+        path: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = 500,
+    ) -> ObjectList: ...
+
+    def deadline(self, seconds: float) -> AbstractContextManager[None]: ...
+
+
+class BindError(Exception):
+    """A bind step failed; the message is the answer's `Error`."""
+
+
+def fetch_pod(api: BindApi, namespace: str, name: str) -> PodInfo | None:
+    """The pod as the API server has it now (None when it does not exist). Read through a LIST
+    by name: the full object, which `KubeClient.get_pod`'s record does not keep. Raises
+    KubeError when the server cannot answer."""
+    listed = api.list_objects(
+        f"/api/v1/namespaces/{namespace}/pods",
+        field_selector=f"metadata.name={name}",
+        page_size=0,
+    )
+    for item in listed.items:
+        try:
+            return read_pod(item)
+        except ObjectError as error:
+            raise KubeError(f"pod {namespace}/{name} unreadable: {error}") from error
+    return None
+
+
+def release_node_lock(
+    api: BindApi,
+    node: str,
+    namespace: str,
+    name: str,
+    *,
+    expected: str | None = None,
+) -> bool:
+    """Delete node `node`'s lock, with the node's resourceVersion as precondition.
+
+    Without `expected`, only a lock that pod `namespace/name` may release (HAMi's owner check);
+    with it, only that very value (a forced release of a stale lock). Returns True when a lock
+    was deleted. Raises KubeError when the API keeps failing.
+    """
+    for _ in range(_CONFLICT_RETRIES):
+        try:
+            record = api.get_node(node)
+        except NotFound:
+            return False
+        value = record.annotations.get(ANNOTATION_NODE_LOCK)
+        if value is None:
+            return False
+        if expected is not None and value != expected:
+            return False
+        if expected is None and not releasable_by(value, namespace, name):
+            return False
+        try:
+            api.patch_node_annotations(
+                node, {ANNOTATION_NODE_LOCK: None}, resource_version=record.resource_version
+            )
+        except Conflict:
+            continue  # the node changed (a heartbeat); read it again
+        except NotFound:
+            return False
+        logger.info("node %s: lock %r released", node, value)
+        return True
+    raise KubeError(f"node {node}: lock not released, the node kept changing")
+
+
+class Binder:
+    """Runs /bind calls; thread-safe (one call per request thread)."""
+
+    def __init__(
+        self,
+        state: SchedulerState,
+        api: BindApi,
+        record_event: Callable[[PodEvent], None],
+        *,
+        node_lock_timeout: timedelta = timedelta(minutes=5),
+        retry_timeout_seconds: float = 28.0,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self._state = state
+        self._api = api
+        self._record_event = record_event
+        self._lock_timeout = node_lock_timeout
+        self._retry_timeout = retry_timeout_seconds
+        self._stop = stop or threading.Event()
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
+        """Bind the pod; returns "" on success, else the error text (HAMi answers it as
+        `ExtenderBindingResult.Error`). Never raises for bad input or API failures."""
+        started = time.monotonic()
+        error = ""
+        try:
+            error = self._bind(namespace, name, uid, node, started)
+        finally:
+            self._state.observer.bind_done(time.monotonic() - started, not error)
+        return error
+
+    def _event(self, pod: PodInfo, reason: str, message: str, event_type: str) -> None:
+        self._record_event(PodEvent(pod.namespace, pod.name, pod.uid, reason, message, event_type))
+
+    def _bind(self, namespace: str, name: str, uid: str, node: str, started: float) -> str:
+        logger.info("bind pod %s/%s to node %s", namespace, name, node)
+        try:
+            pod = self._pod(namespace, name, uid)
+        except BindError as error:
+            self._state.drop_pod_booking(namespace, name)
+            return str(error)
+        if pod.node_name:
+            if pod.node_name == node:
+                return ""  # a retried bind of a pod bound by the first try
+            message = f"pod {pod.key} is already bound to node {pod.node_name}"
+            return message
+        plan = self._state.plan_bind(pod, node)
+        if isinstance(plan, str):
+            logger.warning("bind pod %s to node %s: %s", pod.key, node, plan)
+            self._event(pod, "BindingFailed", plan, "Warning")
+            return plan
+        lock_taken = False
+        patched: PodRecord | None = None
+        try:
+            deadline = started + self._retry_timeout
+            if plan.protocol:
+                self._wait_in_flight(plan, deadline)
+            elif plan.needs_lock:
+                self._lock_node(plan, deadline)
+                lock_taken = True
+            with self._api.deadline(_API_BUDGET_SECONDS):
+                patched = self._patch_pod(plan)
+                self._api.bind_pod(namespace, name, pod.uid or uid, node)
+        except (BindError, KubeError) as error:
+            message = str(error)
+            if self._rollback(plan, patched, lock_taken):
+                logger.info("bind pod %s: the Binding did happen after all (%s)", pod.key, message)
+                return self._succeeded(plan)
+            logger.warning("bind pod %s to node %s failed: %s", pod.key, node, message)
+            self._event(pod, "BindingFailed", message, "Warning")
+            return message
+        return self._succeeded(plan)
+
+    def _succeeded(self, plan: BindPlan) -> str:
+        self._state.bind_succeeded(plan)
+        pod = plan.pod
+        # HAMi's text: `Successfully binding node %v to %v/%v` with the node in a []string
+        message = f"Successfully binding node [{plan.node}] to {pod.namespace}/{pod.name}"
+        self._event(pod, "BindingSucceed", message, "Normal")
+        logger.info("pod %s bound to node %s", pod.key, plan.node)
+        return ""
+
+    # --- step 1 ---------------------------------------------------------------------------------
+
+    def _pod(self, namespace: str, name: str, uid: str) -> PodInfo:
+        pod = self._state.pod(namespace, name)
+        if pod is None or (uid and pod.uid and pod.uid != uid):
+            # not seen yet, or the watch still shows a predecessor of the same name
+            try:
+                with self._api.deadline(_API_BUDGET_SECONDS):
+                    pod = fetch_pod(self._api, namespace, name)
+            except KubeError as error:
+                raise BindError(f"cannot read pod {namespace}/{name}: {error}") from error
+        if pod is None:
+            raise BindError(f'pods "{name}" not found')
+        if uid and pod.uid and pod.uid != uid:
+            raise BindError(f"pod {namespace}/{name} has UID {pod.uid}, not {uid}: recreated")
+        if pod.deleting or pod.finished:
+            raise BindError(f"pod {namespace}/{name} is being deleted or has finished")
+        return pod
+
+    # --- step 3 ---------------------------------------------------------------------------------
+
+    def _wait_in_flight(self, plan: BindPlan, deadline: float) -> None:
+        began = time.monotonic()
+        blocker = self._state.claim_in_flight(plan, deadline, self._stop)
+        waited = time.monotonic() - began
+        if waited > 0.001:
+            self._state.observer.bind_waited(waited)
+        if blocker is not None:
+            raise BindError(f"{blocker}; waited {waited:.1f} s")
+
+    def _lock_node(self, plan: BindPlan, deadline: float) -> None:
+        """Take HAMi's node lock for the pod (reference 1.7), waiting while another live pod
+        holds it. Raises BindError with HAMi's contention message when the wait ends."""
+        began = time.monotonic()
+        waited = False
+        try:
+            while True:
+                with self._api.deadline(_API_BUDGET_SECONDS):
+                    refusal = self._try_lock(plan)
+                if refusal is None:
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    raise BindError(refusal)
+                waited = True
+                # woken by the node watch when the lock changes; the bound covers a missed event
+                self._state.wait_for_change(min(left, 1.0))
+        finally:
+            if waited:
+                self._state.observer.bind_waited(time.monotonic() - began)
+
+    def _try_lock(self, plan: BindPlan) -> str | None:
+        """One attempt: None when the pod holds the lock now, else why not."""
+        pod = plan.pod
+        for _ in range(_CONFLICT_RETRIES):
+            try:
+                record = self._api.get_node(plan.node)
+            except NotFound as error:
+                raise BindError(f"failed to get node {plan.node}: {error}") from error
+            value = record.annotations.get(ANNOTATION_NODE_LOCK)
+            now = self._state.clock.now()
+            decision = decide_lock(
+                plan.node, value, now, self._lock_timeout, pod.namespace, pod.name
+            )
+            if decision.action is LockAction.CHECK_OWNER and decision.lock is not None:
+                decision = decide_lock(
+                    plan.node,
+                    value,
+                    now,
+                    self._lock_timeout,
+                    pod.namespace,
+                    pod.name,
+                    owner_exists=self._pod_exists(
+                        decision.lock.namespace or "", decision.lock.pod_name or ""
+                    ),
+                )
+            if decision.action is LockAction.REENTRANT:
+                return None
+            if decision.action is LockAction.CONTENTION:
+                return decision.message
+            if decision.action is LockAction.TAKE_OVER:
+                logger.warning("%s", decision.message)
+            # TAKE and TAKE_OVER: one patch, atomic thanks to the resourceVersion
+            try:
+                self._api.patch_node_annotations(
+                    plan.node,
+                    {ANNOTATION_NODE_LOCK: lock_value(now, pod.namespace, pod.name)},
+                    resource_version=record.resource_version,
+                )
+            except Conflict:
+                continue  # someone wrote the node first: read it again
+            logger.info("node %s locked for pod %s", plan.node, pod.key)
+            return None
+        return f"node {plan.node}: lock not taken, the node kept changing"
+
+    def _pod_exists(self, namespace: str, name: str) -> bool:
+        if self._state.pod_exists(namespace, name):
+            return True
+        try:
+            return fetch_pod(self._api, namespace, name) is not None
+        except KubeError as error:
+            # as HAMi: when the owner cannot be checked, the lock stands
+            logger.warning("owner %s/%s of a node lock not checked: %s", namespace, name, error)
+            return True
+
+    # --- step 4 ---------------------------------------------------------------------------------
+
+    def _patch_pod(self, plan: BindPlan) -> PodRecord:
+        pod = plan.pod
+        version = pod.resource_version or None
+        for _ in range(_CONFLICT_RETRIES):
+            try:
+                return self._api.patch_pod_metadata(
+                    pod.namespace,
+                    pod.name,
+                    plan.annotations,
+                    labels=plan.labels,
+                    resource_version=version,
+                )
+            except Conflict:
+                current = fetch_pod(self._api, pod.namespace, pod.name)
+                if current is None:
+                    raise BindError(f'pods "{pod.name}" not found') from None
+                if pod.uid and current.uid != pod.uid:
+                    raise BindError(f"pod {pod.key} was recreated during the bind") from None
+                if current.node_name or current.deleting:
+                    raise BindError(f"pod {pod.key} was bound or deleted meanwhile") from None
+                version = current.resource_version or None
+        raise BindError(f"pod {pod.key}: patch kept conflicting")
+
+    # --- rollback -------------------------------------------------------------------------------
+
+    def _rollback(self, plan: BindPlan, patched: PodRecord | None, lock_taken: bool) -> bool:
+        """Undo what the failed bind wrote. Returns True when the pod turns out to be bound to
+        the node after all (the Binding applied, its answer was lost): nothing is undone."""
+        pod = plan.pod
+        try:
+            with self._api.deadline(_ROLLBACK_BUDGET_SECONDS):
+                if patched is not None and self._revert_patch(plan, patched):
+                    return True
+                if lock_taken:
+                    release_node_lock(self._api, plan.node, pod.namespace, pod.name)
+        except KubeError as error:
+            logger.error(
+                "bind pod %s: rollback incomplete (%s); the recovery loop will clean up",
+                pod.key,
+                error,
+            )
+        self._state.bind_failed(plan)
+        return False
+
+    def _revert_patch(self, plan: BindPlan, patched: PodRecord) -> bool:
+        pod = plan.pod
+        revert: dict[str, str | None] = {
+            ANNOTATION_VGPU_NODE: None,
+            ANNOTATION_VGPU_TIME: None,
+            ANNOTATION_DEVICES_TO_ALLOCATE: None,
+            ANNOTATION_DEVICES_ALLOCATED: None,
+            ANNOTATION_BIND_TIME: None,
+            ANNOTATION_BIND_PHASE: BindPhase.FAILED.value,
+        }
+        version = patched.resource_version or None
+        for _ in range(_CONFLICT_RETRIES):
+            try:
+                self._api.patch_pod_metadata(
+                    pod.namespace,
+                    pod.name,
+                    revert,
+                    labels={LABEL_VGPU_NODE: None},
+                    resource_version=version,
+                )
+                return False
+            except NotFound:
+                return False
+            except Conflict:
+                current = fetch_pod(self._api, pod.namespace, pod.name)
+                if current is None:
+                    return False
+                if current.node_name == plan.node:
+                    return True
+                ours = plan.annotations[ANNOTATION_BIND_TIME]
+                if current.annotations.get(ANNOTATION_BIND_TIME) != ours:
+                    return False  # someone else wrote the pod since: not ours to revert
+                version = current.resource_version or None
+        raise KubeError(f"pod {pod.key}: revert kept conflicting")

@@ -1,0 +1,404 @@
+"""`hami scheduler`: the kube-scheduler extender daemon, wired together.
+
+config -> KubeClient -> SchedulerState fed by a pod and a node informer -> Binder, Recovery,
+EventRecorder -> ExtenderServer (filter, bind, webhook, probes) [+ metrics, + leader election].
+
+`SchedulerDaemon` runs in-process too (tests, benchmarks): inject the `KubeClient`, a clock, an
+observer or an elector factory; `start()` returns once the HTTP port is bound (`port`), `ready`
+is set once the first lists are in, `stop()` shuts down (thread-safe, idempotent), `run()` is
+start + wait + shutdown. SIGTERM/SIGINT in the CLI: stop accepting, let filter/bind calls in
+progress finish (a bind waiting for a lock gives up and rolls back), release what this process
+holds (a lock taken by a bind in progress, the Lease), exit 0.
+
+Leader election: with `--leader-elect`, `hami_plugin.extender.leader.LeaderElector` (a
+`Elector`); without it this replica always leads. Only the leader answers filter/bind, runs the
+recovery loop and writes handshakes; every replica keeps its state warm from the watches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from hami_plugin.extender.settings import (
+    ConfigError,
+    SchedulerConfig,
+    add_arguments,
+    resolve_config,
+)
+
+if TYPE_CHECKING:
+    from hami_plugin.extender.clock import Clock
+    from hami_plugin.extender.events import EventRecorder
+    from hami_plugin.extender.http import ExtenderServer
+    from hami_plugin.extender.observer import SchedulerObserver
+    from hami_plugin.extender.state import SchedulerState
+    from hami_plugin.informer import Informer
+    from hami_plugin.k8s import KubeClient
+    from hami_plugin.scheduler.ledger import TrackedPod
+    from hami_plugin.scheduler.usage import NodeUsage
+
+__all__ = ["Elector", "ElectorFactory", "SchedulerDaemon", "StartError", "register", "run"]
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+class StartError(Exception):
+    """The daemon cannot start (an address in use, no Kubernetes configuration...)."""
+
+
+class Elector(Protocol):
+    """Leader election as the daemon uses it (`hami_plugin.extender.leader.LeaderElector`)."""
+
+    def is_leader(self) -> bool:
+        """Whether this replica leads now (thread-safe)."""
+
+    def run(self, stop: threading.Event) -> None:
+        """Campaign and lead until `stop` is set, then release; blocking."""
+
+
+ElectorFactory = Callable[["KubeClient", Callable[[], None], Callable[[], None]], Elector]
+"""(client, on_started_leading, on_stopped_leading) -> an Elector."""
+
+
+class _View:
+    """The `SchedulerView` the metrics read."""
+
+    def __init__(self, daemon: SchedulerDaemon) -> None:
+        self._daemon = daemon
+
+    def usage_snapshot(self) -> tuple[Sequence[NodeUsage], Sequence[TrackedPod]]:
+        return self._daemon.state.usage_snapshot()
+
+    def is_leader(self) -> bool:
+        return self._daemon.is_leader()
+
+
+class SchedulerDaemon:
+    """The running scheduler extender; see the module docstring.
+
+    `kube`: the API client (owned by the caller; default: from `config.kubeconfig`, closed at
+    stop). `observer`: where filter/bind/recovery events go (default: the Prometheus metrics
+    when `config.metrics_bind_address` is not "0", else nothing). `elector_factory`: builds the
+    leader election when `config.leader_elect` (default: the Lease elector).
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        *,
+        kube: KubeClient | None = None,
+        clock: Clock | None = None,
+        observer: SchedulerObserver | None = None,
+        elector_factory: ElectorFactory | None = None,
+        recovery_interval_seconds: float = 5.0,
+        watch_timeout_seconds: int = 300,
+    ) -> None:
+        from hami_plugin.extender.clock import SystemClock
+        from hami_plugin.extender.state import SchedulerState
+
+        self.config = config
+        self._kube = kube
+        self._owned_kube: KubeClient | None = None
+        self._observer = observer
+        self._elector_factory = elector_factory
+        self._recovery_interval = recovery_interval_seconds
+        self._watch_timeout = watch_timeout_seconds
+        self.state: SchedulerState = SchedulerState(
+            config.settings,
+            booking_ttl_seconds=config.filter_booking_ttl_seconds,
+            node_selector=config.node_label_selector,
+            clock=clock or SystemClock(),
+        )
+        self._stop = threading.Event()
+        self._stopped = threading.Event()
+        self._start_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._server: ExtenderServer | None = None
+        self._events: EventRecorder | None = None
+        self._elector: Elector | None = None
+        self._metrics_server: Any = None
+        self.pod_informer: Informer[Any] | None = None
+        self.node_informer: Informer[Any] | None = None
+        self.started = threading.Event()
+        """Set once the HTTP port is bound (`port`, `url`)."""
+        self.ready = threading.Event()
+        """Set once the first pod and node lists are in (this replica may still be a follower)."""
+
+    # --- facts ------------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The HTTP port (the one the kernel picked for port 0). Raises before `start()`."""
+        if self._server is None:
+            raise RuntimeError("the scheduler daemon is not started")
+        return self._server.port
+
+    @property
+    def url(self) -> str:
+        """`http(s)://127.0.0.1:<port>` (or the bound host)."""
+        host = self.config.http_host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        elif ":" in host:
+            host = f"[{host}]"
+        scheme = "https" if self.config.tls else "http"
+        return f"{scheme}://{host}:{self.port}"
+
+    def is_leader(self) -> bool:
+        elector = self._elector
+        return True if elector is None else elector.is_leader()
+
+    def readiness(self) -> str | None:
+        """None when ready to serve, else why not (GET /readyz)."""
+        if self._stop.is_set():
+            return "shutting down"
+        if not self.state.synced:
+            return "waiting for the first pod and node lists"
+        if not self.is_leader():
+            return "not the leader"
+        return None
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Bind the port and start every thread; returns at once. Raises OSError when the
+        address cannot be bound, KubeError without a usable Kubernetes configuration, StartError
+        when the metrics endpoint cannot start."""
+        from hami_plugin.extender.bind import Binder
+        from hami_plugin.extender.events import EventRecorder
+        from hami_plugin.extender.http import ExtenderApp, ExtenderServer, TlsFiles
+        from hami_plugin.extender.recovery import Recovery
+        from hami_plugin.informer import Informer
+        from hami_plugin.k8s import KubeClient
+        from hami_plugin.scheduler.objects import read_node, read_pod
+
+        config = self.config
+        with self._start_lock:
+            if self._server is not None:
+                return
+            kube = self._kube
+            if kube is None:
+                kube = self._kube = self._owned_kube = KubeClient.from_config(config.kubeconfig)
+            self._start_metrics()
+            events = self._events = EventRecorder(kube, config.scheduler_name)
+            binder = Binder(
+                self.state,
+                kube,
+                events.record,
+                node_lock_timeout=config.node_lock_timeout,
+                retry_timeout_seconds=config.node_lock_retry_timeout_seconds,
+                stop=self._stop,
+            )
+            app = ExtenderApp(
+                self.state,
+                binder,
+                config.webhook,
+                events.record,
+                self.is_leader,
+                self.readiness,
+                max_body_bytes=config.max_body_bytes,
+            )
+            tls = TlsFiles(config.cert_file, config.key_file) if config.tls else None
+            server = ExtenderServer(config.http_host, config.http_port, app, tls=tls)
+            self._server = server
+            selector = ",".join(f"{k}={v}" for k, v in config.node_label_selector.items())
+            self.pod_informer = Informer(
+                kube,
+                "/api/v1/pods",
+                read_pod,
+                lambda pod: pod.key,
+                self.state.pod_events,
+                name="pods",
+                watch_timeout_seconds=self._watch_timeout,
+            )
+            self.node_informer = Informer(
+                kube,
+                "/api/v1/nodes",
+                read_node,
+                lambda node: node.name,
+                self.state.node_events,
+                name="nodes",
+                label_selector=selector or None,
+                watch_timeout_seconds=self._watch_timeout,
+            )
+            recovery = Recovery(
+                self.state,
+                kube,
+                events.record,
+                self.is_leader,
+                allocation_timeout_seconds=config.allocation_timeout_seconds,
+                node_lock_timeout=config.node_lock_timeout,
+                interval_seconds=self._recovery_interval,
+            )
+            if config.leader_elect:
+                self._elector = self._make_elector(kube)
+            events.start()
+            self._spawn("informer-pods", self.pod_informer.run, self._stop)
+            self._spawn("informer-nodes", self.node_informer.run, self._stop)
+            self._spawn("recovery", recovery.run, self._stop)
+            self._spawn("ready", self._watch_ready)
+            if self._elector is not None:
+                self._spawn("leader-election", self._elector.run, self._stop)
+            server.start()
+            logger.info(
+                "hami scheduler serving on %s (%s)",
+                self.url,
+                "leader election on" if config.leader_elect else "always leader",
+            )
+            self.started.set()
+
+    def _start_metrics(self) -> None:
+        if self._observer is not None:
+            self.state.observer = self._observer
+            return
+        if self.config.metrics_bind_address.strip() == "0":
+            return
+        from hami_plugin.metrics.scheduler import SchedulerMetrics
+        from hami_plugin.metrics.server import MetricsServerError
+
+        metrics = SchedulerMetrics(_View(self))
+        try:
+            self._metrics_server = metrics.serve(self.config.metrics_bind_address)
+        except MetricsServerError as error:
+            raise StartError(f"metrics endpoint: {error}") from error
+        self.state.observer = metrics
+
+    def _make_elector(self, kube: KubeClient) -> Elector:
+        if self._elector_factory is not None:
+            return self._elector_factory(kube, self._started_leading, self._stopped_leading)
+        from hami_plugin.extender.leader import ElectionConfig, LeaderElector
+
+        election = ElectionConfig.from_env(
+            name=self.config.leader_elect_resource_name,
+            namespace=self.config.leader_elect_resource_namespace,
+        )
+        return LeaderElector(
+            kube,
+            election,
+            on_started_leading=self._started_leading,
+            on_stopped_leading=self._stopped_leading,
+        )
+
+    def _started_leading(self) -> None:
+        logger.info("this replica leads now")
+        self.state.observer.leader_changed(True)
+        self.state.work.set()  # run the recovery pass at once
+
+    def _stopped_leading(self) -> None:
+        logger.info("this replica stopped leading")
+        self.state.observer.leader_changed(False)
+
+    def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _watch_ready(self) -> None:
+        for synced in (self.state.pods_synced, self.state.nodes_synced):
+            while not synced.wait(0.2):
+                if self._stop.is_set():
+                    return
+        self.ready.set()
+        logger.info(
+            "first lists in: %d nodes registered, %d pods tracked",
+            len(self.state.ledger),
+            self.state.ledger.pod_count,
+        )
+
+    def stop(self) -> None:
+        """Ask the daemon to stop (thread-safe, idempotent); `run()` returns after shutdown."""
+        self._stop.set()
+        with self.state.changed:
+            self.state.changed.notify_all()  # wake binds waiting for a lock or in-flight pod
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stop and wait until everything is down: HTTP (requests in progress finish), the
+        loops, the events queue, the Lease released, the owned client closed."""
+        self.stop()
+        with self._start_lock:
+            if self._stopped.is_set():
+                return
+            drain = (
+                timeout if timeout is not None else self.config.node_lock_retry_timeout_seconds + 5
+            )
+            if self._server is not None:
+                self._server.stop(drain)
+            for thread in self._threads:
+                thread.join(drain)
+                if thread.is_alive():
+                    logger.warning("thread %s still running at shutdown", thread.name)
+            if self._events is not None:
+                self._events.stop()
+            if self._metrics_server is not None:
+                self._metrics_server.stop()
+            if self._owned_kube is not None:
+                self._owned_kube.close()
+            self._stopped.set()
+            logger.info("hami scheduler stopped")
+
+    def run(self) -> int:
+        """Start, serve until `stop()`, shut down. Returns the exit status."""
+        from hami_plugin.k8s import KubeError
+
+        try:
+            self.start()
+        except (OSError, KubeError, StartError) as error:
+            logger.error("cannot start: %s", error)
+            self.shutdown(5)
+            return EXIT_FAILURE
+        self._stop.wait()
+        self.shutdown()
+        return EXIT_OK
+
+
+# --- the sub-command ------------------------------------------------------------------------------
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `hami scheduler`."""
+    parser = subparsers.add_parser(
+        "scheduler",
+        help="run the kube-scheduler extender: filter, bind, admission webhook",
+        description="Serve kube-scheduler's extender calls (POST /filter, /bind), the "
+        "admission webhook (POST /webhook) and probes (GET /healthz, /readyz) for "
+        "HAMi-compatible GPU sharing.",
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the daemon until SIGTERM/SIGINT; returns the exit status."""
+    _configure_logging(args.log_level)
+    try:
+        config = resolve_config(args, os.environ)
+    except ConfigError as error:
+        logger.error("%s", error)
+        return EXIT_USAGE
+    daemon = SchedulerDaemon(config)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        logger.info("received %s: shutting down", signal.Signals(signum).name)
+        daemon.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return daemon.run()

@@ -1,0 +1,359 @@
+"""`hami scheduler`'s configuration: flags (HAMi's names), environment and the device config
+file, resolved and validated once at start (precedence: flag > environment > file > default).
+
+Durations are Go durations (`5m`, `28s`, `1m30s`), as HAMi's flags take them. HAMi's underscore
+spellings `--http_bind`, `--cert_file`, `--key_file` are accepted as aliases of the kebab-case
+flags. `--device-config-file` is HAMi's device ConfigMap (`device-config.yaml`); its `nvidia:`
+section gives the request defaults and resource names (reference 3.12).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import yaml
+
+from hami_plugin.codec import AnnotationError, parse_gpu_policy, parse_node_policy
+from hami_plugin.scheduler.nodelock import parse_go_duration
+from hami_plugin.scheduler.settings import ResourceNames, SchedulerSettings
+from hami_plugin.scheduler.webhook import GpuCorePolicy, WebhookSettings
+
+__all__ = [
+    "ConfigError",
+    "SchedulerConfig",
+    "add_arguments",
+    "parse_host_port",
+    "read_device_config",
+    "resolve_config",
+]
+
+DEFAULT_HTTP_BIND = "127.0.0.1:8080"
+DEFAULT_HTTPS_BIND = "0.0.0.0:443"
+ENV_NODE_LOCK_EXPIRE = "HAMI_NODELOCK_EXPIRE"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    """A flag, variable or file that cannot be used; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Everything `hami scheduler` runs with. Durations in seconds unless typed."""
+
+    kubeconfig: str | None = None
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    cert_file: str = ""
+    key_file: str = ""
+    scheduler_name: str = "hami-scheduler"
+    settings: SchedulerSettings = field(default_factory=SchedulerSettings)
+    webhook: WebhookSettings = field(default_factory=WebhookSettings)
+    node_lock_timeout: timedelta = timedelta(minutes=5)
+    node_lock_retry_timeout_seconds: float = 28.0
+    allocation_timeout_seconds: float = 120.0
+    filter_booking_ttl_seconds: float = 30.0
+    leader_elect: bool = False
+    leader_elect_resource_name: str = ""
+    leader_elect_resource_namespace: str = ""
+    node_label_selector: Mapping[str, str] = field(default_factory=dict)
+    metrics_bind_address: str = ":9395"
+    max_body_bytes: int = 1024 * 1024
+    log_level: str = "info"
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.cert_file and self.key_file)
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """`host:port`, `:port` (every interface) or `[v6]:port`. Raises ConfigError."""
+    value = text.strip()
+    host, colon, port_text = value.rpartition(":")
+    if not colon:
+        raise ConfigError(f"address {text!r} has no port (expected host:port)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ConfigError(f"address {text!r}: {host!r} is not an IPv6 address") from None
+    elif ":" in host:
+        raise ConfigError(f"address {text!r}: write an IPv6 address in brackets")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"address {text!r}: port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"address {text!r}: port {port} is outside 0..65535")
+    return host or "0.0.0.0", port
+
+
+def _duration(text: str, flag: str, *, allow_zero: bool = False) -> timedelta:
+    try:
+        value = parse_go_duration(text)
+    except ValueError as error:
+        raise ConfigError(f"{flag}: {error}") from None
+    if value < timedelta(0) or (value == timedelta(0) and not allow_zero):
+        raise ConfigError(f"{flag}: {text!r} must be positive")
+    return value
+
+
+def _label_selector(text: str) -> dict[str, str]:
+    selector: dict[str, str] = {}
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise ConfigError(f"--node-label-selector: {item!r} is not key=value")
+        selector[key.strip()] = value.strip()
+    return selector
+
+
+_NVIDIA_KEYS: dict[str, type] = {
+    "resourceCountName": str,
+    "resourceMemoryName": str,
+    "resourceMemoryPercentageName": str,
+    "resourceCoreName": str,
+    "resourcePriorityName": str,
+    "overwriteEnv": bool,
+    "defaultMemory": int,
+    "defaultCores": int,
+    "defaultGPUNum": int,
+    "memoryFactor": int,
+    "gpuCorePolicy": str,
+    "runtimeClassName": str,
+}
+
+
+def read_device_config(path: str) -> dict[str, Any]:
+    """The `nvidia:` keys the scheduler uses from HAMi's device config YAML (other keys and
+    vendors are ignored). Raises ConfigError naming the file and the key."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            document = yaml.safe_load(stream)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise ConfigError(f"--device-config-file {path}: {error}") from None
+    if document is None:
+        return {}
+    if not isinstance(document, Mapping):
+        raise ConfigError(f"--device-config-file {path}: expected a mapping at the top")
+    section = document.get("nvidia") or {}
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"--device-config-file {path}: `nvidia` must be a mapping")
+    values: dict[str, Any] = {}
+    for key, kind in _NVIDIA_KEYS.items():
+        if key not in section or section[key] is None:
+            continue
+        value = section[key]
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"--device-config-file {path}: nvidia.{key} must be an integer")
+        if kind is not int and not isinstance(value, kind):
+            raise ConfigError(
+                f"--device-config-file {path}: nvidia.{key} must be a {kind.__name__}"
+            )
+        values[key] = value
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every flag of `hami scheduler`, each with its one-line help."""
+    add = parser.add_argument
+    add(
+        "--kubeconfig",
+        metavar="PATH",
+        help="kubeconfig file ($KUBECONFIG, else in-cluster)",
+    )
+    add(
+        "--http-bind",
+        "--http_bind",
+        metavar="HOST:PORT",
+        help=f"filter/bind/webhook/probes address ({DEFAULT_HTTP_BIND}; TLS: {DEFAULT_HTTPS_BIND})",
+    )
+    add(
+        "--cert-file",
+        "--cert_file",
+        metavar="PATH",
+        default="",
+        help="TLS certificate (PEM): HTTPS with --key-file",
+    )
+    add("--key-file", "--key_file", metavar="PATH", default="", help="TLS private key (PEM)")
+    add(
+        "--scheduler-name",
+        default="hami-scheduler",
+        metavar="NAME",
+        help="schedulerName the webhook sets on GPU pods, and the events' source (hami-scheduler)",
+    )
+    add(
+        "--node-scheduler-policy",
+        default="binpack",
+        metavar="P",
+        help="node policy: binpack or spread (binpack)",
+    )
+    add(
+        "--gpu-scheduler-policy",
+        default="spread",
+        metavar="P",
+        help="default GPU policy: binpack, spread, topology-aware, mutex or a chain (spread)",
+    )
+    add(
+        "--node-lock-timeout",
+        metavar="DURATION",
+        help=f"age at which a node lock is stale (5m; env {ENV_NODE_LOCK_EXPIRE})",
+    )
+    add(
+        "--node-lock-retry-timeout",
+        default="28s",
+        metavar="DURATION",
+        help="how long a bind waits for a node lock or an in-flight pod (28s)",
+    )
+    add(
+        "--allocation-timeout",
+        default="2m",
+        metavar="DURATION",
+        help="a pod still allocating after this is marked failed and its GPUs freed (2m)",
+    )
+    add(
+        "--filter-booking-ttl",
+        default="30s",
+        metavar="DURATION",
+        help="how long a filter booking that no bind follows holds its GPUs (30s)",
+    )
+    add("--leader-elect", action="store_true", help="elect one active replica through a Lease")
+    add(
+        "--leader-elect-resource-name",
+        default="",
+        metavar="NAME",
+        help="the Lease's name (hami-scheduler-extender)",
+    )
+    add(
+        "--leader-elect-resource-namespace",
+        default="",
+        metavar="NS",
+        help="the Lease's namespace ($POD_NAMESPACE, else kube-system)",
+    )
+    add(
+        "--node-label-selector",
+        default="",
+        metavar="K=V,...",
+        help="schedule GPUs only on nodes with all these labels (default: every node)",
+    )
+    add(
+        "--metrics-bind-address",
+        default=":9395",
+        metavar="HOST:PORT",
+        help="Prometheus /metrics address; 0 turns it off (:9395)",
+    )
+    add(
+        "--device-config-file",
+        metavar="PATH",
+        help="HAMi's device config YAML; its nvidia: section sets defaults and resource names",
+    )
+    add(
+        "--force-overwrite-default-scheduler",
+        default="true",
+        metavar="BOOL",
+        help="the webhook also takes pods of default-scheduler (true)",
+    )
+    add(
+        "--max-body-bytes",
+        type=int,
+        default=1024 * 1024,
+        metavar="N",
+        help="largest filter/bind request body (1048576)",
+    )
+    add("--log-level", default="info", choices=LOG_LEVELS, help="log level (info)")
+
+
+def _bool(text: str, flag: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "t", "true", "yes"):
+        return True
+    if lowered in ("0", "f", "false", "no"):
+        return False
+    raise ConfigError(f"{flag}: {text!r} is not a boolean")
+
+
+def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> SchedulerConfig:
+    """Turn parsed flags, the environment and the device config into a validated config.
+    Raises ConfigError with one line naming what is wrong."""
+    cert, key = args.cert_file or "", args.key_file or ""
+    if bool(cert) != bool(key):
+        raise ConfigError("--cert-file and --key-file go together")
+    bind_text = args.http_bind or (DEFAULT_HTTPS_BIND if cert else DEFAULT_HTTP_BIND)
+    host, port = parse_host_port(bind_text)
+    try:
+        node_policy = parse_node_policy(args.node_scheduler_policy, key="--node-scheduler-policy")
+        gpu_policy = parse_gpu_policy(args.gpu_scheduler_policy, key="--gpu-scheduler-policy")
+    except AnnotationError as error:
+        raise ConfigError(str(error)) from None
+    if args.node_lock_timeout is not None:
+        lock_timeout = _duration(args.node_lock_timeout, "--node-lock-timeout")
+    elif env.get(ENV_NODE_LOCK_EXPIRE):
+        lock_timeout = _duration(env[ENV_NODE_LOCK_EXPIRE], ENV_NODE_LOCK_EXPIRE)
+    else:
+        lock_timeout = timedelta(minutes=5)
+    retry = _duration(args.node_lock_retry_timeout, "--node-lock-retry-timeout", allow_zero=True)
+    allocation = _duration(args.allocation_timeout, "--allocation-timeout")
+    ttl = _duration(args.filter_booking_ttl, "--filter-booking-ttl")
+    if args.max_body_bytes < 1024:
+        raise ConfigError("--max-body-bytes must be at least 1024")
+    device = read_device_config(args.device_config_file) if args.device_config_file else {}
+    defaults = ResourceNames()
+    resources = ResourceNames(
+        count=device.get("resourceCountName", defaults.count),
+        memory=device.get("resourceMemoryName", defaults.memory),
+        memory_percentage=device.get("resourceMemoryPercentageName", defaults.memory_percentage),
+        cores=device.get("resourceCoreName", defaults.cores),
+        priority=device.get("resourcePriorityName", defaults.priority),
+    )
+    try:
+        settings = SchedulerSettings(
+            node_policy=node_policy,
+            gpu_policy=gpu_policy,
+            default_memory_mib=device.get("defaultMemory", 0),
+            default_cores=device.get("defaultCores", 0),
+            memory_factor=device.get("memoryFactor", 1),
+            resources=resources,
+        )
+        webhook = WebhookSettings(
+            scheduler_name=args.scheduler_name,
+            force_overwrite_default_scheduler=_bool(
+                args.force_overwrite_default_scheduler, "--force-overwrite-default-scheduler"
+            ),
+            default_gpu_num=device.get("defaultGPUNum", 1),
+            overwrite_env=device.get("overwriteEnv", False),
+            gpu_core_policy=GpuCorePolicy(device.get("gpuCorePolicy", "default")),
+            runtime_class_name=device.get("runtimeClassName", ""),
+            resources=resources,
+        )
+    except ValueError as error:
+        raise ConfigError(f"device config: {error}") from None
+    return SchedulerConfig(
+        kubeconfig=args.kubeconfig,
+        http_host=host,
+        http_port=port,
+        cert_file=cert,
+        key_file=key,
+        scheduler_name=args.scheduler_name,
+        settings=settings,
+        webhook=webhook,
+        node_lock_timeout=lock_timeout,
+        node_lock_retry_timeout_seconds=retry.total_seconds(),
+        allocation_timeout_seconds=allocation.total_seconds(),
+        filter_booking_ttl_seconds=ttl.total_seconds(),
+        leader_elect=args.leader_elect,
+        leader_elect_resource_name=args.leader_elect_resource_name,
+        leader_elect_resource_namespace=args.leader_elect_resource_namespace,
+        node_label_selector=_label_selector(args.node_label_selector),
+        metrics_bind_address=args.metrics_bind_address,
+        max_body_bytes=args.max_body_bytes,
+        log_level=args.log_level,
+    )
