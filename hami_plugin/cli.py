@@ -17,6 +17,7 @@ _COMMAND_MODULES = (
     "hami_plugin.codec_cli",
     "hami_plugin.scheduler.dryrun",
     "hami_plugin.deviceplugin.daemon",
+    "hami_plugin.extender.daemon",
 )
 
 
