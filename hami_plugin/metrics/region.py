@@ -26,6 +26,7 @@ label).
 
 from __future__ import annotations
 
+import functools
 import mmap
 import struct
 from collections.abc import Callable
@@ -203,20 +204,21 @@ Reader = Callable[[int, int], bytes | memoryview]
 """`read(offset, length)`: at most `length` bytes at `offset` (fewer only at end of file)."""
 
 _I32 = struct.Struct("<i")
+_I64 = struct.Struct("<q")
 _U64 = struct.Struct("<Q")
 _HEADER = struct.Struct("<iii")
+_VERSION = struct.Struct("<ii")
+_TAIL = struct.Struct("<iiii")
+"""procnum, utilizationSwitch, recentKernel, priority."""
+_PER_DEVICE = struct.Struct(f"<{MAX_DEVICES}Q")
 
 
-def _slot_struct(layout: RegionLayout) -> struct.Struct:
-    """pid, hostpid, used[16], monitorused[16], deviceUtil[16], status (v1's unused[3] after the
-    status padding is not read)."""
-    return struct.Struct(
-        f"<ii{MAX_DEVICES * layout.memory_words}Q{MAX_DEVICES}Q"
-        f"{MAX_DEVICES * layout.utilization_words}Qi"
-    )
+_PIDS = struct.Struct("<ii")
 
 
-_SLOT_STRUCTS = {layout.version: _slot_struct(layout) for layout in (LAYOUT_V0, LAYOUT_V1)}
+@functools.cache
+def _u64s(count: int) -> struct.Struct:
+    return struct.Struct(f"<{count}Q")
 
 
 def choose_layout(size: int, header: bytes | memoryview) -> RegionLayout:
@@ -287,15 +289,15 @@ def parse_region_from(read: Reader, size: int) -> Region:
     num = _U64.unpack_from(header, layout.num_offset)[0]
     if num > MAX_DEVICES:
         raise RegionError("device-count", f"num is {num}, more than {MAX_DEVICES} devices")
-    procnum, utilization_switch, recent_kernel, priority = struct.unpack_from("<iiii", tail, 0)
+    procnum, utilization_switch, recent_kernel, priority = _TAIL.unpack_from(tail, 0)
     if not 0 <= procnum <= MAX_PROCESSES:
         raise RegionError(
             "process-count", f"procnum is {procnum}, outside 0..{MAX_PROCESSES} process slots"
         )
     last_kernel_time = 0
     if layout.last_kernel_time_offset is not None:
-        last_kernel_time = struct.unpack_from(
-            "<q", tail, layout.last_kernel_time_offset - layout.tail_offset
+        last_kernel_time = _I64.unpack_from(
+            tail, layout.last_kernel_time_offset - layout.tail_offset
         )[0]
 
     slots = _read_exact(
@@ -303,20 +305,18 @@ def parse_region_from(read: Reader, size: int) -> Region:
     )
     processes, sums = _aggregate(layout, slots, procnum, num)
 
-    limits = struct.unpack_from(f"<{MAX_DEVICES}Q", header, layout.limit_offset)
-    sm_limits = struct.unpack_from(f"<{MAX_DEVICES}Q", header, layout.sm_limit_offset)
-    uuid_slots = [
-        bytes(header[start : start + UUID_SLOT_BYTES])
-        for start in range(
-            layout.uuids_offset,
-            layout.uuids_offset + MAX_DEVICES * UUID_SLOT_BYTES,
-            UUID_SLOT_BYTES,
-        )
-    ]
+    limits = _PER_DEVICE.unpack_from(header, layout.limit_offset)
+    sm_limits = _PER_DEVICE.unpack_from(header, layout.sm_limit_offset)
+    # Only initialised UUID slots (first byte not 0) are copied: usually `num` of the 16.
+    uuid_slots: dict[int, bytes] = {}
+    for index in range(MAX_DEVICES):
+        start = layout.uuids_offset + index * UUID_SLOT_BYTES
+        if header[start] != 0:
+            uuid_slots[index] = bytes(header[start : start + UUID_SLOT_BYTES])
     devices = tuple(
         DeviceUsage(
             index=index,
-            uuid=_uuid_label(uuid_slots[index]),
+            uuid=_uuid_label(uuid_slots.get(index)),
             memory_limit_bytes=limits[index],
             sm_limit=sm_limits[index],
             memory_used_bytes=sums[index][4],
@@ -328,10 +328,7 @@ def parse_region_from(read: Reader, size: int) -> Region:
         )
         for index in range(num)
     )
-    if layout.version == 1:
-        major, minor = struct.unpack_from("<ii", header, 4)
-    else:
-        major, minor = 0, 0
+    major, minor = _VERSION.unpack_from(header, 4) if layout.version == 1 else (0, 0)
     return Region(
         layout=layout,
         size_bytes=size,
@@ -340,7 +337,7 @@ def parse_region_from(read: Reader, size: int) -> Region:
         sm_init_flag=_I32.unpack_from(header, layout.sm_init_flag_offset)[0],
         owner_pid=struct.unpack_from(layout.owner_pid_format, header, layout.owner_pid_offset)[0],
         devices=devices,
-        gpu_keys=tuple(raw.rstrip(b"\0").decode("latin-1") for raw in uuid_slots if raw[0] != 0),
+        gpu_keys=tuple(raw.rstrip(b"\0").decode("latin-1") for raw in uuid_slots.values()),
         process_count=procnum,
         processes=processes,
         utilization_switch=utilization_switch,
@@ -353,28 +350,37 @@ def parse_region_from(read: Reader, size: int) -> Region:
 def _aggregate(
     layout: RegionLayout, slots: bytes | memoryview, procnum: int, num: int
 ) -> tuple[tuple[ProcessSlot, ...], list[list[int]]]:
-    """The used slots, and per device [context, module, buffer, offset, total, smUtil] sums."""
-    slot_struct = _SLOT_STRUCTS[layout.version]
-    status_offset = slot_struct.size - 4
+    """The used slots, and per device [context, module, buffer, offset, total, smUtil] sums.
+
+    A slot is pid, hostpid (i32 each), used[16] (memory_words u64 each), monitorused[16] u64,
+    deviceUtil[16] (utilization_words u64 each), status i32; only the words of the first `num`
+    devices are unpacked.
+    """
     memory_words = layout.memory_words
-    util_base = 2 + MAX_DEVICES * memory_words + MAX_DEVICES
     util_words = layout.utilization_words
+    util_offset = 8 + 8 * MAX_DEVICES * (memory_words + 1)
+    status_offset = util_offset + 8 * MAX_DEVICES * util_words
+    used_struct = _u64s(num * memory_words)
+    util_struct = _u64s(num * util_words)
     sums = [[0, 0, 0, 0, 0, 0] for _ in range(num)]
     processes: list[ProcessSlot] = []
     for slot in range(procnum):
         start = slot * layout.slot_size
-        if _I32.unpack_from(slots, start + status_offset)[0] == 0:
+        status = _I32.unpack_from(slots, start + status_offset)[0]
+        if status == 0:
             continue
-        words = slot_struct.unpack_from(slots, start)
-        processes.append(ProcessSlot(slot=slot, pid=words[0], host_pid=words[1], status=words[-1]))
+        pid, host_pid = _PIDS.unpack_from(slots, start)
+        processes.append(ProcessSlot(slot=slot, pid=pid, host_pid=host_pid, status=status))
+        used = used_struct.unpack_from(slots, start + 8)
+        util = util_struct.unpack_from(slots, start + util_offset)
         for device, acc in enumerate(sums):
-            base = 2 + device * memory_words
-            acc[0] += words[base]
-            acc[1] += words[base + 1]
-            acc[2] += words[base + 2]
-            acc[3] += words[base + 3]
-            acc[4] += words[base + 4]
-            acc[5] += words[util_base + device * util_words + 2]
+            base = device * memory_words
+            acc[0] += used[base]
+            acc[1] += used[base + 1]
+            acc[2] += used[base + 2]
+            acc[3] += used[base + 3]
+            acc[4] += used[base + 4]
+            acc[5] += util[device * util_words + 2]
     for device, acc in enumerate(sums):
         if max(acc, default=0) > _U64_MAX:
             raise RegionError(
@@ -383,8 +389,8 @@ def _aggregate(
     return tuple(processes), sums
 
 
-def _uuid_label(raw: bytes) -> str | None:
-    if raw[0] == 0:
+def _uuid_label(raw: bytes | None) -> str | None:
+    if raw is None:
         return None
     label = raw[:UUID_LABEL_BYTES].split(b"\0", 1)[0]
     try:

@@ -1,0 +1,175 @@
+"""Benchmark of the per-container vGPU metrics (run by `make bench`; prints figures only).
+
+Builds, in a temporary directory, a node with 8 GPUs and N containers (default 1,000), each
+with a HAMi-core region file written sparse by tests/metrics/region_writer.py (90 % v1, 10 %
+v0; one GPU each, every 10th two; 1-3 used process slots), the pods on the node, and a
+`VgpuCollector` in a fresh registry. Prints one JSON line per figure:
+
+* `scrape_cold`: the first scrape (opens every region file);
+* `scrape`: one full scrape (scan + collect + text exposition with `generate_latest`, what the
+  HTTP endpoint runs) over `--scrapes` runs: wall p50/p99/max and CPU p50 in ms (target
+  <= 100 ms); `load_1m` is the machine's load when the line was printed;
+* `scan`: the region scan alone, and `collect`: scan + building the metric families (no text
+  encoding), same statistics; the rest of `scrape` is prometheus_client's text encoder;
+* `feedback_round`: one `apply_feedback` round (every container active, priorities 0-2);
+* `memory`: resident memory (VmRSS) and open descriptors before and after `--rss-scrapes`
+  scrapes (target: no growth).
+
+    python tests/benchmarks/bench_metrics.py [--containers 1000] [--scrapes 50] [--rss-scrapes 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
+
+from hami_plugin.k8s import PodRecord  # noqa: E402
+from hami_plugin.metrics.containers import ContainerScanner, vgpu_containers_dir  # noqa: E402
+from hami_plugin.metrics.vgpu import VgpuCollector  # noqa: E402
+from tests.metrics.helpers import NODE, pod, region_file  # noqa: E402
+from tests.metrics.region_writer import DeviceMemory, Proc, RegionSpec  # noqa: E402
+
+GPUS = [f"GPU-{index:08x}-0000-4000-8000-{index:012x}" for index in range(8)]
+
+
+def build_node(hook: Path, containers: int) -> list[PodRecord]:
+    pods = []
+    for index in range(containers):
+        gpus = [GPUS[index % 8]] + ([GPUS[(index + 1) % 8]] if index % 10 == 0 else [])
+        procs = [
+            Proc(
+                pid=slot + 1,
+                hostpid=10_000 + index * 4 + slot,
+                used=[DeviceMemory(1 << 20, 2 << 20, 100 << 20, 0, 103 << 20)] * len(gpus),
+                sm_util=[7] * len(gpus),
+            )
+            for slot in range(1 + index % 3)
+        ]
+        spec = RegionSpec(
+            version=0 if index % 10 == 5 else 1,
+            uuids=gpus,
+            limits=[4096 << 20] * len(gpus),
+            sm_limits=[25] * len(gpus),
+            procs=procs,
+            priority=index % 3,
+            recent_kernel=5,
+            last_kernel_time=int(time.time()) - 3,
+        )
+        uid = f"{index:08x}-aaaa-4bbb-8ccc-{index:012x}"
+        region_file(hook, uid, "main", spec, name=f"{uid}.cache")
+        pods.append(pod(uid, f"job-{index}", namespace=f"team-{index % 20}"))
+    return pods
+
+
+def timed(action: Callable[[], object], runs: int) -> dict[str, float]:
+    """Wall-clock p50/p99/max and the CPU-time p50 (the machine may be shared)."""
+    wall, cpu = [], []
+    for _ in range(runs):
+        start_wall, start_cpu = time.perf_counter(), time.process_time()
+        action()
+        wall.append((time.perf_counter() - start_wall) * 1000)
+        cpu.append((time.process_time() - start_cpu) * 1000)
+    wall.sort()
+    return {
+        "runs": runs,
+        "p50_ms": round(statistics.median(wall), 2),
+        "p99_ms": round(wall[min(len(wall) - 1, int(len(wall) * 0.99))], 2),
+        "max_ms": round(wall[-1], 2),
+        "cpu_p50_ms": round(statistics.median(cpu), 2),
+    }
+
+
+def resident_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return -1
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--containers", type=int, default=1000)
+    parser.add_argument("--scrapes", type=int, default=50)
+    parser.add_argument("--rss-scrapes", type=int, default=1000)
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="bench-metrics-") as tmp:
+        hook = Path(tmp)
+        start = time.perf_counter()
+        pods = build_node(hook, args.containers)
+        common = {"containers": args.containers, "gpus": 8, "load_1m": os.getloadavg()[0]}
+        print(
+            json.dumps(
+                {**common, "case": "setup", "write_s": round(time.perf_counter() - start, 2)}
+            )
+        )
+
+        scanner = ContainerScanner(vgpu_containers_dir(str(hook)), lambda: pods)
+        registry = CollectorRegistry()
+        collector = VgpuCollector(scanner, NODE)
+        registry.register(collector)
+
+        print(
+            json.dumps(
+                {**common, "case": "scrape_cold", **timed(lambda: generate_latest(registry), 1)}
+            )
+        )
+        exposition = generate_latest(registry)
+        samples = sum(1 for line in exposition.splitlines() if not line.startswith(b"#"))
+        scrape = timed(lambda: generate_latest(registry), args.scrapes)
+        print(
+            json.dumps(
+                {**common, "case": "scrape", "samples": samples, "bytes": len(exposition), **scrape}
+            )
+        )
+        print(json.dumps({**common, "case": "scan", **timed(scanner.scan, args.scrapes)}))
+        collect = timed(lambda: list(collector.collect()), args.scrapes)
+        print(json.dumps({**common, "case": "collect", **collect}))
+        print(json.dumps({**common, "case": "feedback_round", **timed(scanner.apply_feedback, 5)}))
+
+        gc.collect()
+        before_kib, before_fds = resident_kib(), open_descriptors()
+        start = time.perf_counter()
+        for _ in range(args.rss_scrapes):
+            generate_latest(registry)
+        elapsed = time.perf_counter() - start
+        gc.collect()
+        after_kib, after_fds = resident_kib(), open_descriptors()
+        print(
+            json.dumps(
+                {
+                    **common,
+                    "case": "memory",
+                    "scrapes": args.rss_scrapes,
+                    "mean_scrape_ms": round(elapsed * 1000 / args.rss_scrapes, 2),
+                    "rss_before_kib": before_kib,
+                    "rss_after_kib": after_kib,
+                    "rss_growth_kib": after_kib - before_kib,
+                    "fds_before": before_fds,
+                    "fds_after": after_fds,
+                }
+            )
+        )
+        scanner.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
