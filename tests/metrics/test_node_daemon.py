@@ -89,6 +89,7 @@ def running_device_plugin(
 ) -> Iterator[RunningPlugin]:
     """The real daemon, in-process, as tests/deviceplugin/test_daemon.py runs it."""
     apiserver.add_node(NODE)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     gpus_file = tmp_path / "gpus.yaml"
     write(gpus_file, gpus_yaml())
     hook = tmp_path / "hook"
