@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -9,7 +10,8 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,12 +26,18 @@ from kubernetes.client.exceptions import ApiException
 from hami_plugin.k8s import (
     Conflict,
     ContainerSpec,
+    Gone,
     KubeClient,
     KubeError,
+    LeaseRecord,
     NotFound,
+    ObjectRef,
     PodRecord,
     Retryable,
     RetryPolicy,
+    WatchEvent,
+    node_record,
+    pod_record,
 )
 from hami_plugin.testing.apiserver import FakeApiServer, make_container, make_pod
 from tests.fakes.pytest_fixtures import apiserver  # noqa: F401 - fixture
@@ -581,6 +589,540 @@ def test_concurrent_calls_share_one_client(
     assert {p.annotations["round"] for p in kube.list_pods_on_node("gpu-1")} == {"4"}
 
 
+# --- list -------------------------------------------------------------------------------------
+
+
+def test_list_objects_follows_continue_page_by_page(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    for name in "abcde":
+        apiserver.add_node(name, labels={"gpu": "on"})
+    apiserver.add_node("cpu-only", labels={})
+
+    listed = kube.list_objects("/api/v1/nodes", label_selector="gpu=on", page_size=2)
+
+    assert [n["metadata"]["name"] for n in listed.items] == list("abcde")
+    assert listed.resource_version == str(apiserver.resource_version)
+    requests = apiserver.requests
+    assert [r.query.get("limit") for r in requests] == [["2"]] * 3
+    assert "continue" not in requests[0].query
+    assert all(r.query["labelSelector"] == ["gpu=on"] for r in requests)
+    assert requests[2].query["continue"] != requests[1].query["continue"]
+
+
+def test_list_objects_lists_again_in_one_page_when_the_continue_token_expires(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    for name in "abc":
+        apiserver.add_pod(name)
+    apiserver.inject_fault("GET", "/api/v1/pods", query=".*continue=.*", status=410)
+
+    listed = kube.list_objects("/api/v1/pods", page_size=1)
+
+    assert [p["metadata"]["name"] for p in listed.items] == ["a", "b", "c"]
+    requests = apiserver.requests
+    assert len(requests) == 3
+    assert "limit" not in requests[2].query
+    assert "continue" not in requests[2].query
+
+
+def test_list_objects_of_a_namespace_with_a_field_selector(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    apiserver.add_pod("a", "ml", node_name="gpu-1")
+    apiserver.add_pod("b", "ml")
+    apiserver.add_pod("c", "default", node_name="gpu-1")
+
+    listed = kube.list_objects(
+        "/api/v1/namespaces/ml/pods", field_selector="spec.nodeName=gpu-1", page_size=0
+    )
+
+    assert [pod_record(p).name for p in listed.items] == ["a"]
+    assert "limit" not in apiserver.requests[0].query
+
+
+# --- watch ------------------------------------------------------------------------------------
+
+
+def test_watch_objects_yields_the_events_after_the_version_in_order(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    apiserver.add_pod("before")
+    start = str(apiserver.resource_version)
+    apiserver.add_pod("p", labels={"app": "x"})
+    apiserver.update_object("pods", "default", "p", lambda p: p["metadata"]["labels"].clear())
+    apiserver.delete_pod("default", "p")
+
+    events = list(kube.watch_objects("/api/v1/pods", start, timeout_seconds=1))
+
+    assert [(e.type, e.object["metadata"]["name"]) for e in events] == [
+        ("ADDED", "p"),
+        ("MODIFIED", "p"),
+        ("DELETED", "p"),
+    ]
+    assert [int(e.resource_version) for e in events] == [
+        int(start) + 1,
+        int(start) + 2,
+        int(start) + 3,
+    ]
+    [request] = apiserver.requests
+    assert request.query == {
+        "watch": ["true"],
+        "allowWatchBookmarks": ["true"],
+        "timeoutSeconds": ["1"],
+        "resourceVersion": [start],
+    }
+
+
+def test_watch_objects_passes_selectors_and_sees_objects_leave_them(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    apiserver.add_pod("p", labels={"app": "x"}, node_name="gpu-1")
+    start = str(apiserver.resource_version)
+    apiserver.update_object("pods", "default", "p", lambda p: p["metadata"]["labels"].clear())
+
+    events = list(
+        kube.watch_objects(
+            "/api/v1/pods",
+            start,
+            label_selector="app=x",
+            field_selector="spec.nodeName=gpu-1",
+            timeout_seconds=1,
+        )
+    )
+
+    assert [(e.type, e.resource_version) for e in events] == [("DELETED", str(int(start) + 1))]
+    query = apiserver.requests[0].query
+    assert (query["labelSelector"], query["fieldSelector"]) == (["app=x"], ["spec.nodeName=gpu-1"])
+
+
+def test_watch_objects_yields_bookmarks(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    apiserver.bookmark_interval_seconds = 0.05
+    apiserver.add_node("n")
+
+    first = next(iter(kube.watch_objects("/api/v1/nodes", str(apiserver.resource_version))))
+
+    assert first == WatchEvent(
+        "BOOKMARK",
+        {"kind": "Node", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}},
+    )
+    assert first.resource_version == "1"
+
+
+def test_watch_from_an_expired_version_is_gone(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    apiserver.add_node("a")
+    apiserver.add_node("b")
+    apiserver.expire_history()
+
+    with pytest.raises(
+        Gone, match="watch /api/v1/nodes from resourceVersion 1: HTTP 410: too old"
+    ) as e:
+        list(kube.watch_objects("/api/v1/nodes", "1", timeout_seconds=5))
+
+    assert e.value.status == 410
+    assert isinstance(e.value.__cause__, ApiException)
+
+
+def test_watch_answered_http_410_is_gone_and_not_retried(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    apiserver.inject_fault("GET", query=".*watch=true.*", status=410)
+
+    with pytest.raises(Gone):
+        list(kube.watch_objects("/api/v1/pods", "5"))
+
+    assert len(apiserver.requests) == 1
+
+
+def test_watch_error_event_with_a_server_error_is_retryable(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    added = {"type": "ADDED", "object": {"metadata": {"name": "p", "resourceVersion": "7"}}}
+    error = {"type": "ERROR", "object": {"kind": "Status", "code": 500, "message": "etcd down"}}
+    body = (json.dumps(added) + "\n" + json.dumps(error) + "\n").encode()
+    apiserver.inject_fault("GET", query=".*watch=true.*", status=200, body=body)
+    events: list[WatchEvent] = []
+
+    with pytest.raises(Retryable, match="HTTP 500: etcd down"):
+        events.extend(kube.watch_objects("/api/v1/pods", "6"))
+
+    assert [e.resource_version for e in events] == ["7"]
+
+
+def test_watch_that_cannot_be_opened_retries_then_is_retryable(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+    sleeps: SleepRecorder,
+) -> None:
+    apiserver.inject_fault("GET", query=".*watch=true.*", status=503, times=None)
+
+    with pytest.raises(Retryable, match=r"watch /api/v1/pods from .*HTTP 503.*gave up after 3"):
+        list(kube.watch_objects("/api/v1/pods", "1"))
+
+    assert len(apiserver.requests) == FAST.attempts
+    assert len(sleeps.waits) == FAST.attempts - 1
+
+
+def test_watch_of_a_server_that_is_gone_is_retryable() -> None:
+    with FakeApiServer() as server:
+        api_client = server.api_client()
+    with (
+        KubeClient(api_client, FAST, sleep=SleepRecorder()) as kube,
+        pytest.raises(Retryable, match="connection failed"),
+    ):
+        list(kube.watch_objects("/api/v1/pods", "1"))
+
+
+def test_watch_whose_headers_never_come_times_out_as_retryable(
+    apiserver: FakeApiServer,  # noqa: F811
+) -> None:
+    apiserver.inject_fault("GET", query=".*watch=true.*", hang_seconds=30, times=None)
+    policy = RetryPolicy(attempts=2, initial_backoff_seconds=0, timeout_seconds=0.2)
+
+    with _client(apiserver, policy) as kube, pytest.raises(Retryable, match="timed out"):
+        # The read timeout for events is long; the wait for the headers is the call's timeout.
+        list(kube.watch_objects("/api/v1/pods", "1", read_timeout_seconds=300))
+
+
+def test_malformed_watch_line_is_a_kube_error(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    apiserver.inject_fault("GET", query=".*watch=true.*", status=200, body=b"{not json\n")
+
+    with pytest.raises(KubeError, match=r"watch /api/v1/pods .*malformed response") as e:
+        list(kube.watch_objects("/api/v1/pods", "1"))
+
+    assert type(e.value) is KubeError
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+class _Consumer:
+    """Reads a watch in a thread, keeping what it saw and how it ended."""
+
+    def __init__(self, events: Iterator[WatchEvent]) -> None:
+        self.events: list[WatchEvent] = []
+        self.error: BaseException | None = None
+        self._source = events
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for event in self._source:
+                self.events.append(event)
+        except BaseException as exc:  # kept for the assertions
+            self.error = exc
+
+    def join(self) -> None:
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive(), "the watch did not end"
+
+
+def test_dropped_watch_ends_the_iterator_cleanly(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    consumer = _Consumer(kube.watch_objects("/api/v1/pods", "0"))
+    _wait_for(lambda: apiserver.watch_count == 1, "the watch")
+    apiserver.add_pod("p")
+    _wait_for(lambda: len(consumer.events) == 1, "the ADDED event")
+
+    apiserver.drop_watches()
+    consumer.join()
+
+    assert consumer.error is None
+    assert [e.type for e in consumer.events] == ["ADDED"]
+
+
+def test_silent_watch_ends_after_the_read_timeout(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    # No bookmarks within the read timeout: the connection counts as dead.
+    consumer = _Consumer(kube.watch_objects("/api/v1/pods", "0", read_timeout_seconds=0.3))
+
+    consumer.join()
+
+    assert consumer.error is None
+    assert consumer.events == []
+
+
+def test_stop_wakes_a_watch_blocked_in_a_read(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    stop = threading.Event()
+    consumer = _Consumer(kube.watch_objects("/api/v1/pods", "0", stop=stop))
+    _wait_for(lambda: apiserver.watch_count == 1, "the watch")
+
+    stop.set()
+    consumer.join()
+
+    assert consumer.error is None
+    _wait_for(lambda: apiserver.watch_count == 0, "the server to see the watch closed")
+    # The connection was closed, not put back half-read: the client still works.
+    apiserver.add_node("n")
+    assert kube.get_node("n").name == "n"
+
+
+def test_watch_event_resource_version_of_odd_objects() -> None:
+    assert WatchEvent("ADDED", {}).resource_version == ""
+    assert WatchEvent("ADDED", {"metadata": "x"}).resource_version == ""
+    assert WatchEvent("ADDED", {"metadata": {"resourceVersion": 5}}).resource_version == ""
+
+
+# --- binding ----------------------------------------------------------------------------------
+
+
+def test_bind_pod_posts_a_binding(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    pod = apiserver.add_pod("p", "ml")
+
+    kube.bind_pod("ml", "p", pod["metadata"]["uid"], "gpu-1")
+
+    assert kube.get_pod("ml", "p").node_name == "gpu-1"
+    post = apiserver.requests_matching("POST")[0]
+    assert post.path == "/api/v1/namespaces/ml/pods/p/binding"
+    assert post.json() == {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": "p", "namespace": "ml", "uid": pod["metadata"]["uid"]},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "gpu-1"},
+    }
+
+
+def test_bind_pod_bound_elsewhere_is_conflict(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    apiserver.add_pod("p", node_name="gpu-2")
+
+    with pytest.raises(Conflict, match=r'bind pod default/p to node gpu-1: HTTP 409: .*"gpu-2"'):
+        kube.bind_pod("default", "p", "", "gpu-1")
+
+
+def test_bind_pod_already_bound_to_that_node_counts_as_done(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    # What a retry sees when the first attempt was applied but its answer lost.
+    pod = apiserver.add_pod("p", node_name="gpu-1")
+
+    kube.bind_pod("default", "p", pod["metadata"]["uid"], "gpu-1")
+
+    assert [r.method for r in apiserver.requests] == ["POST", "GET"]
+
+
+def test_bind_pod_of_another_uid_is_conflict(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    apiserver.add_pod("p")
+
+    with pytest.raises(Conflict, match="Precondition failed: UID in precondition: old-uid"):
+        kube.bind_pod("default", "p", "old-uid", "gpu-1")
+
+    assert kube.get_pod("default", "p").node_name == ""
+
+
+def test_bind_missing_pod_is_not_found(kube: KubeClient) -> None:
+    with pytest.raises(NotFound):
+        kube.bind_pod("default", "ghost", "", "gpu-1")
+
+
+# --- leases -----------------------------------------------------------------------------------
+
+_ACQUIRED = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+
+
+def _lease(**changes: object) -> LeaseRecord:
+    record = LeaseRecord(
+        namespace="kube-system",
+        name="hami-scheduler",
+        holder_identity="replica-a",
+        lease_duration_seconds=15,
+        acquire_time=_ACQUIRED,
+        renew_time=_ACQUIRED,
+        lease_transitions=0,
+    )
+    return dataclasses.replace(record, **changes)  # type: ignore[arg-type]
+
+
+def test_create_lease_writes_micro_times_and_reads_them_back(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    created = kube.create_lease(_lease(renew_time=datetime(2026, 11, 30, 12, 0, 1, 250000, UTC)))
+
+    post = apiserver.requests_matching("POST")[0]
+    assert post.path == "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
+    assert post.json() == {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "hami-scheduler", "namespace": "kube-system"},
+        "spec": {
+            "holderIdentity": "replica-a",
+            "leaseDurationSeconds": 15,
+            "leaseTransitions": 0,
+            "acquireTime": "2026-11-30T12:00:00.000000Z",
+            "renewTime": "2026-11-30T12:00:01.250000Z",
+        },
+    }
+    assert created.resource_version == str(apiserver.resource_version)
+    assert created == _lease(
+        renew_time=datetime(2026, 11, 30, 12, 0, 1, 250000, UTC),
+        resource_version=created.resource_version,
+    )
+    assert kube.get_lease("kube-system", "hami-scheduler") == created
+
+
+def test_lease_update_needs_the_current_version(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    created = kube.create_lease(_lease())
+    later = _ACQUIRED.replace(second=5)
+
+    renewed = kube.update_lease(dataclasses.replace(created, renew_time=later))
+    with pytest.raises(Conflict, match="update lease kube-system/hami-scheduler: HTTP 409"):
+        # A second replica still holding the version it read before the renewal.
+        kube.update_lease(dataclasses.replace(created, holder_identity="replica-b"))
+
+    assert int(renewed.resource_version) > int(created.resource_version)
+    assert renewed.renew_time == later
+    assert kube.get_lease("kube-system", "hami-scheduler").holder_identity == "replica-a"
+    put = apiserver.requests_matching("PUT")[0]
+    assert put.path == "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/hami-scheduler"
+    assert put.json()["metadata"]["resourceVersion"] == created.resource_version
+
+
+def test_lease_create_twice_is_conflict_and_missing_is_not_found(kube: KubeClient) -> None:
+    with pytest.raises(NotFound, match="get lease kube-system/hami-scheduler"):
+        kube.get_lease("kube-system", "hami-scheduler")
+    kube.create_lease(_lease())
+
+    with pytest.raises(Conflict, match="create lease kube-system/hami-scheduler: HTTP 409"):
+        kube.create_lease(_lease(holder_identity="replica-b"))
+
+
+def test_update_lease_without_a_version_is_a_programming_error(kube: KubeClient) -> None:
+    with pytest.raises(ValueError, match="no resource_version"):
+        kube.update_lease(_lease())
+
+
+def test_released_lease_reads_as_empty_fields(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    apiserver.add_object(
+        {
+            "kind": "Lease",
+            "metadata": {"name": "l", "namespace": "ns"},
+            "spec": {"holderIdentity": None, "renewTime": "2026-11-30T12:00:00.123456Z"},
+        }
+    )
+
+    lease = kube.get_lease("ns", "l")
+
+    assert (lease.holder_identity, lease.lease_duration_seconds, lease.acquire_time) == (
+        "",
+        0,
+        None,
+    )
+    assert lease.renew_time == datetime(2026, 11, 30, 12, 0, 0, 123456, UTC)
+
+
+# --- events and preconditions -----------------------------------------------------------------
+
+
+def test_create_event_about_a_node_goes_to_the_default_namespace(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    kube.create_event(ObjectRef("Node", "", "gpu-1", uid="u1"), "NodeLockReleased", "stale lock")
+
+    [event] = apiserver.events("default")
+    assert event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": "gpu-1",
+        "uid": "u1",
+    }
+    assert event["source"] == {"component": "hami-scheduler"}
+    assert event["type"] == "Normal"
+    assert re.fullmatch(r"gpu-1\.[0-9a-f]+", event["metadata"]["name"])
+
+
+def test_create_event_failure_names_the_object(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    apiserver.inject_fault("POST", r".*/events", status=403)
+
+    with caplog.at_level(logging.WARNING, logger="hami_plugin.k8s"):
+        kube.create_event(ObjectRef("Pod", "ml", "p"), "R", "m", "Warning")
+
+    [line] = caplog.records
+    assert "create event R for pod ml/p: HTTP 403" in line.getMessage()
+
+
+def test_patch_pod_metadata_with_a_stale_version_is_conflict(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    apiserver.add_pod("p")
+    seen = kube.get_pod("default", "p")
+    fresh = kube.patch_pod_metadata(
+        "default", "p", {"a": "1"}, resource_version=seen.resource_version
+    )
+
+    with pytest.raises(Conflict):
+        kube.patch_pod_metadata("default", "p", {"a": "2"}, resource_version=seen.resource_version)
+
+    assert kube.get_pod("default", "p").annotations == {"a": "1"}
+    assert fresh.annotations == {"a": "1"}
+
+
+def test_public_decoders_read_list_items_and_reject_wrong_shapes(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+) -> None:
+    apiserver.add_node("gpu-1", allocatable={"nvidia.com/gpu": "10"})
+
+    [item] = kube.list_objects("/api/v1/nodes").items
+
+    assert "kind" not in item  # list items come without kind, and still decode
+    assert node_record(item).allocatable == {"nvidia.com/gpu": "10"}
+    with pytest.raises(ValueError, match="annotations"):
+        node_record({"metadata": {"annotations": []}})
+    with pytest.raises(ValueError, match="containers"):
+        pod_record({"spec": {"containers": {}}})
+
+
 # --- configuration ----------------------------------------------------------------------------
 
 
@@ -687,6 +1229,14 @@ with k8s.KubeClient.from_config(sys.argv[1], k8s.RetryPolicy(attempts=1)) as kub
         kube.get_pod("default", "ghost")
     except k8s.NotFound:
         pass
+    listed = kube.list_objects("/api/v1/pods", page_size=1)
+    for _ in kube.watch_objects("/api/v1/pods", listed.resource_version, timeout_seconds=1):
+        pass
+    kube.bind_pod("default", "q", "", "gpu-1")
+    lease = kube.create_lease(k8s.LeaseRecord("ns", "l", "me", 15, None, None, 0))
+    kube.update_lease(lease)
+    kube.get_lease("ns", "l")
+    kube.create_event(k8s.ObjectRef("Node", "", "gpu-1"), "R", "m")
 print(json.dumps({"after_import": after_import, "after_calls": generated()}))
 """
 
@@ -699,6 +1249,7 @@ def test_generated_api_and_models_are_never_imported(
     # ~250 model modules). A fresh interpreter, so other tests' imports don't count.
     apiserver.add_node("gpu-1")
     apiserver.add_pod("p", node_name="gpu-1")
+    apiserver.add_pod("q")
     kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
 
     result = subprocess.run(
@@ -713,7 +1264,8 @@ def test_generated_api_and_models_are_never_imported(
     loaded = json.loads(result.stdout)
     assert "kubernetes.client.api.core_v1_api" not in loaded["after_import"]
     assert loaded == {"after_import": [], "after_calls": []}
-    assert len(apiserver.events()) == 1  # the probe did make every call
+    assert len(apiserver.events()) == 2  # the probe did make every call
+    assert apiserver.get_lease("ns", "l") is not None
 
 
 # --- policy -----------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ import json
 import logging
 import re
 import secrets
+import select
 import socket
 import threading
 import time
@@ -535,6 +536,9 @@ class _Watch:
     """Set with an ERROR in `pending`: the stream ends after it."""
 
 
+# How often an idle watch checks that its client is still there: the real server lets a watcher
+# go when its client closes the connection, so a watch closed by a client must not linger.
+_CLIENT_CHECK_SECONDS = 0.2
 # Continue tokens kept (oldest dropped first; a dropped token answers 410 like an expired one).
 _MAX_CONTINUE_TOKENS = 100
 
@@ -1180,10 +1184,12 @@ class FakeApiServer:
         with self._lock:
             self._watches.discard(id(watch))
 
-    def _next_events(self, watch: _Watch) -> tuple[list[JsonObject], str | None]:
+    def _next_events(
+        self, watch: _Watch, client_gone: Callable[[], bool]
+    ) -> tuple[list[JsonObject], str | None]:
         """Block until the watch has something to send: (events, end) where end is None (go
         on), "timeout" (end the stream cleanly), "error" (end it after these events) or
-        "dropped" (cut the connection)."""
+        "dropped" (cut the connection; also when `client_gone()`, checked while waiting)."""
         with self._lock:
             while True:
                 if self._stopping.is_set() or watch.generation != self._drop_generation:
@@ -1217,10 +1223,12 @@ class FakeApiServer:
                         "metadata": {"resourceVersion": str(watch.position)},
                     }
                     return [{"type": "BOOKMARK", "object": bookmark}], None
+                if client_gone():
+                    return [], "dropped"
                 wake = watch.deadline
                 if watch.bookmarks:
                     wake = min(wake, watch.next_bookmark)
-                self._changed.wait(max(0.0, wake - now))
+                self._changed.wait(min(max(0.0, wake - now), _CLIENT_CHECK_SECONDS))
 
 
 def _query(request: RecordedRequest, name: str) -> str | None:
@@ -1361,7 +1369,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             while True:
-                events, end = fake._next_events(watch)
+                events, end = fake._next_events(watch, self._client_gone)
                 # One chunk per event, as the API server flushes them; one write per batch.
                 chunks = []
                 for event in events:
@@ -1380,6 +1388,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         with contextlib.suppress(OSError):
             self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _client_gone(self) -> bool:
+        """Whether the client closed its end (a watch client sends nothing while it reads)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
     def _send(self, status: int, payload: bytes, headers: Mapping[str, str]) -> None:
         try:
