@@ -741,8 +741,9 @@ def _string_list_json(items: Sequence[str] | None) -> str:
 def _string_map_json(mapping: Mapping[str, str] | None) -> str:
     if mapping is None:
         return "null"
-    # Go sorts map keys by their UTF-8 bytes, which is code point order.
-    return _go_escape(_dumps(dict(sorted(mapping.items()))))
+    # Go sorts map keys by their UTF-8 bytes, which is code point order: sort_keys.
+    plain = mapping if isinstance(mapping, dict) else dict(mapping)
+    return _go_escape(json.dumps(plain, ensure_ascii=False, separators=(",", ":"), sort_keys=True))
 
 
 def _node_list_json(nodes: Sequence[Mapping[str, Any]] | None) -> str:
