@@ -1,0 +1,643 @@
+"""HAMi's mutating admission webhook (POST /webhook) as a pure function.
+
+An AdmissionReview (v1 or v1beta1, as a decoded JSON object) and the `WebhookSettings` go in;
+the AdmissionReview response in the same apiVersion comes out, with the changes as a base64
+RFC 6902 JSON patch (`patchType: JSONPatch`) against the pod as it arrived. No I/O.
+
+The rules are HAMi v2.10's (`pkg/scheduler/webhook.go` Handle, `pkg/device/nvidia/device.go`
+MutateAdmission; hami-reference.md sections 2 and 3.11), in HAMi's order:
+
+1. a pod without containers is denied `pod has no containers` (webhook.go 60-63);
+2. a pod whose `spec.schedulerName` names another scheduler is allowed untouched (64-69):
+   `default-scheduler` counts as "ours" while `force_overwrite_default_scheduler` is on;
+3. every init container, then every container, is mutated (74-98, device.go 347-387): a
+   `gpumem-percentage` outside 0..100 is an error (code 500); `limits[priority]` adds
+   `CUDA_TASK_PRIORITY`; a core policy other than `default` adds
+   `GPU_CORE_UTILIZATION_POLICY`; memory/cores/percentage limits without a GPU count get
+   `default_gpu_num` GPUs; a GPU asked without cores and with the whole memory gets
+   `gpucores: 100` (exclusive); a pod with GPUs gets `runtime_class_name` if it has none; a
+   container without GPUs gets `NVIDIA_VISIBLE_DEVICES=none` when `overwrite_env` is on;
+4. a pod with GPUs and a privileged container is denied `container <name> is privileged`
+   (99-102);
+5. a pod with GPUs gets `spec.schedulerName`, or is denied `pod has node assigned` when
+   `spec.nodeName` is already set (104-113).
+
+Differences, on purpose:
+- Scheduler-owned annotations (`SCHEDULER_OWNED_ANNOTATIONS`) and the `hami.io/vgpu-node`
+  label are removed from every pod that is allowed, GPU or not, other scheduler or not: only
+  the scheduler writes them (at bind), and the device plugin hands GPUs out by them, so a pod
+  created with them could claim GPUs it was never given. HAMi keeps them.
+- No quota check (webhook.go 114-116): this product has no quotas.
+- The patch holds only the changes, not HAMi's side effects of re-marshalling the pod through
+  the Go types (`"creationTimestamp":null`, `"resources":{}`, ...).
+- Quantity values beyond int64 (where Go's `Quantity.Value()` overflows) are errors for the
+  percentage and the priority.
+
+Not here: `hami.io/webhook: ignore` on a namespace or pod is honoured by the webhook
+configuration's selectors (the chart's namespaceSelector/objectSelector), never sent to us.
+
+How controller-runtime (HAMi's webhook server) answers, and so does `admission_reply`: always
+HTTP 200 with an AdmissionReview; a denial carries `status.code` 403 and reason `Forbidden`,
+an error carries `status.code` 500 (400 for an unreadable request) and `allowed: false`.
+kube-apiserver rejects the pod with the message in both cases. (An HTTP 500 would instead be
+a failed call, which the chart's `failurePolicy: Ignore` turns into admitting the pod.)
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import ROUND_UP
+from typing import Any
+
+from hami_plugin.model import (
+    ANNOTATION_BIND_PHASE,
+    ANNOTATION_BIND_TIME,
+    ANNOTATION_DEVICES_ALLOCATED,
+    ANNOTATION_DEVICES_TO_ALLOCATE,
+    ANNOTATION_VGPU_MIG_ALLOCATIONS,
+    ANNOTATION_VGPU_NODE,
+    ANNOTATION_VGPU_TIME,
+    LABEL_VGPU_NODE,
+)
+from hami_plugin.quantity import QuantityError, parse_quantity
+from hami_plugin.scheduler.extender_api import (
+    JSON_CONTENT_TYPE,
+    ExtenderRequestError,
+    HttpReply,
+    decode_go_json,
+    encode_go_json,
+)
+from hami_plugin.scheduler.settings import ResourceNames
+
+__all__ = [
+    "ADMISSION_V1",
+    "ADMISSION_V1BETA1",
+    "DEFAULT_SCHEDULER_NAME",
+    "ENV_CORE_UTILIZATION_POLICY",
+    "ENV_NVIDIA_VISIBLE_DEVICES",
+    "ENV_TASK_PRIORITY",
+    "SCHEDULER_OWNED_ANNOTATIONS",
+    "SCHEDULER_OWNED_LABELS",
+    "WEBHOOK_MAX_BODY_BYTES",
+    "AdmissionOutcome",
+    "AdmissionVerdict",
+    "GpuCorePolicy",
+    "PodAdmission",
+    "WebhookSettings",
+    "admission_reply",
+    "admit_pod",
+    "render_admission_review",
+    "review_admission",
+    "review_admission_body",
+]
+
+logger = logging.getLogger(__name__)
+
+ADMISSION_V1 = "admission.k8s.io/v1"
+ADMISSION_V1BETA1 = "admission.k8s.io/v1beta1"
+ADMISSION_REVIEW = "AdmissionReview"
+WEBHOOK_MAX_BODY_BYTES = 7 * 1024 * 1024
+"""controller-runtime v0.24's limit (webhook/admission/http.go maxRequestSize): two objects of
+at most 3 MiB each plus the rest of the request."""
+DEFAULT_SCHEDULER_NAME = "default-scheduler"
+
+ENV_TASK_PRIORITY = "CUDA_TASK_PRIORITY"
+ENV_CORE_UTILIZATION_POLICY = "GPU_CORE_UTILIZATION_POLICY"
+ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+
+SCHEDULER_OWNED_ANNOTATIONS = (
+    ANNOTATION_DEVICES_TO_ALLOCATE,
+    ANNOTATION_DEVICES_ALLOCATED,
+    ANNOTATION_VGPU_NODE,
+    ANNOTATION_VGPU_TIME,
+    ANNOTATION_BIND_PHASE,
+    ANNOTATION_BIND_TIME,
+    ANNOTATION_VGPU_MIG_ALLOCATIONS,
+)
+"""Written only by the scheduler (and the device plugin after it): removed at admission."""
+SCHEDULER_OWNED_LABELS = (LABEL_VGPU_NODE,)
+"""HAMi's monitor finds a node's GPU pods by this label, set with the booking at bind."""
+
+_INT32_MAX = 2**31 - 1
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_EXCLUSIVE_CORES = "100"
+_QUANTITY_FORMAT = (
+    "quantities must match the regular expression "
+    "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+)  # apimachinery resource.ErrFormatWrong, what decoding such a pod fails with in Go
+
+
+class GpuCorePolicy(enum.StrEnum):
+    """HAMi's `gpuCorePolicy`: how HAMi-core enforces the cores limit in the container."""
+
+    DEFAULT = "default"
+    FORCE = "force"
+    DISABLE = "disable"
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookSettings:
+    """What the webhook is configured with (HAMi's flags and the device config's `nvidia:`).
+
+    An empty `scheduler_name` leaves `spec.schedulerName` alone (HAMi's `--scheduler-name`
+    unset). `default_gpu_num` 0 turns the default GPU count off. The scheduler's
+    `default_memory_mib`/`default_cores` are not the webhook's: HAMi reads them only for
+    quotas, which this product does not have.
+    """
+
+    scheduler_name: str = "hami-scheduler"
+    force_overwrite_default_scheduler: bool = True
+    default_gpu_num: int = 1
+    overwrite_env: bool = False
+    gpu_core_policy: GpuCorePolicy = GpuCorePolicy.DEFAULT
+    runtime_class_name: str = ""
+    resources: ResourceNames = field(default_factory=ResourceNames)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.default_gpu_num <= _INT32_MAX:
+            raise ValueError("default_gpu_num must be between 0 and 2147483647")
+        if not self.resources.count:
+            raise ValueError("the GPU count resource name must not be empty")
+        GpuCorePolicy(self.gpu_core_policy)  # raises ValueError for an unknown policy
+
+
+class AdmissionVerdict(enum.StrEnum):
+    """controller-runtime's three kinds of answer."""
+
+    ALLOWED = "allowed"  # Allowed / Patched / PatchResponseFromRaw
+    DENIED = "denied"  # Denied: code 403, reason Forbidden
+    ERRORED = "errored"  # Errored: code 400 or 500, not allowed
+
+
+@dataclass(frozen=True, slots=True)
+class PodAdmission:
+    """The webhook's answer for one pod: verdict, `status.code`, message and JSON patch."""
+
+    verdict: AdmissionVerdict
+    code: int
+    message: str = ""
+    patch: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def allowed(self) -> bool:
+        return self.verdict is AdmissionVerdict.ALLOWED
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionOutcome:
+    """The answer (`admission`) and the AdmissionReview response that carries it (`review`,
+    a JSON object in Go's field order, same apiVersion as the request)."""
+
+    admission: PodAdmission
+    review: Mapping[str, Any]
+
+
+def _allowed(message: str = "", patch: Sequence[Mapping[str, Any]] = ()) -> PodAdmission:
+    return PodAdmission(AdmissionVerdict.ALLOWED, 200, message, tuple(patch))
+
+
+def _denied(message: str) -> PodAdmission:
+    return PodAdmission(AdmissionVerdict.DENIED, 403, message)
+
+
+def _errored(code: int, message: str) -> PodAdmission:
+    return PodAdmission(AdmissionVerdict.ERRORED, code, message)
+
+
+# --- reading the pod ---------------------------------------------------------------------
+
+
+class _BadPodError(Exception):
+    """The pod is not a v1.Pod Go could decode (HAMi answers code 400)."""
+
+
+class _RejectedError(Exception):
+    """MutateAdmission refused a container (HAMi answers code 500)."""
+
+
+def _kind(value: object) -> str:
+    return type(value).__name__
+
+
+def _mapping(value: object, what: str) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise _BadPodError(f"pod {what} must be an object, got {_kind(value)}")
+    return value
+
+
+def _text(value: object, what: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise _BadPodError(f"pod {what} must be a string, got {_kind(value)}")
+    return value
+
+
+def _string_map(value: object, what: str) -> Mapping[str, Any]:
+    mapping = _mapping(value, what) or {}
+    for key, item in mapping.items():
+        if item is not None and not isinstance(item, str):
+            raise _BadPodError(f"pod {what}[{key}] must be a string, got {_kind(item)}")
+    return mapping
+
+
+@dataclass(slots=True)
+class _Container:
+    """One container as read, and what MutateAdmission adds to it."""
+
+    path: str
+    name: str
+    limits: Mapping[str, Any]
+    requests: Mapping[str, Any]
+    resources_present: bool
+    limits_present: bool
+    env_present: bool
+    privileged: bool
+    added_env: list[dict[str, str]] = field(default_factory=list)
+    added_limits: dict[str, str] = field(default_factory=dict)
+
+    def in_limits(self, name: str) -> bool:
+        return name in self.limits or name in self.added_limits
+
+    def present(self, name: str) -> bool:
+        """HAMi's resourcePresent: in limits or requests; an empty name never is."""
+        return bool(name) and (self.in_limits(name) or name in self.requests)
+
+    def where(self, name: str, kind: str) -> str:
+        return f"{self.path[1:].replace('/', '.')}.resources.{kind}[{name}]"
+
+
+@dataclass(frozen=True, slots=True)
+class _PodView:
+    annotations: Mapping[str, Any]
+    labels: Mapping[str, Any]
+    containers: tuple[_Container, ...]  # init containers first
+    app_container_count: int
+    scheduler_name: str
+    scheduler_name_present: bool
+    node_name: str
+    runtime_class_missing: bool
+
+
+def _read_container(value: object, path: str) -> _Container:
+    what = path[1:].replace("/", ".")
+    container = _mapping(value, what)
+    if container is None:
+        raise _BadPodError(f"pod {what} must be an object, got null")
+    resources = _mapping(container.get("resources"), f"{what}.resources")
+    limits = _mapping((resources or {}).get("limits"), f"{what}.resources.limits")
+    requests = _mapping((resources or {}).get("requests"), f"{what}.resources.requests")
+    env = container.get("env")
+    if env is not None and not isinstance(env, list):
+        raise _BadPodError(f"pod {what}.env must be a list, got {_kind(env)}")
+    security = _mapping(container.get("securityContext"), f"{what}.securityContext")
+    privileged = (security or {}).get("privileged")
+    if privileged is not None and not isinstance(privileged, bool):
+        raise _BadPodError(
+            f"pod {what}.securityContext.privileged must be a boolean, got {_kind(privileged)}"
+        )
+    return _Container(
+        path=path,
+        name=_text(container.get("name"), f"{what}.name"),
+        limits=limits or {},
+        requests=requests or {},
+        resources_present=resources is not None,
+        limits_present=limits is not None,
+        env_present=env is not None,
+        privileged=privileged is True,
+    )
+
+
+def _read_containers(spec: Mapping[str, Any], key: str) -> list[_Container]:
+    items = spec.get(key)
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise _BadPodError(f"pod spec.{key} must be a list, got {_kind(items)}")
+    return [_read_container(item, f"/spec/{key}/{index}") for index, item in enumerate(items)]
+
+
+def _read_pod(pod: object) -> _PodView:
+    if pod is None:
+        raise _BadPodError("there is no content to decode")  # controller-runtime's words
+    document = _mapping(pod, "object") or {}
+    metadata = _mapping(document.get("metadata"), "metadata") or {}
+    spec = _mapping(document.get("spec"), "spec") or {}
+    runtime_class = spec.get("runtimeClassName")
+    _text(runtime_class, "spec.runtimeClassName")
+    init_containers = _read_containers(spec, "initContainers")
+    app_containers = _read_containers(spec, "containers")
+    return _PodView(
+        annotations=_string_map(metadata.get("annotations"), "metadata.annotations"),
+        labels=_string_map(metadata.get("labels"), "metadata.labels"),
+        containers=(*init_containers, *app_containers),
+        app_container_count=len(app_containers),
+        scheduler_name=_text(spec.get("schedulerName"), "spec.schedulerName"),
+        scheduler_name_present="schedulerName" in spec,
+        node_name=_text(spec.get("nodeName"), "spec.nodeName"),
+        runtime_class_missing=runtime_class is None,
+    )
+
+
+def _go_value(raw: object, where: str) -> int | None:
+    """Go's `Quantity.Value()`: rounded up, away from zero. None beyond int64 (Go overflows
+    there). JSON null decodes to the zero quantity."""
+    if raw is None:
+        return 0
+    if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+        raise _BadPodError(f"pod {where}: {_QUANTITY_FORMAT}")
+    try:
+        value = parse_quantity(raw)
+    except QuantityError:
+        raise _BadPodError(f"pod {where}: {_QUANTITY_FORMAT}") from None
+    if value.is_zero():
+        return 0
+    if value.adjusted() > 18:
+        return None
+    whole = int(value.to_integral_value(rounding=ROUND_UP))
+    return whole if _INT64_MIN <= whole <= _INT64_MAX else None
+
+
+def _resource_value(container: _Container, name: str) -> tuple[bool, int | None, object]:
+    """HAMi's resourceValue: (present, Value(), raw) from limits, else requests."""
+    if not name:
+        return False, 0, None
+    if name in container.limits:
+        raw = container.limits[name]
+        return True, _go_value(raw, container.where(name, "limits")), raw
+    if name in container.requests:
+        raw = container.requests[name]
+        return True, _go_value(raw, container.where(name, "requests")), raw
+    return False, 0, None
+
+
+# --- MutateAdmission ------------------------------------------------------------------------
+
+
+def _binary_si(count: int) -> str:
+    """`resource.NewQuantity(count, BinarySI)` as Go serialises it: below 1024 in decimal SI
+    (`1000` is `1k`), above in the largest exact binary unit (`2048` is `2Ki`)."""
+    if count < 1024:
+        return "1k" if count == 1000 else str(count)
+    suffixes = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+    power = 0
+    while count % 1024 == 0 and power < len(suffixes) - 1:
+        count //= 1024
+        power += 1
+    return f"{count}{suffixes[power]}"
+
+
+def _mutate_container(container: _Container, settings: WebhookSettings) -> bool:
+    """HAMi's MutateAdmission for one container: record what it adds, say whether the
+    container asks for GPUs. Raises _RejectedError or _BadPodError."""
+    names = settings.resources
+    present, percent, raw = _resource_value(container, names.memory_percentage)
+    if present and (percent is None or not 0 <= percent <= 100):
+        shown = raw if percent is None else percent
+        raise _RejectedError(
+            f"invalid {names.memory_percentage} value {shown} in container {container.name}: "
+            "must be an integer between 0 and 100"
+        )
+    if names.priority in container.limits:
+        priority = _go_value(
+            container.limits[names.priority], container.where(names.priority, "limits")
+        )
+        if priority is None:
+            raise _RejectedError(
+                f"invalid {names.priority} value {container.limits[names.priority]} in "
+                f"container {container.name}: out of the int64 range"
+            )
+        container.added_env.append({"name": ENV_TASK_PRIORITY, "value": str(priority)})
+    if settings.gpu_core_policy is not GpuCorePolicy.DEFAULT:
+        container.added_env.append(
+            {"name": ENV_CORE_UTILIZATION_POLICY, "value": str(settings.gpu_core_policy)}
+        )
+
+    # mutateContainerResource (device.go 398-415): limits only.
+    has_resource = container.in_limits(names.count)
+    if not has_resource and settings.default_gpu_num > 0:
+        shares = (names.cores, names.memory, names.memory_percentage)
+        if any(container.in_limits(name) for name in shares):
+            container.added_limits[names.count] = _binary_si(settings.default_gpu_num)
+            has_resource = True
+
+    # defaultExclusiveCoreIfNeeded (device.go 417-450): limits or requests.
+    if container.present(names.count) and names.cores and not container.present(names.cores):
+        if present:
+            exclusive = percent == 100
+        else:
+            exclusive = not names.memory or not container.present(names.memory)
+        if exclusive:
+            container.added_limits[names.cores] = _EXCLUSIVE_CORES
+            has_resource = True
+
+    if not has_resource and settings.overwrite_env:
+        container.added_env.append({"name": ENV_NVIDIA_VISIBLE_DEVICES, "value": "none"})
+    return has_resource
+
+
+# --- the JSON patch -------------------------------------------------------------------------
+
+
+def _pointer_token(name: str) -> str:
+    """RFC 6901: `~` is written `~0` and `/` is written `~1`."""
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+def _strip_operations(view: _PodView) -> list[dict[str, Any]]:
+    operations: list[dict[str, Any]] = []
+    for where, owned, present in (
+        ("annotations", SCHEDULER_OWNED_ANNOTATIONS, view.annotations),
+        ("labels", SCHEDULER_OWNED_LABELS, view.labels),
+    ):
+        for key in owned:
+            if key in present:
+                path = f"/metadata/{where}/{_pointer_token(key)}"
+                operations.append({"op": "remove", "path": path})
+    return operations
+
+
+def _container_operations(container: _Container) -> list[dict[str, Any]]:
+    operations: list[dict[str, Any]] = []
+    if container.added_env:
+        if container.env_present:
+            operations.extend(
+                {"op": "add", "path": f"{container.path}/env/-", "value": variable}
+                for variable in container.added_env
+            )
+        else:
+            path = f"{container.path}/env"
+            operations.append({"op": "add", "path": path, "value": list(container.added_env)})
+    if container.added_limits:
+        added = dict(container.added_limits)
+        if container.limits_present:
+            operations.extend(
+                {
+                    "op": "add",
+                    "path": f"{container.path}/resources/limits/{_pointer_token(name)}",
+                    "value": value,
+                }
+                for name, value in added.items()
+            )
+        elif container.resources_present:
+            path = f"{container.path}/resources/limits"
+            operations.append({"op": "add", "path": path, "value": added})
+        else:
+            path = f"{container.path}/resources"
+            operations.append({"op": "add", "path": path, "value": {"limits": added}})
+    return operations
+
+
+def _other_scheduler(name: str, settings: WebhookSettings) -> bool:
+    """webhook.go 64-66: the pod names a scheduler that is not ours."""
+    if not name:
+        return False
+    if name == DEFAULT_SCHEDULER_NAME and settings.force_overwrite_default_scheduler:
+        return False
+    return not settings.scheduler_name or name != settings.scheduler_name
+
+
+def admit_pod(pod: object, settings: WebhookSettings) -> PodAdmission:
+    """HAMi v2.10's admission decision for a pod (a decoded v1.Pod JSON object), with the
+    JSON patch against that object. Never raises for any input."""
+    try:
+        view = _read_pod(pod)
+        if view.app_container_count == 0:
+            return _denied("pod has no containers")
+        strip = _strip_operations(view)
+        if _other_scheduler(view.scheduler_name, settings):
+            return _allowed("pod already has different scheduler assigned", strip)
+        # Every container is mutated, none skipped once one asks for GPUs.
+        has_resource = False
+        for container in view.containers:
+            has_resource = _mutate_container(container, settings) or has_resource
+    except _BadPodError as error:
+        return _errored(400, str(error))
+    except _RejectedError as error:
+        return _errored(500, str(error))
+
+    if has_resource:
+        privileged = next((c for c in view.containers if c.privileged), None)
+        if privileged is not None:
+            return _denied(f"container {privileged.name} is privileged")
+    operations = strip
+    for container in view.containers:
+        operations.extend(_container_operations(container))
+    if has_resource and view.runtime_class_missing and settings.runtime_class_name:
+        operations.append(
+            {"op": "add", "path": "/spec/runtimeClassName", "value": settings.runtime_class_name}
+        )
+    if has_resource and settings.scheduler_name:
+        if view.node_name:
+            return _denied("pod has node assigned")
+        if view.scheduler_name != settings.scheduler_name:
+            operations.append(
+                {
+                    "op": "replace" if view.scheduler_name_present else "add",
+                    "path": "/spec/schedulerName",
+                    "value": settings.scheduler_name,
+                }
+            )
+    return _allowed(patch=operations)
+
+
+# --- the AdmissionReview --------------------------------------------------------------------
+
+
+def _review(api_version: str, uid: str, admission: PodAdmission) -> dict[str, Any]:
+    # metav1.Status: metadata (a struct, never omitted), message, reason, code.
+    status: dict[str, Any] = {"metadata": {}}
+    if admission.message:
+        status["message"] = admission.message
+    if admission.verdict is AdmissionVerdict.DENIED:
+        status["reason"] = "Forbidden"
+    status["code"] = admission.code
+    response: dict[str, Any] = {"uid": uid, "allowed": admission.allowed, "status": status}
+    if admission.patch:
+        encoded = base64.b64encode(encode_go_json(list(admission.patch)))
+        response["patch"] = encoded.decode("ascii")
+        response["patchType"] = "JSONPatch"
+    return {"kind": ADMISSION_REVIEW, "apiVersion": api_version, "response": response}
+
+
+def _outcome(api_version: str, uid: str, admission: PodAdmission) -> AdmissionOutcome:
+    return AdmissionOutcome(admission, _review(api_version, uid, admission))
+
+
+def review_admission(review: object, settings: WebhookSettings) -> AdmissionOutcome:
+    """Answer an AdmissionReview request (a decoded JSON object) in its own apiVersion
+    (`admission.k8s.io/v1` when it names none). An unreadable review is answered as
+    controller-runtime does, `allowed: false` with code 400. Never raises."""
+    api_version, uid = ADMISSION_V1, ""
+    if not isinstance(review, Mapping):
+        return _outcome(api_version, uid, _errored(400, "the admission review is not an object"))
+    given_version = review.get("apiVersion") or ADMISSION_V1
+    kind = review.get("kind") or ADMISSION_REVIEW
+    if given_version not in (ADMISSION_V1, ADMISSION_V1BETA1) or kind != ADMISSION_REVIEW:
+        message = f'no kind "{kind}" is registered for version "{given_version}"'
+        return _outcome(api_version, uid, _errored(400, message))
+    api_version = str(given_version)
+    request = review.get("request")
+    if not isinstance(request, Mapping):
+        return _outcome(api_version, uid, _errored(400, "there is no content to decode"))
+    given_uid = request.get("uid")
+    uid = given_uid if isinstance(given_uid, str) else ""
+    try:
+        admission = admit_pod(request.get("object"), settings)
+    except Exception as error:  # a bug here must not take the webhook down
+        logger.exception("admission of pod %s failed unexpectedly", _pod_key(request))
+        admission = _errored(500, f"internal error: {error}")
+    if admission.verdict is AdmissionVerdict.DENIED:
+        logger.info("denying pod %s (uid %s): %s", _pod_key(request), uid, admission.message)
+    elif admission.verdict is AdmissionVerdict.ERRORED:
+        logger.warning("rejecting pod %s (uid %s): %s", _pod_key(request), uid, admission.message)
+    return _outcome(api_version, uid, admission)
+
+
+def _pod_key(request: Mapping[str, Any]) -> str:
+    pod = request.get("object")
+    metadata = pod.get("metadata") if isinstance(pod, Mapping) else None
+    name = request.get("name") or (metadata.get("name") if isinstance(metadata, Mapping) else "")
+    return f"{request.get('namespace') or ''}/{name or ''}"
+
+
+def review_admission_body(
+    body: bytes,
+    settings: WebhookSettings,
+    *,
+    content_type: str = JSON_CONTENT_TYPE,
+    max_bytes: int = WEBHOOK_MAX_BODY_BYTES,
+) -> AdmissionOutcome:
+    """Answer a POST /webhook body as controller-runtime's webhook server does: an empty body,
+    one over `max_bytes` (code 413), a Content-Type other than `application/json` or malformed
+    JSON are answered `allowed: false` with the reason; anything else goes to
+    `review_admission`. Never raises."""
+    if not body:
+        return _outcome(ADMISSION_V1, "", _errored(400, "request body is empty"))
+    if len(body) > max_bytes:
+        message = f"request entity is too large; limit is {max_bytes} bytes"
+        return _outcome(ADMISSION_V1, "", _errored(413, message))
+    if content_type != JSON_CONTENT_TYPE:
+        message = f"contentType={content_type}, expected {JSON_CONTENT_TYPE}"
+        return _outcome(ADMISSION_V1, "", _errored(400, message))
+    try:
+        review = decode_go_json(body)
+    except ExtenderRequestError as error:
+        return _outcome(ADMISSION_V1, "", _errored(400, str(error)))
+    return review_admission(review, settings)
+
+
+def render_admission_review(review: Mapping[str, Any]) -> bytes:
+    """The review as Go's `json.Encoder` writes it: compact, Go's escaping, a newline."""
+    return encode_go_json(review) + b"\n"
+
+
+def admission_reply(outcome: AdmissionOutcome) -> HttpReply:
+    """HTTP 200 with the AdmissionReview, whatever the verdict (see the module docstring)."""
+    return HttpReply(200, render_admission_review(outcome.review))
