@@ -1,8 +1,9 @@
 """A real Prometheus scrapes both endpoints; its HTTP API shows the series; promtool lints them.
 
-The device plugin side is the real daemon (fake NVML, test kubelet, API server double) with a
-HAMi-core region file written into a container directory. The scheduler side is
-`SchedulerMetrics` over a real Ledger behind a fake view, until `hami scheduler` serves it.
+A small cluster on one API server double: the real device plugin daemon (fake NVML, test
+kubelet) with a HAMi-core region file written into a container directory, and the real
+`hami scheduler` daemon (in-process, as tests/extender/cluster.py runs it) that registers the
+node from the device plugin's annotation, tracks the booked pod and answers a /filter call.
 
 Needs the `prometheus` and `promtool` binaries (Debian package `prometheus`). Outside CI a
 missing binary skips the test with a message; with CI=true it fails it.
@@ -16,6 +17,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -27,18 +29,21 @@ from typing import Any
 import pytest
 import yaml
 
-from hami_plugin.metrics.scheduler import SchedulerMetrics
+from hami_plugin.extender.daemon import SchedulerDaemon
+from hami_plugin.extender.settings import SchedulerConfig
+from hami_plugin.k8s import KubeClient, RetryPolicy
 from hami_plugin.model import ContainerDevice
 from hami_plugin.testing.apiserver import FakeApiServer
+from tests.extender.helpers import gpu_pod
 from tests.metrics.test_dashboard import dashboard_queries
 from tests.metrics.test_node_daemon import (
     GPU_0,
     NODE,
+    SPLIT,
     add_booked_pod,
     running_device_plugin,
     write_usage_region,
 )
-from tests.metrics.test_scheduler_metrics import sample_view
 
 MIB = 1 << 20
 INSTALL_HINT = "install the Debian package: apt-get install -y --no-install-recommends prometheus"
@@ -174,32 +179,71 @@ def exposition(url: str) -> bytes:
         return body
 
 
-def test_prometheus_scrapes_both_endpoints(tmp_path: Path, apiserver: FakeApiServer) -> None:
+@contextlib.contextmanager
+def running_scheduler(apiserver: FakeApiServer, metrics_port: int) -> Iterator[SchedulerDaemon]:
+    """The real `hami scheduler` daemon, in-process, serving its own metrics."""
+    kube = KubeClient(
+        apiserver.api_client(),
+        RetryPolicy(
+            attempts=3, initial_backoff_seconds=0.01, max_backoff_seconds=0.05, timeout_seconds=5
+        ),
+    )
+    config = SchedulerConfig(
+        http_host="127.0.0.1", http_port=0, metrics_bind_address=f"127.0.0.1:{metrics_port}"
+    )
+    daemon = SchedulerDaemon(config, kube=kube, watch_timeout_seconds=30)
+    exit_codes: list[int] = []
+    thread = threading.Thread(target=lambda: exit_codes.append(daemon.run()), name="scheduler")
+    thread.start()
+    try:
+        assert daemon.started.wait(20), "the scheduler did not start"
+        assert daemon.ready.wait(20), "the scheduler did not get its first lists"
+        yield daemon
+    finally:
+        daemon.stop()
+        thread.join(60)
+        kube.close()
+    assert exit_codes == [0]
+
+
+def post_filter(daemon: SchedulerDaemon, pod: dict[str, Any]) -> dict[str, Any]:
+    """kube-scheduler's /filter call for one GPU pod on the node."""
+    body = json.dumps({"Pod": pod, "NodeNames": [NODE]}).encode()
+    request = urllib.request.Request(
+        f"{daemon.url}/filter", body, {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        answer: dict[str, Any] = json.load(response)
+        return answer
+
+
+def test_prometheus_scrapes_both_daemons(tmp_path: Path, apiserver: FakeApiServer) -> None:
     binary("prometheus")
     binary("promtool")
-    scheduler = SchedulerMetrics(sample_view())
-    scheduler.filter_done(0.004, "fit")
-    scheduler.filter_failures({"CardInsufficientMemory": 2})
-    scheduler.bind_done(0.05, True)
-    scheduler.bind_waited(0.3)
-    scheduler_server = scheduler.serve("127.0.0.1:0")
-    assert scheduler_server is not None
     share = ContainerDevice(GPU_0, "NVIDIA", 4000, 30)
-    booked = ((share,), (share,))
+    scheduler_port = free_port()
     with (
-        scheduler_server,
         running_device_plugin(tmp_path / "node", apiserver) as plugin,
+        running_scheduler(apiserver, scheduler_port) as scheduler,
     ):
-        uid = add_booked_pod(apiserver, "trainer", booked)
+        # What kubelet does after ListAndWatch; the scheduler's health check reads it.
+        apiserver.update_object(
+            "nodes",
+            "",
+            NODE,
+            lambda node: node["status"]["allocatable"].update({"nvidia.com/gpu": str(2 * SPLIT)}),
+        )
+        uid = add_booked_pod(apiserver, "trainer", ((share,), (share,)))
         write_usage_region(plugin.hook, uid, "c0", used_mib=1500)
+        post_filter(scheduler, gpu_pod("next", memory=1000))
         assert plugin.daemon.metrics is not None
         targets = {
             "hami-device-plugin": str(plugin.daemon.metrics.server.bound),
-            "hami-scheduler": str(scheduler_server.bound),
+            "hami-scheduler": f"127.0.0.1:{scheduler_port}",
         }
-
-        for endpoint in (plugin.url, scheduler_server.url):
-            assert set(promtool_problems(exposition(endpoint))) <= ACCEPTED_LINT, endpoint
+        for address in targets.values():
+            text = exposition(f"http://{address}/metrics")
+            assert set(promtool_problems(text)) <= ACCEPTED_LINT, address
 
         (tmp_path / "prom").mkdir()
         with running_prometheus(tmp_path / "prom", targets) as base:
@@ -208,12 +252,14 @@ def test_prometheus_scrapes_both_endpoints(tmp_path: Path, apiserver: FakeApiSer
                 "both targets to be scraped and up",
             )
             wait_for(
-                lambda: bool(query(base, 'hami_vgpu_memory_used_bytes{pod="trainer"}')),
-                "the per-container series",
+                lambda: (
+                    bool(query(base, 'hami_vgpu_memory_allocated_bytes{pod="trainer"}'))
+                    and bool(query(base, 'hami_vgpu_memory_used_bytes{pod="trainer"}'))
+                ),
+                "the scheduler's booking and the container's usage of pod trainer",
             )
 
-            host = query(base, f'hami_host_gpu_memory_used_bytes{{device_uuid="{GPU_0}"}}')
-            (series,) = host
+            (series,) = query(base, f'hami_host_gpu_memory_used_bytes{{device_uuid="{GPU_0}"}}')
             assert series["metric"]["node"] == NODE
             assert series["metric"]["zone"] == "vGPU"
             assert float(series["value"][1]) == 2048 * MIB
@@ -223,6 +269,7 @@ def test_prometheus_scrapes_both_endpoints(tmp_path: Path, apiserver: FakeApiSer
             allocated = one_value(base, 'sum(hami_vgpu_memory_allocated_bytes{pod="trainer"})')
             assert allocated == 8000 * MIB
             assert one_value(base, f'hami_gpu_shared_count{{device_uuid="{GPU_0}"}}') == 2
+            assert one_value(base, "sum(hami_scheduler_filter_duration_seconds_count)") >= 1
 
             # Every dashboard query is valid PromQL to this Prometheus; the gauges have data.
             wait_for(
