@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
+from hami_plugin.extender.clock import Clock
 from hami_plugin.extender.daemon import ElectorFactory, SchedulerDaemon
 from hami_plugin.extender.settings import SchedulerConfig
 from hami_plugin.k8s import KubeClient, RetryPolicy
@@ -131,6 +132,7 @@ def running_scheduler(
     *,
     elector_factory: ElectorFactory | None = None,
     retry: RetryPolicy = FAST_RETRY,
+    clock: Clock | None = None,
     wait_ready: bool = True,
     **changes: Any,
 ) -> Iterator[Scheduler]:
@@ -143,6 +145,7 @@ def running_scheduler(
         kube=client,
         observer=observer,
         elector_factory=elector_factory,
+        clock=clock,
         recovery_interval_seconds=0.2,
         watch_timeout_seconds=30,
     )

@@ -1,0 +1,121 @@
+"""Nothing stays stuck: allocation timeouts, stale and orphaned locks, deleted pods, handshakes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+from hami_plugin.extender.clock import ManualClock
+from hami_plugin.extender.daemon import Elector
+from hami_plugin.model import (
+    ANNOTATION_BIND_PHASE,
+    ANNOTATION_NODE_HANDSHAKE,
+    ANNOTATION_NODE_LOCK,
+)
+from hami_plugin.testing.apiserver import FakeApiServer
+from tests.extender.cluster import running_scheduler, wait_until
+from tests.extender.helpers import gpu_node, gpu_pod
+
+
+def lock_of(api: FakeApiServer, node: str) -> str | None:
+    stored = api.get_node(node)
+    assert stored is not None
+    value = stored["metadata"].get("annotations", {}).get(ANNOTATION_NODE_LOCK)
+    return value if isinstance(value, str) else None
+
+
+def phase_of(api: FakeApiServer, name: str) -> str | None:
+    pod = api.get_pod("default", name)
+    assert pod is not None
+    value = pod["metadata"].get("annotations", {}).get(ANNOTATION_BIND_PHASE)
+    return value if isinstance(value, str) else None
+
+
+def used_slots(scheduler: object, node: str) -> int:
+    usage = scheduler.state.ledger.node(node)  # type: ignore[attr-defined]
+    return sum(usage.used) if usage is not None else 0
+
+
+def test_allocation_timeout_marks_failed_and_frees_everything(apiserver: FakeApiServer) -> None:
+    clock = ManualClock(datetime.now(UTC))
+    apiserver.add_object(gpu_node("n1", 1, split=1))
+    pod = apiserver.add_object(gpu_pod("stuck"))
+    with running_scheduler(apiserver, clock=clock, allocation_timeout_seconds=120) as scheduler:
+        assert scheduler.schedule(pod, ["n1"]) == "n1"
+        assert lock_of(apiserver, "n1") is not None
+        scheduler.sees_pod("default", "stuck", lambda p: p.node_name == "n1")
+        clock.advance(119)
+        assert scheduler.state.stale_allocations(clock.now(), 120) == []
+        clock.advance(2)
+        wait_until(lambda: phase_of(apiserver, "stuck") == "failed", what="bind-phase failed")
+        wait_until(lambda: lock_of(apiserver, "n1") is None, what="the lock released")
+        wait_until(lambda: used_slots(scheduler, "n1") == 0, what="the GPU freed")
+        messages = [e["message"] for e in apiserver.events() if e["reason"] == "AllocationTimeout"]
+        assert len(messages) == 1 and "did not happen within 2m0s" in messages[0]
+        assert scheduler.observer.named("pod_recovered") == ["allocation_timeout"]
+        # the freed GPU is schedulable again
+        other = apiserver.add_object(gpu_pod("next"))
+        assert scheduler.filter(other, ["n1"])["NodeNames"] == ["n1"]
+
+
+def test_deleting_a_pod_releases_its_lock_at_once(apiserver: FakeApiServer) -> None:
+    apiserver.add_object(gpu_node("n1", 1))
+    pod = apiserver.add_object(gpu_pod("gone"))
+    with running_scheduler(apiserver) as scheduler:
+        assert scheduler.schedule(pod, ["n1"]) == "n1"
+        scheduler.sees_pod("default", "gone", lambda p: p.node_name == "n1")
+        wait_until(lambda: scheduler.state.node("n1").annotations.get(ANNOTATION_NODE_LOCK))
+        apiserver.delete_pod("default", "gone")
+        wait_until(lambda: lock_of(apiserver, "n1") is None, what="the lock released")
+        assert used_slots(scheduler, "n1") == 0
+        assert scheduler.state.bookings() == {}
+
+
+def test_stale_and_orphaned_locks_are_released(apiserver: FakeApiServer) -> None:
+    now = datetime.now(UTC)
+    old = f"{now - timedelta(minutes=10):%Y-%m-%dT%H:%M:%SZ},default,old-owner"
+    orphan = f"{now:%Y-%m-%dT%H:%M:%SZ},default,never-existed"
+    live = f"{now:%Y-%m-%dT%H:%M:%SZ},default,alive"
+    apiserver.add_object(gpu_pod("old-owner"))
+    apiserver.add_object(gpu_pod("alive"))
+    apiserver.add_object(gpu_node("expired", annotations={ANNOTATION_NODE_LOCK: old}))
+    apiserver.add_object(gpu_node("orphaned", annotations={ANNOTATION_NODE_LOCK: orphan}))
+    apiserver.add_object(gpu_node("held", annotations={ANNOTATION_NODE_LOCK: live}))
+    with running_scheduler(apiserver) as scheduler:
+        wait_until(lambda: lock_of(apiserver, "expired") is None, what="the expired lock")
+        wait_until(lambda: lock_of(apiserver, "orphaned") is None, what="the orphaned lock")
+        assert sorted(scheduler.observer.named("pod_recovered")) == ["lock_expired", "owner_gone"]
+        assert lock_of(apiserver, "held") == live
+
+
+class _Never:
+    def is_leader(self) -> bool:
+        return False
+
+    def run(self, stop: threading.Event) -> None:
+        stop.wait()
+
+
+def test_handshakes_are_written_by_the_leader_only(apiserver: FakeApiServer) -> None:
+    apiserver.add_object(gpu_node("n1"))
+    orphan = f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ},default,never-existed"
+    apiserver.add_object(gpu_node("n2", annotations={ANNOTATION_NODE_LOCK: orphan}))
+
+    def follower(client: object, started: object, stopped: object) -> Elector:
+        return _Never()
+
+    with running_scheduler(apiserver, elector_factory=follower, leader_elect=True) as scheduler:
+        assert scheduler.state.ledger.node_names() == ["n1", "n2"]
+        scheduler.daemon.state.work.set()
+        time.sleep(1.5)  # several recovery passes: a follower must write nothing in any
+        assert apiserver.requests_matching("PATCH", "/api/v1/nodes/.*") == []
+    with running_scheduler(apiserver):
+
+        def handshake() -> str:
+            node = apiserver.get_node("n1")
+            assert node is not None
+            return str(node["metadata"]["annotations"].get(ANNOTATION_NODE_HANDSHAKE, ""))
+
+        wait_until(lambda: handshake().startswith("Requesting_"), what="the handshake")
+        wait_until(lambda: lock_of(apiserver, "n2") is None, what="the orphaned lock")
