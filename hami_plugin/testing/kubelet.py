@@ -583,18 +583,21 @@ class PodAdmitter:
         except AdmissionError as error:
             logger.info("pod admitter: %s/%s rejected: %s", pod.namespace, pod.name, error)
             with self._condition:
-                self._failures[pod.key] = str(error)
                 self._held.pop(pod.uid, None)
-                self._condition.notify_all()
+            # The status is tried before the result is published, so a waiter sees it when the
+            # API server is up (retried later otherwise).
             self._set_status(
                 pod,
                 {"phase": "Failed", "reason": UNEXPECTED_ADMISSION_ERROR, "message": str(error)},
             )
+            with self._condition:
+                self._failures[pod.key] = str(error)
+                self._condition.notify_all()
             return
+        self._set_status(pod, {"phase": "Running"})
         with self._condition:
             self._admitted.append(pod.key)
             self._condition.notify_all()
-        self._set_status(pod, {"phase": "Running"})
 
     def _allocate_pod(self, pod: _Pod) -> None:
         reusable: list[str] = []  # devices of this pod's init containers, reused by later ones
