@@ -214,7 +214,11 @@ def _wait(predicate: Callable[[], object], what: str, timeout: float = 15.0) -> 
         time.sleep(0.02)
 
 
-FAST = {"lease_duration_seconds": 2, "renew_deadline_seconds": 1.0, "retry_period_seconds": 0.2}
+FAST: dict[str, Any] = {
+    "lease_duration_seconds": 2,
+    "renew_deadline_seconds": 1.0,
+    "retry_period_seconds": 0.2,
+}
 
 
 def test_a_clean_stop_releases_the_lease(
