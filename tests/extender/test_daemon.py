@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -128,6 +129,14 @@ def _post(url: str, document: object, timeout: float = 60) -> dict[str, object]:
     return result
 
 
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=10) as response:
+            return bool(response.status == 200)
+    except urllib.error.HTTPError:
+        return False
+
+
 def test_sigterm_finishes_the_bind_in_progress_and_exits_0(
     apiserver: FakeApiServer, kubeconfig_path: Path
 ) -> None:
@@ -152,7 +161,7 @@ def test_sigterm_finishes_the_bind_in_progress_and_exits_0(
         match = re.search(r"serving on (http://\S+)", "".join(lines))
         assert match is not None
         url = match.group(1)
-        wait_until(lambda: urllib.request.urlopen(f"{url}/readyz").status == 200, timeout=30)
+        wait_until(lambda: _ready(url), timeout=30, what="readyz")
         assert _post(f"{url}/filter", {"Pod": pod, "NodeNames": ["n1"]})["NodeNames"] == ["n1"]
         answer: list[dict[str, object]] = []
         binder = threading.Thread(
