@@ -113,6 +113,9 @@ def running_device_plugin(
     thread.start()
     try:
         assert daemon.started.wait(10)
+        # Steady state: stopping while the registration is still under way can hang the
+        # registrar (a known race in deviceplugin/kubelet.py, reported to the lead).
+        kubelet.wait_for_registrations(1)
         yield RunningPlugin(daemon, apiserver, gpus_file, hook)
     finally:
         daemon.stop()
