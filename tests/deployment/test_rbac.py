@@ -1,0 +1,216 @@
+"""Least-privilege RBAC, derived from what the daemons really call.
+
+Each daemon runs as its manifests configure it against the API server double
+(`tests/deployment/exercise.py`); every request it sends is turned into RBAC attributes and
+compared both ways with the rules bound to its ServiceAccount, in the plain manifests and in
+the chart: a call without a rule fails (the daemon would get 403 in a cluster), and so does a
+rule no call uses. kube-scheduler's and the certificate job's needs are derived from their
+configuration in the same manifests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+import yaml
+
+from hami_plugin.testing.apiserver import RecordedRequest
+from tests.deployment import exercise
+from tests.deployment.manifests import (
+    Obj,
+    config_map_data,
+    helm_template,
+    named,
+    plain_manifests,
+    workload_running,
+)
+from tests.deployment.rbac import Access, Grant, access_of, grants_for, problems
+
+KUBE_SCHEDULER_ROLES = frozenset(
+    {("ClusterRole", "system:kube-scheduler"), ("ClusterRole", "system:volume-scheduler")}
+)
+
+SOURCES: dict[str, Callable[[], list[Obj]]] = {
+    "manifests": plain_manifests,
+    "chart": helm_template,
+}
+
+
+@pytest.fixture(scope="module")
+def device_plugin_calls(tmp_path_factory: pytest.TempPathFactory) -> list[RecordedRequest]:
+    return exercise.device_plugin_requests(
+        plain_manifests(), tmp_path_factory.mktemp("device-plugin")
+    )
+
+
+@pytest.fixture(scope="module")
+def scheduler_calls(tmp_path_factory: pytest.TempPathFactory) -> list[RecordedRequest]:
+    return exercise.scheduler_requests(plain_manifests(), tmp_path_factory.mktemp("scheduler"))
+
+
+def service_account(workload: Obj) -> tuple[str, str]:
+    spec = workload["spec"]["template"]["spec"]
+    return workload["metadata"]["namespace"], spec["serviceAccountName"]
+
+
+def kube_scheduler_accesses(objects: Sequence[Obj]) -> list[Access]:
+    """kube-scheduler's own Lease (the built-in role only covers the one named kube-scheduler),
+    from the KubeSchedulerConfiguration it is started with."""
+    config = yaml.safe_load(config_map_data(objects, "hami-scheduler", "config.yaml"))
+    election = config["leaderElection"]
+    if not election.get("leaderElect"):
+        return []
+    namespace, name = election["resourceNamespace"], election["resourceName"]
+    return [
+        Access("coordination.k8s.io", "leases", verb, namespace, name) for verb in ("get", "update")
+    ]
+
+
+def certgen_accesses(objects: Sequence[Obj]) -> list[Access]:
+    """kube-webhook-certgen's calls, from its Job's arguments: `create` reads the Secret and
+    creates it when missing; `patch` reads it and updates the webhook configuration."""
+    found: list[Access] = []
+    for job in (o for o in objects if o.get("kind") == "Job"):
+        for step in (
+            job["spec"]["template"]["spec"].get("initContainers", [])
+            + job["spec"]["template"]["spec"]["containers"]
+        ):
+            flags = dict(a.removeprefix("--").split("=", 1) for a in step["args"][1:])
+            namespace, secret = flags["namespace"], flags["secret-name"]
+            found.append(Access("", "secrets", "get", namespace, secret))
+            if step["args"][0] == "create":
+                found.append(Access("", "secrets", "create", namespace, None))
+            else:
+                webhook = flags["webhook-name"]
+                for verb in ("get", "update"):
+                    found.append(
+                        Access(
+                            "admissionregistration.k8s.io",
+                            "mutatingwebhookconfigurations",
+                            verb,
+                            None,
+                            webhook,
+                        )
+                    )
+    return found
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_the_device_plugin_may_do_exactly_what_it_calls(
+    source: str, device_plugin_calls: list[RecordedRequest]
+) -> None:
+    objects = SOURCES[source]()
+    namespace, account = service_account(workload_running(objects, "device-plugin"))
+    bound = grants_for(objects, namespace, account)
+    assert bound.external == frozenset()
+    assert problems(exercise.accesses(device_plugin_calls), bound.grants, namespace) == []
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_the_scheduler_may_do_exactly_what_it_and_kube_scheduler_call(
+    source: str, scheduler_calls: list[RecordedRequest]
+) -> None:
+    objects = SOURCES[source]()
+    namespace, account = service_account(workload_running(objects, "scheduler"))
+    bound = grants_for(objects, namespace, account)
+    assert bound.external == KUBE_SCHEDULER_ROLES
+    called = exercise.accesses(scheduler_calls) + kube_scheduler_accesses(objects)
+    assert problems(called, bound.grants, namespace) == []
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_the_certificate_job_may_do_exactly_what_its_arguments_make_it_call(source: str) -> None:
+    objects = SOURCES[source]()
+    jobs = [o for o in objects if o.get("kind") == "Job"]
+    assert jobs, "no certificate job"
+    namespace, account = service_account(jobs[0])
+    assert {service_account(job) for job in jobs} == {(namespace, account)}
+    bound = grants_for(objects, namespace, account)
+    assert bound.external == frozenset()
+    assert problems(certgen_accesses(objects), bound.grants, namespace) == []
+
+
+def test_the_exercise_reaches_every_api_path_the_daemons_use(
+    device_plugin_calls: list[RecordedRequest], scheduler_calls: list[RecordedRequest]
+) -> None:
+    """The runs above are only as good as the paths they take: pin the ones each run must
+    cover, so a refactor that silently stops exercising one fails here."""
+    plugin = {(a.resource, a.verb) for a in exercise.accesses(device_plugin_calls)}
+    assert {("nodes", "get"), ("nodes", "patch"), ("pods", "list"), ("pods", "patch")} <= plugin
+    assert ("events", "create") in plugin
+    scheduler = {(a.resource, a.verb) for a in exercise.accesses(scheduler_calls)}
+    assert {
+        ("pods", "list"),
+        ("pods", "watch"),
+        ("pods", "patch"),
+        ("pods/binding", "create"),
+        ("nodes", "list"),
+        ("nodes", "watch"),
+        ("nodes", "get"),
+        ("nodes", "patch"),
+        ("events", "create"),
+        ("leases", "create"),
+        ("leases", "get"),
+        ("leases", "update"),
+    } <= scheduler
+
+
+# --- the comparison itself ------------------------------------------------------------------
+
+
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/s/leases/l"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "query", "expected"),
+    [
+        ("GET", "/api/v1/nodes/n1", {}, ("", "nodes", "get", None, "n1")),
+        ("GET", "/api/v1/pods", {"watch": ["true"]}, ("", "pods", "watch", None, None)),
+        ("GET", "/api/v1/pods", {"fieldSelector": ["x=y"]}, ("", "pods", "list", None, None)),
+        ("GET", "/api/v1/namespaces/a/pods", {}, ("", "pods", "list", "a", None)),
+        ("PATCH", "/api/v1/namespaces/a/pods/p", {}, ("", "pods", "patch", "a", "p")),
+        ("POST", "/api/v1/namespaces/a/pods/p/binding", {}, ("", "pods/binding", "create", "a", "p")),  # noqa: E501
+        ("POST", "/api/v1/namespaces/a/events", {}, ("", "events", "create", "a", None)),
+        ("PUT", LEASES, {}, ("coordination.k8s.io", "leases", "update", "s", "l")),
+        ("DELETE", "/api/v1/namespaces/a/pods", {}, ("", "pods", "deletecollection", "a", None)),
+        ("GET", "/api/v1/namespaces/a", {}, ("", "namespaces", "get", None, "a")),
+    ],
+)  # fmt: skip
+def test_requests_map_to_rbac_attributes(
+    method: str,
+    path: str,
+    query: dict[str, list[str]],
+    expected: tuple[str, str, str, str | None, str | None],
+) -> None:
+    assert access_of(method, path, query) == Access(*expected)
+
+
+def _grant(verb: str, namespace: str | None = None, name: str | None = None) -> Grant:
+    return Grant("Role r", "coordination.k8s.io", "leases", verb, namespace, name)
+
+
+def test_the_comparison_reports_each_kind_of_drift() -> None:
+    lease = Access("coordination.k8s.io", "leases", "get", "ns", "mine")
+    assert problems([lease], [_grant("get", "ns", "mine")]) == []
+    assert problems([lease], [])[0].startswith("missing:")
+    extra = problems([lease], [_grant("get", "ns", "mine"), _grant("update", "ns")])
+    assert [p.split(":")[0] for p in extra] == ["unused"]
+    assert problems([lease], [_grant("get")], "ns")[0].startswith("too broad:")  # cluster-wide
+    assert problems([lease], [_grant("get", None, "mine")], "elsewhere") == []
+    assert "resourceNames" in problems([lease], [_grant("get", "ns")])[0]
+    assert problems([lease], [_grant("get", "other", "mine")])[0].startswith("missing:")
+    assert problems([lease], [Grant("Role r", "*", "*", "*", "ns", None)])[0].startswith("wildcard")
+
+
+def test_a_manifest_missing_a_verb_fails_the_comparison(
+    device_plugin_calls: list[RecordedRequest],
+) -> None:
+    objects = plain_manifests()
+    role = named(objects, "ClusterRole", "hami-device-plugin")
+    role["rules"] = [r for r in role["rules"] if r["resources"] != ["events"]]
+    namespace, account = service_account(workload_running(objects, "device-plugin"))
+    found = problems(
+        exercise.accesses(device_plugin_calls), grants_for(objects, namespace, account).grants
+    )
+    assert found and all("events" in p and p.startswith("missing:") for p in found)
