@@ -32,6 +32,7 @@ import enum
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -191,22 +192,6 @@ class _NodeHandler:
         self._state.nodes_synced.set()
 
 
-def parse_label_selector(text: str) -> dict[str, str]:
-    """HAMi's `--node-label-selector`: `k=v,k2=v2` (a label set, every pair must match).
-
-    Raises ValueError for an entry without `=` or with an empty key."""
-    selector: dict[str, str] = {}
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        key, equals, value = item.partition("=")
-        if not equals or not key.strip():
-            raise ValueError(f"bad node label selector entry {item!r} (expected key=value)")
-        selector[key.strip()] = value.strip()
-    return selector
-
-
 def _reason_name(reason: FitReason) -> str:
     if reason is FitReason.NODE_UNREGISTERED:
         return "NodeUnregistered"
@@ -271,6 +256,7 @@ class SchedulerState:
         self.work = threading.Event()
         """Set when the recovery loop has urgent work (a deleted pod's lock to release)."""
         self._bookings: dict[str, _Booking] = {}
+        self._expiries: deque[_Booking] = deque()  # FILTERED bookings, oldest first
         self._pods: dict[str, PodInfo] = {}
         self._nodes: dict[str, NodeInfo] = {}
         self._watch_in_flight: dict[str, dict[str, inflight.InFlightPod]] = {}
@@ -590,20 +576,22 @@ class SchedulerState:
         return expired
 
     def _expire(self) -> int:
+        # FILTERED bookings are made in time order with one TTL, so they expire in the order
+        # of `_expiries`; entries of bookings since replaced, bound or dropped are skipped.
         now = self.clock.monotonic()
-        expired = [
-            key
-            for key, booking in self._bookings.items()
-            if booking.phase is BookingPhase.FILTERED and booking.expires <= now
-        ]
-        for key in expired:
+        expired = 0
+        while self._expiries and self._expiries[0].expires <= now:
+            booking = self._expiries.popleft()
+            if self._bookings.get(booking.key) is not booking:
+                continue
             logger.info(
                 "filter booking of pod %s on node %s expired: no bind followed",
-                key,
-                self._bookings[key].node,
+                booking.key,
+                booking.node,
             )
-            self._drop_booking(key)
-        return len(expired)
+            self._drop_booking(booking.key)
+            expired += 1
+        return expired
 
     def _drop_booking(self, key: str) -> None:
         booking = self._bookings.pop(key, None)
@@ -665,7 +653,7 @@ class SchedulerState:
             result = decide(self.ledger, info, names, now, self.settings, cache=self.fit_cache)
             if result.error is None and result.node is not None:
                 assume(self.ledger, info.key, result)
-                self._bookings[info.key] = _Booking(
+                booking = _Booking(
                     key=info.key,
                     uid=info.uid,
                     node=result.node,
@@ -673,6 +661,8 @@ class SchedulerState:
                     phase=BookingPhase.FILTERED,
                     expires=self.clock.monotonic() + self.booking_ttl_seconds,
                 )
+                self._bookings[info.key] = booking
+                self._expiries.append(booking)
         return self._answer(info, names, result), expired
 
     def _answer(self, info: PodInfo, names: list[str], result: FilterResult) -> FilterAnswer:
