@@ -250,3 +250,19 @@ def test_tls_serves_and_reloads_the_certificate(apiserver: FakeApiServer, tmp_pa
                 return False
 
         wait_until(served_second, what="the renewed certificate")
+
+
+def test_an_unexpected_error_is_a_500_and_the_server_lives_on(
+    apiserver: FakeApiServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    with running_scheduler(apiserver) as scheduler:
+
+        def broken(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(scheduler.state, "filter", broken)
+        status, text = scheduler.post("/filter", {"Pod": gpu_pod("a"), "NodeNames": ["n1"]})
+        assert (status, text) == (500, "internal error\n")
+        assert "RuntimeError: a bug" in caplog.text
+        monkeypatch.undo()
+        assert scheduler.filter(cpu_pod("web"), ["n1"])["NodeNames"] == ["n1"]
