@@ -22,7 +22,7 @@ test: lint
 	$(BIN)/pytest
 
 demo: $(STAMP)
-	$(BIN)/hami --help
+	$(BIN)/hami demo
 
 bench: $(STAMP)
 	@set -e; for bench in tests/benchmarks/bench_*.py; do \
