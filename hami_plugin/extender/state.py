@@ -29,6 +29,7 @@ after the lock is released.
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import threading
 import time
@@ -95,6 +96,12 @@ class _Booking:
     """Monotonic time a FILTERED booking is freed."""
     bind_time: str = ""
     """`hami.io/bind-time` of the bind patch (BINDING/BOUND), to recognise its watch event."""
+    seen: bool = False
+    """The watch has shown this pod (this UID). Until then, events of another UID under the
+    same name are a predecessor's, still being delivered, not a sign the booking is stale."""
+    token: int = 0
+    """Stays the same through `replace`: the expiry queue and the relist check recognise a
+    booking by it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +180,7 @@ class _PodHandler:
         self._state.pod_deleted(old)
 
     def on_synced(self) -> None:
-        self._state.pods_synced.set()
+        self._state.pods_relisted()
 
 
 class _NodeHandler:
@@ -257,6 +264,8 @@ class SchedulerState:
         """Set when the recovery loop has urgent work (a deleted pod's lock to release)."""
         self._bookings: dict[str, _Booking] = {}
         self._expiries: deque[_Booking] = deque()  # FILTERED bookings, oldest first
+        self._vanishing: dict[str, tuple[int, float]] = {}  # key -> (token, deadline)
+        self._tokens = itertools.count(1)
         self._pods: dict[str, PodInfo] = {}
         self._nodes: dict[str, NodeInfo] = {}
         self._watch_in_flight: dict[str, dict[str, inflight.InFlightPod]] = {}
@@ -403,11 +412,21 @@ class SchedulerState:
     def _pod_changed(self, info: PodInfo) -> None:
         key = info.key
         booking = self._bookings.get(key)
-        if booking is not None and booking.uid and info.uid and booking.uid != info.uid:
-            # a new pod of the same name: the booking was for its predecessor
-            self._drop_booking(key)
-            booking = None
         phase = info.annotations.get(ANNOTATION_BIND_PHASE)
+        if booking is not None and booking.uid and info.uid:
+            if booking.uid != info.uid:
+                if booking.seen:
+                    # a new pod of the same name: the booking was for its predecessor
+                    self._drop_booking(key)
+                    booking = None
+                else:
+                    # the predecessor's event, delivered late: the booking stands
+                    self._update_in_flight(info, drop_own=False)
+                    self._update_allocating(info, phase)
+                    return
+            elif not booking.seen:
+                booking = replace(booking, seen=True)
+                self._bookings[key] = booking
         failed_pending = phase == BindPhase.FAILED and info.phase in (PENDING, "")
         retired = booking is not None and (info.finished or self._retires(booking, info))
         if booking is not None and not retired:
@@ -513,11 +532,22 @@ class SchedulerState:
         holds is queued for release (the recovery loop does the API call)."""
         key = info.key
         with self._lock:
-            last = self._pods.pop(key, info)
+            last = self._pods.get(key, info)
+            if _same_pod(last.uid, info.uid):
+                self._pods.pop(key, None)
+            self._forget_watch_in_flight(key)
+            allocating = self._allocating.get(key)
+            if allocating is not None and _same_pod(allocating.pod.uid, info.uid):
+                del self._allocating[key]
+            booking = self._bookings.get(key)
+            if booking is not None and not _same_pod(booking.uid, info.uid):
+                # the booking is a successor's of the same name (decided before our watch
+                # caught up): the ledger entry of the key is that booking, and any lock
+                # naming the pod may be the successor's
+                self.changed.notify_all()
+                return
             self._drop_booking(key)
             self.ledger.delete_pod(key)
-            self._allocating.pop(key, None)
-            self._forget_watch_in_flight(key)
             self._drop_own_in_flight(key)
             for candidate in {
                 last.annotations.get(ANNOTATION_VGPU_NODE, ""),
@@ -581,8 +611,13 @@ class SchedulerState:
         now = self.clock.monotonic()
         expired = 0
         while self._expiries and self._expiries[0].expires <= now:
-            booking = self._expiries.popleft()
-            if self._bookings.get(booking.key) is not booking:
+            queued = self._expiries.popleft()
+            booking = self._bookings.get(queued.key)
+            if (
+                booking is None
+                or booking.token != queued.token
+                or booking.phase is not BookingPhase.FILTERED
+            ):
                 continue
             logger.info(
                 "filter booking of pod %s on node %s expired: no bind followed",
@@ -591,7 +626,46 @@ class SchedulerState:
             )
             self._drop_booking(booking.key)
             expired += 1
+        self._drop_vanished(now)
         return expired
+
+    def pods_relisted(self) -> None:
+        """The pod informer holds a whole list (its first, or a relist after a lost watch).
+
+        A bound booking whose pod the list does not show was made for a pod that is gone (its
+        DELETED event was lost with the watch, and the informer, which never stored it, cannot
+        report it) or for one created after the list was taken (its events are on their way).
+        Such bookings are checked again once `booking_ttl_seconds` passed: if the pod has
+        still not shown up, it is gone and its GPUs are freed."""
+        with self._lock:
+            deadline = self.clock.monotonic() + self.booking_ttl_seconds
+            for key, booking in self._bookings.items():
+                if booking.phase is not BookingPhase.FILTERED and not self._shown(booking):
+                    self._vanishing[key] = (booking.token, deadline)
+        self.pods_synced.set()
+
+    def _shown(self, booking: _Booking) -> bool:
+        stored = self._pods.get(booking.key)
+        return stored is not None and _same_pod(stored.uid, booking.uid)
+
+    def _drop_vanished(self, now: float) -> None:
+        for key, (token, deadline) in list(self._vanishing.items()):
+            booking = self._bookings.get(key)
+            if booking is None or booking.token != token or self._shown(booking):
+                del self._vanishing[key]
+            elif deadline <= now:
+                del self._vanishing[key]
+                logger.info(
+                    "booking of pod %s on node %s freed: the pod is gone (not in the relist)",
+                    key,
+                    booking.node,
+                )
+                self._drop_booking(key)
+                self._drop_own_in_flight(key)
+
+    def _seen(self, pod: PodInfo) -> bool:
+        stored = self._pods.get(pod.key)
+        return stored is not None and _same_pod(stored.uid, pod.uid)
 
     def _drop_booking(self, key: str) -> None:
         booking = self._bookings.pop(key, None)
@@ -660,6 +734,8 @@ class SchedulerState:
                     result=result,
                     phase=BookingPhase.FILTERED,
                     expires=self.clock.monotonic() + self.booking_ttl_seconds,
+                    seen=self._seen(info),
+                    token=next(self._tokens),
                 )
                 self._bookings[info.key] = booking
                 self._expiries.append(booking)
@@ -785,7 +861,16 @@ class SchedulerState:
                     why = render_failure(failure) if failure is not None else "does not fit"
                     return f"pod {pod.key} does not fit on node {node}: {why}"
                 assume(self.ledger, pod.key, result)
-                booking = _Booking(pod.key, pod.uid, node, result, BookingPhase.FILTERED, 0.0)
+                booking = _Booking(
+                    pod.key,
+                    pod.uid,
+                    node,
+                    result,
+                    BookingPhase.FILTERED,
+                    0.0,
+                    seen=self._seen(pod),
+                    token=next(self._tokens),
+                )
             assert booking is not None
             bind_time = str(int(now.timestamp()))
             self._bookings[pod.key] = replace(
@@ -900,6 +985,11 @@ class SchedulerState:
             if not own:
                 del self._own_in_flight[node]
         return dropped
+
+
+def _same_pod(uid: str, other: str) -> bool:
+    """Two UIDs of a pod name designate the same pod (an unknown UID matches any)."""
+    return not uid or not other or uid == other
 
 
 def ledger_name(node: Mapping[str, Any]) -> str:

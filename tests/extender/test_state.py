@@ -341,3 +341,59 @@ def test_unreadable_in_flight_pod_blocks_its_node(state: SchedulerState) -> None
     assert blocker is not None and "no readable booking" in blocker
     state.pod_deleted(read_pod(broken))
     assert state.claim_in_flight(plan, time.monotonic()) is None
+
+
+# --- pods re-created under the same name, lost watch events -------------------------------------
+
+
+def _with_uid(pod: dict[str, Any], uid: str) -> dict[str, Any]:
+    return {**pod, "metadata": {**pod["metadata"], "uid": uid}}
+
+
+def test_a_predecessors_late_events_never_free_its_successors_booking(
+    state: SchedulerState,
+) -> None:
+    add_node(state, gpu_node("n1", 1, split=1))
+    old = _with_uid(gpu_pod("web-0"), "uid-old")
+    add_pod(state, old)
+    new = _with_uid(gpu_pod("web-0"), "uid-new")
+    # kube-scheduler saw the successor before our watch saw the predecessor go
+    assert state.filter(new, ["n1"]).node_names == ["n1"]
+    plan = bound_plan(state, new, "n1")
+    state.bind_succeeded(plan)
+    add_pod(state, old)  # a late MODIFIED of the predecessor
+    state.pod_deleted(read_pod(old))  # and its DELETED
+    assert used_slots(state, "n1") == 1
+    assert state.booking_phase("default", "web-0") is BookingPhase.BOUND
+    assert state.filter(gpu_pod("other"), ["n1"]).node_names is None
+    # the successor's own events take over
+    add_pod(state, patched(new, plan, bound=True))
+    assert state.bookings() == {}
+    assert used_slots(state, "n1") == 1
+
+
+def test_a_seen_pods_booking_goes_when_a_successor_shows_up(state: SchedulerState) -> None:
+    add_node(state, gpu_node("n1", 1, split=1))
+    old = _with_uid(gpu_pod("web-0"), "uid-old")
+    add_pod(state, old)
+    assert state.filter(old, ["n1"]).node_names == ["n1"]
+    add_pod(state, _with_uid(gpu_pod("web-0"), "uid-new"))  # old deleted, DELETED lost
+    assert state.bookings() == {}
+    assert used_slots(state, "n1") == 0
+
+
+def test_a_bound_pod_missing_from_a_relist_is_freed_after_the_ttl(
+    state: SchedulerState, clock: ManualClock
+) -> None:
+    add_node(state, gpu_node("n1", 2, split=1))
+    gone, late = gpu_pod("gone"), gpu_pod("late")
+    for pod in (gone, late):
+        state.filter(pod, ["n1"])
+        state.bind_succeeded(bound_plan(state, pod, "n1"))
+    state.pods_relisted()  # neither is in the list
+    clock.advance(10)
+    add_pod(state, late)  # created after the list was taken: its events arrive
+    clock.advance(25)
+    state.expire_bookings()
+    assert set(state.bookings()) == {"default/late"}
+    assert used_slots(state, "n1") == 1
