@@ -174,7 +174,7 @@ def test_comparison_and_gpu_tables_show_each_container_on_its_gpus() -> None:
     row = next(line for line in lines if line.startswith("  train-2gpu"))
     assert row.split("  ")[-1] == "gpu-a100 GPU 1+0"
     assert lines[-1].split("  ")[-1].strip() == "gpu-a100 2/4, gpu-t4 0/4"
-    gpu_rows = report.gpu_lines(placed, NODES)
+    gpu_rows = report.gpu_lines(placed, NODES, {("gpu-a100", a100.gpus[0].uuid): (24576, 50)})
     assert sum("train-2gpu/trainer" in line for line in gpu_rows) == 2
     assert report.unfit_lines(placed) == [
         "  too-big (1 x 102400 MiB): no node fits",

@@ -174,7 +174,8 @@ def _print_report(results: dict[str, list[PodResult]], texts: dict[str, str]) ->
     first = POLICIES[0]
     placed = results[first]
     print(f"\n== node policy {first}, GPU policy spread: where each container runs ==")
-    print("\n".join(report.gpu_lines(placed, NODES)))
+    booked = report.scheduler_bookings(texts.get("scheduler", ""))
+    print("\n".join(report.gpu_lines(placed, NODES, booked)))
     print("\n== what each container sees (env from the device plugin's Allocate) ==")
     print("\n".join(report.env_lines(placed)))
     print("\n== did not fit (the filter's FailedNodes) ==")

@@ -20,12 +20,14 @@ __all__ = [
     "gpu_lines",
     "metric_lines",
     "parse_metrics",
+    "scheduler_bookings",
     "table",
     "unfit_lines",
 ]
 
 ENV_SHOWN = ("CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT_<i>", "NVIDIA_VISIBLE_DEVICES")
 _NO_FIT = "no fit"
+_MIB = 1024 * 1024
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]], indent: str = "  ") -> list[str]:
@@ -47,19 +49,23 @@ def _gpu_index(nodes: Sequence[DemoNode], node_name: str, uuid: str) -> str:
     return "?"
 
 
-def gpu_lines(results: Sequence[PodResult], nodes: Sequence[DemoNode]) -> list[str]:
-    """Per node and GPU: the containers on it with their MiB and cores, and the GPU's total."""
+def gpu_lines(
+    results: Sequence[PodResult],
+    nodes: Sequence[DemoNode],
+    booked: Mapping[tuple[str, str], tuple[int, int]],
+) -> list[str]:
+    """Per node and GPU: what the scheduler books on it (`booked`: (node, GPU UUID) -> (MiB,
+    cores), from `scheduler_bookings`), and each container on it with its MiB and cores.
+
+    The booking is not always the sum of the rows: init containers run before the app
+    containers, so a pod books on each GPU the larger of its init peak and its app sum."""
     on_gpu: dict[tuple[str, str], list[tuple[str, int, int]]] = {}
     for result in results:
         for container in result.containers:
             for device in container.devices:
-                on_gpu.setdefault((result.node, device.uuid), []).append(
-                    (
-                        f"{result.sample.name}/{container.name}",
-                        device.used_mem_mib,
-                        device.used_cores,
-                    )
-                )
+                who = f"{result.sample.name}/{container.name}"
+                entry = (who, device.used_mem_mib, device.used_cores)
+                on_gpu.setdefault((result.node, device.uuid), []).append(entry)
     lines = []
     for node in nodes:
         gpu_names = sorted({gpu.name for gpu in node.gpus})
@@ -67,17 +73,15 @@ def gpu_lines(results: Sequence[PodResult], nodes: Sequence[DemoNode]) -> list[s
         rows = []
         for index, gpu in enumerate(node.gpus):
             users = sorted(on_gpu.get((node.name, gpu.uuid), []))
-            memory = sum(mib for _, mib, _ in users)
-            cores = sum(c for _, _, c in users)
+            memory, cores = booked.get((node.name, gpu.uuid), (0, 0))
             summary = [str(index), str(gpu.numa_node), f"{memory}/{gpu.memory_mib}", f"{cores} %"]
             if not users:
                 rows.append([*summary, "-", "", ""])
             for position, (who, mib, core) in enumerate(users):
                 head = summary if position == 0 else ["", "", "", ""]
                 rows.append([*head, who, str(mib), f"{core} %"])
-        lines += table(
-            ["GPU", "NUMA", "MiB BOOKED", "CORES", "POD/CONTAINER", "MiB", "CORES"], rows, "    "
-        )
+        headers = ["GPU", "NUMA", "BOOKED MiB", "CORES", "POD/CONTAINER", "MiB", "CORES"]
+        lines += table(headers, rows, "    ")
     return lines
 
 
@@ -178,6 +182,24 @@ def parse_metrics(text: str) -> list[MetricSample]:
         labels = dict(_LABEL.findall(match.group(2) or ""))
         samples.append(MetricSample(match.group(1), labels, match.group(3)))
     return samples
+
+
+def scheduler_bookings(text: str) -> dict[tuple[str, str], tuple[int, int]]:
+    """(node, GPU UUID) -> (MiB, cores percent) booked, from the scheduler's exposition
+    (`hami_gpu_memory_allocated_bytes`, `hami_gpu_core_allocated_ratio`)."""
+    memory: dict[tuple[str, str], int] = {}
+    cores: dict[tuple[str, str], int] = {}
+    for sample in parse_metrics(text):
+        key = (sample.labels.get("node", ""), sample.labels.get("device_uuid", ""))
+        try:
+            value = float(sample.value)
+        except ValueError:
+            continue
+        if sample.name == "hami_gpu_memory_allocated_bytes":
+            memory[key] = round(value / _MIB)
+        elif sample.name == "hami_gpu_core_allocated_ratio":
+            cores[key] = round(value)
+    return {key: (memory.get(key, 0), cores.get(key, 0)) for key in memory.keys() | cores.keys()}
 
 
 def _format_value(value: str) -> str:
