@@ -163,7 +163,7 @@ def _intro(pods: int, workdir: Path) -> str:
         "double,\n2 fake GPU nodes each running `hami device-plugin --nvml fake` with a test "
         "kubelet, and\n`hami scheduler`. "
         f"{pods} pods, one at a time: webhook -> filter -> bind -> kubelet Allocate.\n"
-        f"(daemon logs: {workdir})"
+        f"(daemon logs in {workdir}, removed at the end unless --keep)"
     )
 
 

@@ -364,7 +364,12 @@ class DemoCluster:
             return PodResult(sample, node=node, error=f"bind: {bound['Error']}")
         key = (metadata["namespace"], metadata["name"])
         admitter = self._admitters[node]
-        admitter.wait_for([key], timeout=max(0.1, deadline - time.monotonic()))
+        try:
+            admitter.wait_for([key], timeout=max(0.1, deadline - time.monotonic()))
+        except AssertionError as error:  # PodAdmitter's way of saying "timed out"
+            raise DemoError(
+                f"kubelet on {node}: {error}; log: {self._plugins[node].log_path}"
+            ) from error
         if key in admitter.failures:
             return PodResult(sample, node=node, error=f"kubelet: {admitter.failures[key]}")
         _wait(
