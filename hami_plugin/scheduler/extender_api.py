@@ -36,7 +36,6 @@ from decimal import Decimal
 from typing import Any
 
 __all__ = [
-    "EMPTY_BODY_MESSAGE",
     "JSON_CONTENT_TYPE",
     "MAX_BODY_BYTES",
     "MISSING_POD_MESSAGE",
@@ -51,7 +50,6 @@ __all__ = [
     "decode_binding_request",
     "decode_filter_request",
     "decode_go_json",
-    "empty_body_reply",
     "encode_go_json",
     "filter_reply",
     "parse_binding_args",
@@ -65,9 +63,7 @@ __all__ = [
 MAX_BODY_BYTES = 1024 * 1024
 """HAMi reads at most 1 MiB of a /filter or /bind body (route.go line 33)."""
 JSON_CONTENT_TYPE = "application/json"
-EMPTY_BODY_MESSAGE = "Please send a request body"
 MISSING_POD_MESSAGE = "extender args missing pod"
-_TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
 
 
 class ExtenderRequestError(ValueError):
@@ -790,20 +786,14 @@ def binding_reply(result: ExtenderBindingResult) -> HttpReply:
     return HttpReply(200, render_binding_result(result))
 
 
-def empty_body_reply() -> HttpReply:
-    """HTTP 400 `Please send a request body`, as HAMi's checkBody writes it with Go's
-    `http.Error` (text/plain, trailing newline)."""
-    return HttpReply(400, (EMPTY_BODY_MESSAGE + "\n").encode(), _TEXT_CONTENT_TYPE)
-
-
 def body_too_large_message(max_bytes: int) -> str:
     """The `Error` for a body above the cap."""
     return f"request body larger than {max_bytes} bytes"
 
 
-def _body_problem(body: bytes, max_bytes: int) -> HttpReply | str | None:
-    if not body:
-        return empty_body_reply()
+def _body_problem(body: bytes, max_bytes: int) -> str | None:
+    # An empty body is no special case: HAMi's checkBody tests `r.Body == nil`, which Go's
+    # server never passes (an empty body is http.NoBody), so json.Decoder answers `EOF`.
     if len(body) > max_bytes:
         return body_too_large_message(max_bytes)
     return None
@@ -812,11 +802,10 @@ def _body_problem(body: bytes, max_bytes: int) -> HttpReply | str | None:
 def decode_filter_request(
     body: bytes, *, max_bytes: int = MAX_BODY_BYTES
 ) -> ExtenderArgs | HttpReply:
-    """The ExtenderArgs of a /filter body, or the reply to send instead: HTTP 400 for an empty
-    body; HTTP 200 with `Error` for a body over `max_bytes`, malformed JSON or no pod."""
+    """The ExtenderArgs of a /filter body, or the reply to send instead: HTTP 200 with `Error`
+    for a body over `max_bytes`, an empty body (`EOF`, as HAMi answers), malformed JSON or no
+    pod."""
     problem = _body_problem(body, max_bytes)
-    if isinstance(problem, HttpReply):
-        return problem
     try:
         if problem is not None:
             raise ExtenderRequestError(problem)
@@ -828,11 +817,9 @@ def decode_filter_request(
 def decode_binding_request(
     body: bytes, *, max_bytes: int = MAX_BODY_BYTES
 ) -> ExtenderBindingArgs | HttpReply:
-    """The ExtenderBindingArgs of a /bind body, or the reply to send instead: HTTP 400 for an
-    empty body; HTTP 200 with `Error` for a body over `max_bytes` or malformed JSON."""
+    """The ExtenderBindingArgs of a /bind body, or the reply to send instead: HTTP 200 with
+    `Error` for a body over `max_bytes`, an empty body (`EOF`) or malformed JSON."""
     problem = _body_problem(body, max_bytes)
-    if isinstance(problem, HttpReply):
-        return problem
     try:
         if problem is not None:
             raise ExtenderRequestError(problem)

@@ -17,7 +17,6 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from hami_plugin.scheduler.extender_api import (
-    EMPTY_BODY_MESSAGE,
     MAX_BODY_BYTES,
     MISSING_POD_MESSAGE,
     ExtenderArgs,
@@ -309,10 +308,19 @@ def test_encode_go_json_keeps_mapping_order() -> None:
 # --- HTTP replies ---------------------------------------------------------------------------
 
 
-def test_filter_request_empty_body_is_http_400() -> None:
+def test_empty_body_is_eof_as_hamis_decoder_says() -> None:
+    # route.go's checkBody only refuses a nil body, which Go's server never hands over: an
+    # empty POST reaches json.Decoder.Decode, whose error is io.EOF.
     reply = decode_filter_request(b"")
-    assert reply == HttpReply(400, EMPTY_BODY_MESSAGE.encode() + b"\n", "text/plain; charset=utf-8")
-    assert decode_binding_request(b"") == reply
+    assert isinstance(reply, HttpReply)
+    assert (reply.status, reply.content_type) == (200, "application/json")
+    assert reply.body == (
+        b'{"Nodes":null,"NodeNames":null,"FailedNodes":null,'
+        b'"FailedAndUnresolvableNodes":null,"Error":"EOF"}'
+    )
+    binding = decode_binding_request(b"")
+    assert isinstance(binding, HttpReply)
+    assert (binding.status, binding.body) == (200, b'{"Error":"EOF"}')
 
 
 def test_filter_request_over_the_cap_is_an_error_result() -> None:
