@@ -232,6 +232,10 @@ class KubeletRegistrar:
             try:
                 if not self._serve_and_register():
                     return
+                # stop() may have fired while Register ran, and `signal.clear()` before it
+                # swallowed its trigger: look at the flag itself before sleeping on the signal.
+                if self._stop.is_set():
+                    return
                 reasons = self.signal.wait()
                 if self._stop.is_set():
                     return
