@@ -11,7 +11,7 @@ The file format (documented in the README):
 ```yaml
 init_error: LibraryNotFound   # optional: nvmlInit fails with this NVML error
 gpus:
-  - uuid: GPU-...             # required, unique
+  - uuid: GPU-<8-4-4-4-12 hex> # required, unique, NVML's shape
     name: NVIDIA A100-SXM4-80GB
     memory_mib: 81920         # null: NVML cannot report memory (NotSupported)
     numa_node: 0              # omitted: NVML has no NUMA call (sysfs fallback is used)
@@ -306,7 +306,11 @@ _GPU_KEYS = (
     "utilization_percent",
     "memory_utilization_percent",
 )
-_UUID_RE = re.compile(r"^GPU-[^\s,:;]+$")
+# NVML's shape: kubelet device IDs `<uuid>-<slot>` map back to the GPU only for it (HAMi's rule in
+# `inventory.physical_uuid_of`), so a fake GPU with another shape would be misallocated.
+_UUID_RE = re.compile(
+    r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+)
 _BUS_ID_RE = re.compile(r"^([0-9a-fA-F]{4}|[0-9a-fA-F]{8}):[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _DEFAULT_NAME = "NVIDIA Fake GPU"
 _DEFAULT_MEMORY_MIB = 16384
@@ -354,7 +358,8 @@ def _parse_gpu(entry: object, position: int, prefix: str) -> FakeGpuSpec:
         raise FakeGpuFileError(f"{where}: 'uuid' is required")
     if not isinstance(uuid, str) or not _UUID_RE.match(uuid):
         raise FakeGpuFileError(
-            f"{where}: 'uuid' must look like GPU-<id> without spaces, ',', ':' or ';', got {uuid!r}"
+            f"{where}: 'uuid' must be an NVML GPU UUID "
+            f"(GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, hex), got {uuid!r}"
         )
     name = entry.get("name", _DEFAULT_NAME)
     if not isinstance(name, str) or not name.strip():

@@ -139,8 +139,9 @@ def test_explicit_indexes_order_the_gpus() -> None:
     ("content", "problem"),
     [
         ("gpus:\n  - name: x\n", "gpus[0]: 'uuid' is required"),
-        ("gpus:\n  - uuid: 12\n", "gpus[0]: 'uuid' must look like GPU-<id>"),
-        ("gpus:\n  - uuid: 'GPU-a,b'\n", "gpus[0]: 'uuid' must look like GPU-<id>"),
+        ("gpus:\n  - uuid: 12\n", "gpus[0]: 'uuid' must be an NVML GPU UUID"),
+        ("gpus:\n  - uuid: 'GPU-a,b'\n", "gpus[0]: 'uuid' must be an NVML GPU UUID"),
+        ("gpus:\n  - uuid: GPU-a100-0\n", "gpus[0]: 'uuid' must be an NVML GPU UUID"),
         (f"gpus:\n  - uuid: {UUID_A}\n  - uuid: {UUID_A}\n", f"uuid {UUID_A} appears twice"),
         (f"gpus:\n  - uuid: {UUID_A}\n    memroy_mib: 1\n", "gpus[0]: unknown key 'memroy_mib'"),
         (f"gpus:\n  - uuid: {UUID_A}\n    memory_mib: lots\n", "'memory_mib' must be an integer"),

@@ -195,7 +195,7 @@ def test_init_error_becomes_nvml_unavailable_with_a_hint(tmp_path: Path) -> None
 
 def test_bad_fake_file_becomes_nvml_unavailable_naming_the_file(tmp_path: Path) -> None:
     path = tmp_path / "gpus.yaml"
-    path.write_text("gpus:\n  - {uuid: GPU-x, memory_mib: -3}\n")
+    path.write_text("gpus:\n  - {uuid: GPU-00000000-0000-0000-0000-00000000000a, memory_mib: -3}\n")
     with pytest.raises(NvmlUnavailable) as caught:
         NvmlBackend(FakeNvml(str(path))).start()
     assert str(caught.value) == (
