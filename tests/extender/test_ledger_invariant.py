@@ -1,31 +1,35 @@
-"""The ledger invariant under random event orders (hypothesis: random operation sequences).
+"""The ledger invariant of the scheduler's state under random event orders (hypothesis).
 
-A small cluster (3 nodes x 2 GPUs of 4 slots, 8000 MiB, 100 % cores) lives in `_Cluster`, the
-API server's truth. Things happen to it as they do in a real cluster: pods are created,
-scheduled (decide on the handler's current view, book, bind: annotations + nodeName),
-allocated (bind-phase success and Running, or failed while Pending), finish, are deleted or
-deleted and re-created under the same name (a StatefulSet pod), and nodes heartbeat, vanish and
-come back, or lose and regain their register annotation. Every change becomes a watch event in a
-per-object queue; the watch delivers each object's events in order, but objects interleave at
-random, events are duplicated, and a relist replaces everything (pending events are lost, the
-current state is delivered, objects gone are deleted).
+A small cluster (3 nodes x 2 GPUs of 4 slots, 8000 MiB, 100 % cores) lives in `_Run`, the API
+server's truth. Things happen to it as in a real cluster: pods are created and scheduled as
+kube-scheduler drives the extender (`SchedulerState.filter` on the state's current view, then
+`plan_bind`, the one annotation patch and the Binding, `bind_succeeded`; or the bind fails and
+is rolled back; or no bind follows and the filter booking expires), allocated (bind-phase
+success and Running, or failed while Pending), finish, are deleted, or deleted and re-created
+under the same name (a StatefulSet pod); nodes heartbeat, vanish and come back, or lose and
+regain their register annotation. Every change becomes a watch event in a per-object queue.
+The watch delivers each object's events in order, objects interleave at random, events are
+delivered twice, and a relist replaces everything as the informer does it (pending events are
+lost; the fresh list is diffed against the informer's store: keys gone get `on_delete`, changed
+ones `on_upsert`; then `on_synced`).
+
+The events reach G1's `SchedulerState` through its informer handlers (`pod_events`,
+`node_events`), exactly as `hami_plugin.informer.Informer` calls them.
 
 Invariants, checked after every step:
 * on every GPU, what the LIVE pods of the cluster hold (decoded from their annotations,
-  independently of the ledger code) never exceeds the GPU's capacity (slots, MiB, cores):
-  the scheduler never over-commits, however late or repeated its events are;
-* the handler's ledger never books more than a GPU's capacity;
-* once every pending event is delivered (and after every relist), the ledger books on every
-  GPU exactly what the live pods hold.
+  independently of the scheduler's code) never exceeds the GPU's capacity: the scheduler never
+  over-commits, however late or repeated its events are;
+* the state's ledger never books more than a GPU's capacity;
+* once every pending event is delivered and filter bookings that no bind followed have
+  expired (and after every relist), the ledger books on every GPU exactly what the live pods
+  hold, and the registered nodes are those with a register annotation.
 
 A pod holds GPUs when it carries `hami.io/vgpu-node` and `-devices-allocated`, has not
 finished, and is not `bind-phase: failed` while still Pending (DESIGN.md: the extender untracks
 those, our Allocate never serves them).
 
-The handler under test is `_LedgerHandler`: the Ledger plus the booking rules a scheduler's
-watch handler needs on top of it (DESIGN.md "Scheduler daemon decisions"); when the daemon's
-state module exposes its handlers, they replace it here. Four races are also written out as
-plain tests: random search finds three of them quickly, the re-created pod rarely.
+Races are also written out as plain tests, one by one.
 """
 
 from __future__ import annotations
@@ -33,14 +37,17 @@ from __future__ import annotations
 import collections
 import dataclasses
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hami_plugin.codec import decode_pod_devices, encode_node_devices
+from hami_plugin.extender.clock import ManualClock
+from hami_plugin.extender.state import BindPlan, SchedulerState
+from hami_plugin.informer import InformerHandler
 from hami_plugin.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_DEVICES_ALLOCATED,
@@ -52,9 +59,8 @@ from hami_plugin.model import (
     BindPhase,
     GpuDevice,
 )
-from hami_plugin.scheduler.filter import FilterResult, assume, decide
 from hami_plugin.scheduler.ledger import Ledger
-from hami_plugin.scheduler.objects import read_pod
+from hami_plugin.scheduler.objects import NodeInfo, PodInfo, read_node, read_pod
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.testing.apiserver import make_container, make_node, make_pod
 
@@ -180,80 +186,106 @@ def _within_capacity(usage: Mapping[str, tuple[int, int, int]]) -> None:
         assert all(n >= 0 for n in numbers), f"GPU {uuid} booked below zero: {numbers}"
 
 
-class _LedgerHandler:
-    """The scheduler's watch handlers over a Ledger, with the booking rules around it:
+BOOKING_TTL_SECONDS = 30.0
+_T = TypeVar("_T")
 
-    * a booking made by a decision survives events of its pod that predate the bind patch
-      (no `hami.io/vgpu-node` yet: our watch can lag behind kube-scheduler's);
-    * events of an older incarnation of a re-created pod (same name, other uid) never touch
-      the booking of the pod that was decided for (a watch delivers one name's events in
-      order, so another uid there is an older pod); a relist, though, shows the present: a
-      listed pod with another uid means the pod decided for is gone;
-    * a pod `bind-phase: failed` while Pending holds nothing (DESIGN.md).
-    """
+
+class _StateUnderTest:
+    """G1's `SchedulerState`, fed as the daemon feeds it: informers (a store per collection,
+    the handler called only when a stored value changes, relists diffed against the store)
+    and kube-scheduler's filter/bind calls."""
 
     def __init__(self) -> None:
-        self.ledger = Ledger()
-        self._decided: dict[str, str] = {}  # pod key -> uid booked by a decision, not yet seen
+        self.clock = ManualClock(_T0)
+        self.state = SchedulerState(
+            SETTINGS, booking_ttl_seconds=BOOKING_TTL_SECONDS, clock=self.clock
+        )
+        self.pods: dict[str, PodInfo] = {}  # the pod informer's store
+        self.nodes: dict[str, NodeInfo] = {}  # the node informer's store
 
-    def decide(self, pod: Mapping[str, Any], now: datetime) -> FilterResult:
-        info = read_pod(pod)
-        result = decide(self.ledger, info, list(NODES), now, SETTINGS)
-        if result.node is not None:
-            assume(self.ledger, info.key, result)
-            self._decided[info.key] = info.uid
-        return result
+    @property
+    def ledger(self) -> Ledger:
+        return self.state.ledger
 
-    def pod_upsert(self, pod: Mapping[str, Any]) -> None:
-        info = read_pod(pod)
-        decided = self._decided.get(info.key)
-        if decided is not None:
-            if info.uid != decided:
-                return
-            if ANNOTATION_VGPU_NODE not in info.annotations and not info.finished:
-                return
-            del self._decided[info.key]
-        if info.annotations.get(ANNOTATION_BIND_PHASE) == BindPhase.FAILED and info.phase in (
-            "Pending",
-            "",
-        ):
-            self.ledger.untrack(info.key)
-            return
-        self.ledger.update_pod(info)
+    # --- kube-scheduler -----------------------------------------------------------------------
 
-    def pod_delete(self, pod: Mapping[str, Any]) -> None:
-        info = read_pod(pod)
-        decided = self._decided.get(info.key)
-        if decided is not None and decided != info.uid:
-            return
-        self._decided.pop(info.key, None)
-        self.ledger.delete_pod(info)
+    def filter(self, pod: Mapping[str, Any]) -> str | None:
+        answer = self.state.filter(pod, list(NODES))
+        assert not answer.error, answer.error
+        return answer.node_names[0] if answer.node_names else None
 
-    def node_upsert(self, node: Mapping[str, Any]) -> None:
-        self.ledger.update_node(node)
+    def plan_bind(self, pod: Mapping[str, Any], node: str) -> BindPlan | None:
+        plan = self.state.plan_bind(read_pod(pod), node)
+        return None if isinstance(plan, str) else plan
 
-    def node_delete(self, node: Mapping[str, Any]) -> None:
-        self.ledger.remove_node(node["metadata"]["name"])
+    def expire_filter_bookings(self) -> None:
+        self.clock.advance(BOOKING_TTL_SECONDS + 1)
+        self.state.expire_bookings()
+
+    # --- the informers ------------------------------------------------------------------------
+
+    def deliver(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
+        """One watch event, as `Informer._apply` hands it on."""
+        if kind == "pod":
+            self._apply(
+                self.pods, read_pod(obj), lambda p: p.key, event_type, self.state.pod_events
+            )
+        else:
+            self._apply(
+                self.nodes, read_node(obj), lambda n: n.name, event_type, self.state.node_events
+            )
+
+    @staticmethod
+    def _apply(
+        store: dict[str, Any], value: Any, key: Callable[[Any], str], event_type: str, handler: Any
+    ) -> None:
+        name = key(value)
+        old = store.get(name)
+        if event_type == "DELETED":
+            store.pop(name, None)
+            if old is not None:
+                handler.on_delete(old)
+        else:
+            store[name] = value
+            if old is None or old != value:
+                handler.on_upsert(value, old)
+
+    def redeliver(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
+        """An event delivered twice, straight to the handler (the informer would drop an
+        unchanged upsert; the handler must not care either way)."""
+        if kind == "pod":
+            info = read_pod(obj)
+            if event_type == "DELETED":
+                self.state.pod_events.on_delete(info)
+            else:
+                self.state.pod_events.on_upsert(info, info)
+        else:
+            node = read_node(obj)
+            if event_type == "DELETED":
+                self.state.node_events.on_delete(node)
+            else:
+                self.state.node_events.on_upsert(node, node)
 
     def relist(self, pods: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> None:
-        listed = {f"{NAMESPACE}/{p['metadata']['name']}" for p in pods}
-        for tracked in self.ledger.tracked_pods():
-            if tracked.key not in listed:
-                self._decided.pop(tracked.key, None)
-                self.ledger.untrack(tracked.key)
-        names = {n["metadata"]["name"] for n in nodes}
-        for name in self.ledger.node_names():
-            if name not in names:
-                self.ledger.remove_node(name)
-        for node in nodes:
-            self.node_upsert(node)
-        for pod in pods:
-            info = read_pod(pod)
-            if self._decided.get(info.key, info.uid) != info.uid:
-                # A list is the present: the pod decided for is gone, this is its successor.
-                del self._decided[info.key]
-                self.ledger.untrack(info.key)
-            self.pod_upsert(pod)
+        """`Informer._relist` for both collections."""
+        fresh_nodes = {n.name: n for n in map(read_node, nodes)}
+        _relist(self.nodes, fresh_nodes, self.state.node_events)
+        _relist(self.pods, {p.key: p for p in map(read_pod, pods)}, self.state.pod_events)
+
+
+def _relist(store: dict[str, _T], fresh: dict[str, _T], handler: InformerHandler[_T]) -> None:
+    """Swap the store, diff (keys gone: on_delete; new or changed: on_upsert), on_synced."""
+    old_store = dict(store)
+    store.clear()
+    store.update(fresh)
+    for name, old in old_store.items():
+        if name not in fresh:
+            handler.on_delete(old)
+    for name, new in fresh.items():
+        previous = old_store.get(name)
+        if previous is None or previous != new:
+            handler.on_upsert(new, previous)
+    handler.on_synced()
 
 
 Event = tuple[str, str, dict[str, Any]]  # (kind "pod"|"node", type ADDED|MODIFIED|DELETED, obj)
@@ -267,13 +299,16 @@ class _Run:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.queues: dict[tuple[str, str], collections.deque[Event]] = {}
         self.delivered: dict[tuple[str, str], Event] = {}
-        self.handler = _LedgerHandler()
+        self.handler = _StateUnderTest()
         self.version = 0
         self.uids = 0
         self.now = _T0
         for node in NODES:
             annotations = {ANNOTATION_NODE_REGISTER: REGISTER[node]}
-            self._emit("node", node, "ADDED", make_node(node, annotations=annotations))
+            allocatable = {"cpu": "8", "pods": "110", RESOURCE_GPU: str(GPUS_PER_NODE * SLOTS)}
+            obj = make_node(node, annotations=annotations, allocatable=allocatable)
+            self._emit("node", node, "ADDED", obj)
+        self.relist()  # the daemon starts with its first lists
 
     # --- the cluster ------------------------------------------------------------------------
 
@@ -291,6 +326,7 @@ class _Run:
         metadata["annotations"] = dict(
             metadata.get("annotations") or {}, **changes.pop("annotations", {})
         )
+        metadata["labels"] = dict(metadata.get("labels") or {}, **changes.pop("labels", {}))
         spec = dict(pod["spec"], **changes.pop("spec", {}))
         status = dict(pod.get("status") or {}, **changes.pop("status", {}))
         self._emit("pod", name, "MODIFIED", dict(pod, metadata=metadata, spec=spec, status=status))
@@ -313,23 +349,31 @@ class _Run:
             self.create(name, shape)
             self.schedule(name)
 
-    def schedule(self, name: str) -> None:
-        """Filter (decide on the handler's view, book) and bind (one annotation patch with
-        bind-phase allocating, then the Binding)."""
+    def schedule(self, name: str, outcome: str = "bound") -> None:
+        """kube-scheduler's filter, then (`outcome`) a bind that goes through (the one
+        annotation patch, the Binding), a bind whose API calls fail (rolled back), or no bind
+        at all (it gave up on the pod: the filter booking expires later)."""
         pod = self.pods.get(name)
         if pod is None or pod["spec"].get("nodeName") or pod["status"].get("phase") != "Pending":
             return
         if ANNOTATION_VGPU_NODE in (pod["metadata"].get("annotations") or {}):
             return
-        self.now += timedelta(seconds=1)
-        result = self.handler.decide(pod, self.now)
-        assert result.error is None, result.error
-        if result.node is None:
+        node = self.handler.filter(pod)
+        if node is None or outcome == "no_bind":
             return
-        annotations = dict(result.annotations)
-        annotations[ANNOTATION_BIND_PHASE] = BindPhase.ALLOCATING
-        self._change_pod(name, annotations=annotations)
-        self._change_pod(name, spec={"nodeName": result.node})
+        plan = self.handler.plan_bind(pod, node)
+        if plan is None:
+            return
+        if outcome == "bind_fails":
+            self.handler.state.bind_failed(plan)
+            return
+        self._change_pod(name, annotations=plan.annotations, labels=plan.labels)
+        self._change_pod(name, spec={"nodeName": node})
+        self.handler.state.bind_succeeded(plan)
+
+    def expire(self) -> None:
+        """Time passes: filter bookings no bind followed are freed."""
+        self.handler.expire_filter_bookings()
 
     def allocate(self, name: str, succeeded: bool) -> None:
         """The device plugin's Allocate: success (then Running) or failed (still Pending)."""
@@ -380,16 +424,7 @@ class _Run:
     # --- the watch ----------------------------------------------------------------------------
 
     def _deliver(self, event: Event) -> None:
-        kind, event_type, obj = event
-        if kind == "pod":
-            if event_type == "DELETED":
-                self.handler.pod_delete(obj)
-            else:
-                self.handler.pod_upsert(obj)
-        elif event_type == "DELETED":
-            self.handler.node_delete(obj)
-        else:
-            self.handler.node_upsert(obj)
+        self.handler.deliver(*event)
 
     def _pending(self) -> list[tuple[str, str]]:
         return sorted(key for key, queue in self.queues.items() if queue)
@@ -407,7 +442,7 @@ class _Run:
         """An object's last event delivered again."""
         keys = sorted(self.delivered)
         if keys:
-            self._deliver(self.delivered[keys[choice % len(keys)]])
+            self.handler.redeliver(*self.delivered[keys[choice % len(keys)]])
 
     def relist(self) -> None:
         """The watch expired: pending events are lost, the current state is listed."""
@@ -433,6 +468,7 @@ class _Run:
         _within_capacity(booked(self.handler.ledger))
 
     def check_exact(self) -> None:
+        self.expire()
         assert booked(self.handler.ledger) == held(self.pods)
         registered = {n for n, obj in self.nodes.items() if _registered(obj)}
         assert set(self.handler.ledger.node_names()) == registered
@@ -447,6 +483,7 @@ _OPS = (
     ("create",) * 2
     + ("create_and_schedule",) * 4
     + ("schedule",) * 3
+    + ("schedule_bind_fails", "filter_only", "expire")
     + ("deliver",) * 6
     + ("duplicate",) * 2
     + ("allocate",) * 2
@@ -473,6 +510,12 @@ def _apply(run: _Run, op: Op) -> None:
         getattr(run, name)(pod, shape)
     elif name in ("schedule", "delete"):
         getattr(run, name)(pod)
+    elif name == "schedule_bind_fails":
+        run.schedule(pod, "bind_fails")
+    elif name == "filter_only":
+        run.schedule(pod, "no_bind")
+    elif name == "expire":
+        run.expire()
     elif name in ("allocate", "finish"):
         getattr(run, name)(pod, flag)
     elif name in ("deliver", "duplicate", "drain"):
@@ -534,3 +577,11 @@ def test_a_relist_that_shows_a_successor_drops_the_gone_pods_booking() -> None:
     run.recreate("pod-1", SHAPES[0])  # the pod decided for is gone before our watch saw it
     run.relist()
     assert booked(run.handler.ledger) == {}
+
+
+def test_a_pod_bound_and_deleted_while_the_watch_was_away_leaves_no_booking() -> None:
+    run = _Run()
+    run.drain(0)
+    run.create_and_schedule("pod-0", SHAPES[4])  # the bind went through...
+    run.delete("pod-0")  # ...and the pod was deleted before the watch showed any of it
+    run.relist()  # the informer never stored pod-0: no on_delete, only on_synced
