@@ -75,7 +75,7 @@ def _gpus(tag: str, name: str, memory_mib: int, numa_nodes: tuple[int, ...]) -> 
 NODES = (
     # Two NUMA nodes with two GPUs each, as on a DGX-like board: numa-bind has a choice to make.
     DemoNode("gpu-a100", "a100", _gpus("a100", "NVIDIA A100-SXM4-80GB", 81920, (0, 0, 1, 1))),
-    DemoNode("gpu-t4", "t4", _gpus("t4", "Tesla T4", 15360, (0, 0, 0, 0))),
+    DemoNode("gpu-t4", "t4", _gpus("74", "Tesla T4", 15360, (0, 0, 0, 0))),
 )
 
 
