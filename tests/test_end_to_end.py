@@ -156,6 +156,7 @@ def cluster(apiserver: FakeApiServer, tmp_path: Path) -> Iterator[Cluster]:
     hook = str(tmp_path / "hook")
     vgpulock = str(tmp_path / "vgpulock")
     settings = DevicePluginSettings(
+        metrics_bind_address="0",  # no /metrics port in wire tests
         node_name=NODE,
         device_plugin_path=sock_dir,
         nvml="fake",

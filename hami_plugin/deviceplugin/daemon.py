@@ -135,7 +135,12 @@ class DevicePluginDaemon:
         from hami_plugin.deviceplugin.server import DeviceBoard, DevicePluginService, PodAllocator
         from hami_plugin.inflight import ALLOCATE_PROTOCOL, ANNOTATION_ALLOCATE_PROTOCOL
         from hami_plugin.k8s import KubeClient, KubeError
-        from hami_plugin.metrics.node import start_device_plugin_metrics
+        from hami_plugin.metrics.containers import (
+            ContainerScanner,
+            FeedbackLoop,
+            vgpu_containers_dir,
+        )
+        from hami_plugin.metrics.node import NodePods, start_device_plugin_metrics
 
         settings = self.settings
         try:
@@ -185,16 +190,29 @@ class DevicePluginDaemon:
             # Our Allocate tells several in-flight pods apart: the scheduler may skip HAMi's lock.
             also_annotate={ANNOTATION_ALLOCATE_PROTOCOL: ALLOCATE_PROTOCOL},
         )
+        # HAMi-core's per-container shared regions: read for /metrics, cleaned up and
+        # arbitrated by priority (HAMi's vGPU monitor), over one pod list and one set of files.
+        pods = NodePods.from_kube(kube, settings.node_name)
+        scanner = ContainerScanner(
+            vgpu_containers_dir(settings.hook_path),
+            pods,
+            resync_interval_seconds=settings.vgpu_resync_interval_seconds,
+        )
+        feedback = FeedbackLoop(scanner) if settings.priority_feedback else None
         try:
             registrar.start()
             health.start(gpus)
             publisher.start()
+            if feedback is not None:
+                feedback.start()
             self.metrics = start_device_plugin_metrics(
                 settings,
                 backend=backend,
                 gpus=lambda: self._gpus,
                 devices=lambda: board.devices,
                 kube=kube,
+                scanner=scanner,
+                pods=pods,
             )
             self.started.set()
             self._stop.wait()
@@ -202,6 +220,9 @@ class DevicePluginDaemon:
         finally:
             if self.metrics is not None:
                 self.metrics.stop()
+            if feedback is not None:
+                feedback.stop()
+            scanner.close()
             registrar.stop()
             publisher.stop()
             publisher.withdraw()  # bounded; the scheduler falls back to HAMi's node lock

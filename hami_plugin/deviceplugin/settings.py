@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from hami_plugin.model import RESOURCE_GPU
+from hami_plugin.scheduler.nodelock import parse_go_duration
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,11 @@ class DevicePluginSettings:
     """Where `/metrics` is served: HAMi's `:9394`, `host:port`, or `0` (off). Checked when the
     daemon starts the endpoint (`metrics.server.parse_bind_address`; the pure core imports
     this module, so it must not import the metrics package)."""
+    vgpu_resync_interval_seconds: float = 300.0
+    """How long the HAMi-core directory of a container whose pod left the node is kept
+    (HAMi's monitor `HAMI_RESYNC_INTERVAL`, 5m)."""
+    priority_feedback: bool = True
+    """Run HAMi's priority feedback loop over the containers' shared regions (every 5 s)."""
     only_xids: frozenset[int] | None = None
     """When set, only these Xids mark a GPU unhealthy (`DP_DISABLE_HEALTHCHECKS=all` together
     with a `DP_ENABLE_HEALTHCHECKS` list); None means every Xid outside `ignored_xids` counts."""
@@ -154,6 +160,23 @@ def _split_list(raw: object) -> list[object]:
     if isinstance(raw, list | tuple):
         return list(raw)
     raise ValueError(f"expected a list or a comma-separated string, got {raw!r}")
+
+
+def _parse_duration_seconds(raw: object) -> float:
+    """A Go duration (`5m`, `90s`, `1h30m`) or a number of seconds; not negative."""
+    if isinstance(raw, bool):
+        raise ValueError(f"expected a duration, got {raw!r}")
+    if isinstance(raw, int | float):
+        seconds = float(raw)
+    else:
+        text = str(raw).strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = parse_go_duration(text).total_seconds()
+    if seconds < 0:
+        raise ValueError(f"expected a duration that is not negative, got {raw!r}")
+    return seconds
 
 
 def _parse_str_set(raw: object) -> frozenset[str]:
@@ -245,6 +268,12 @@ _OPTIONS: tuple[_Option, ...] = (
     _Option("metrics_bind_address", "--metrics-bind-address", "METRICS_BIND_ADDRESS",
             _parse_str, "where to serve Prometheus metrics at /metrics: :PORT, HOST:PORT, or 0 "
             "(off) (default :9394)"),
+    _Option("vgpu_resync_interval_seconds", "--vgpu-resync-interval", "HAMI_RESYNC_INTERVAL",
+            _parse_duration_seconds, "keep the HAMi-core directory of a container whose pod "
+            "left the node this long (Go duration or seconds, default 5m)"),
+    _Option("priority_feedback", "--priority-feedback", "PRIORITY_FEEDBACK", _parse_bool,
+            "run HAMi's priority feedback loop over the containers' shared regions every 5 s "
+            "(default true)", is_bool=True),
 )  # fmt: skip
 
 _METAVARS = {
@@ -267,6 +296,7 @@ _METAVARS = {
     "filter_uuids": "UUIDS",
     "filter_indexes": "INDEXES",
     "metrics_bind_address": "ADDRESS",
+    "vgpu_resync_interval_seconds": "DURATION",
 }
 _OPTIONS_BY_FIELD = {option.field: option for option in _OPTIONS}
 _NVIDIA_KEYS = {o.nvidia_key.lower(): o.field for o in _OPTIONS if o.nvidia_key}

@@ -323,6 +323,7 @@ def start_device_plugin_metrics(
     devices: Callable[[], Sequence[VgpuDevice]],
     kube: Any,
     scanner: ContainerScanner | None = None,
+    pods: NodePods | None = None,
 ) -> DevicePluginMetrics | None:
     """Serve the device plugin daemon's `/metrics` on `settings.metrics_bind_address`.
 
@@ -330,12 +331,14 @@ def start_device_plugin_metrics(
     (per-container usage from HAMi-core's regions, `metrics.vgpu`). Both share one pod list
     (`NodePods`). `scanner`: the daemon's region scanner when it runs the priority feedback
     loop too (pass it so both read one set of open files); None creates one for the metrics
-    alone, closed by `stop()`.
+    alone, closed by `stop()`. `pods`: the pod list the scanner already reads, so that the
+    node collector shares it (None lists them here).
 
     Returns None when the address is `0`, does not parse, or cannot be bound: a metrics problem
     is one error line and never stops the daemon from serving GPUs.
     """
-    pods = NodePods.from_kube(kube, settings.node_name)
+    if pods is None:
+        pods = NodePods.from_kube(kube, settings.node_name)
     owns_scanner = scanner is None
     if scanner is None:
         scanner = ContainerScanner(vgpu_containers_dir(settings.hook_path), pods)

@@ -81,6 +81,7 @@ def running(
     write_gpus(gpus_file)
     hook = str(tmp_path / "hook")
     settings = DevicePluginSettings(
+        metrics_bind_address="0",  # no /metrics port in wire tests
         node_name=NODE,
         device_plugin_path=sock_dir,
         nvml="fake",

@@ -70,6 +70,7 @@ def node(
     ]
     gpus_file.write_text(yaml.safe_dump({"gpus": gpus}), encoding="utf-8")
     settings = DevicePluginSettings(
+        metrics_bind_address="0",  # no /metrics port in wire tests
         node_name=NODE,
         device_plugin_path=sock_dir,
         nvml="fake",

@@ -812,6 +812,7 @@ def test_a_gpu_that_vanishes_and_comes_back_and_a_broken_file(
     gpus_file = tmp_path / "gpus.yaml"
     write_gpus(gpus_file, [GPU_SPEC_A, GPU_SPEC_B])
     settings = DevicePluginSettings(
+        metrics_bind_address="0",  # no /metrics port in wire tests
         node_name=NODE,
         device_plugin_path=sock_dir,
         nvml="fake",

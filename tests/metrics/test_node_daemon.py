@@ -25,6 +25,8 @@ from hami_plugin import codec
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.settings import DevicePluginSettings, add_arguments, resolve_settings
 from hami_plugin.k8s import KubeClient, RetryPolicy
+from hami_plugin.metrics.feedback import BLOCKED
+from hami_plugin.metrics.region import parse_region
 from hami_plugin.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_DEVICES_ALLOCATED,
@@ -207,9 +209,12 @@ def test_the_daemon_serves_node_and_container_metrics(
     with running_device_plugin(tmp_path, apiserver) as plugin:
         uid = add_booked_pod(apiserver, "trainer", booked)
         write_usage_region(plugin.hook, uid, "c0", used_mib=1500)
+        a100 = {"device_uuid": GPU_0, "device_index": "0", "node": NODE}
+        # The node's pod list is shared with the feedback loop and refreshed every 5 s.
+        slots = "hami_host_gpu_vgpu_slots_allocated"
+        wait_for(lambda: value(scrape(plugin.url), slots, **a100) == 2)
         families = scrape(plugin.url)
 
-        a100 = {"device_uuid": GPU_0, "device_index": "0", "node": NODE}
         assert value(families, "hami_host_gpu_memory_used_bytes", **a100, zone="vGPU") == (
             2048 * MIB
         )
@@ -247,6 +252,35 @@ def test_metrics_follow_the_gpus_at_scrape_time(tmp_path: Path, apiserver: FakeA
         families = scrape(plugin.url)
         assert value(families, "hami_host_gpu_utilization_ratio", device_uuid=GPU_1) is None
         assert value(families, "hami_host_gpu_vgpu_slots", device_uuid=GPU_1) == SPLIT
+
+
+def _recent_kernel(path: Path) -> int:
+    return parse_region(path.read_bytes()).recent_kernel
+
+
+def test_the_daemon_runs_the_priority_feedback_loop(
+    tmp_path: Path, apiserver: FakeApiServer
+) -> None:
+    # Two containers share GPU_0 and both launched kernels lately: HAMi's monitor holds the
+    # lower-priority one (recentKernel -1) while the higher-priority one is active.
+    with running_device_plugin(tmp_path, apiserver) as plugin:
+        high = region_file(
+            plugin.hook, "uid-high", "main", RegionSpec(uuids=[GPU_0], priority=0, recent_kernel=3)
+        )
+        low = region_file(
+            plugin.hook, "uid-low", "main", RegionSpec(uuids=[GPU_0], priority=1, recent_kernel=3)
+        )
+        wait_for(lambda: _recent_kernel(low) == BLOCKED)
+        assert _recent_kernel(high) >= 0
+
+
+def test_priority_feedback_can_be_switched_off(tmp_path: Path) -> None:
+    assert resolve([]).priority_feedback is True
+    assert resolve(["--priority-feedback=false"]).priority_feedback is False
+    assert resolve([]).vgpu_resync_interval_seconds == 300.0
+    assert resolve(["--vgpu-resync-interval", "90s"]).vgpu_resync_interval_seconds == 90.0
+    assert resolve([], {"HAMI_RESYNC_INTERVAL": "1m30s"}).vgpu_resync_interval_seconds == 90.0
+    assert resolve(["--vgpu-resync-interval", "45"]).vgpu_resync_interval_seconds == 45.0
 
 
 def test_zero_turns_the_endpoint_off(tmp_path: Path, apiserver: FakeApiServer) -> None:
