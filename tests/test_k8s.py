@@ -706,15 +706,15 @@ def test_watch_objects_yields_bookmarks(
     kube: KubeClient,
 ) -> None:
     apiserver.bookmark_interval_seconds = 0.05
-    apiserver.add_node("n")
+    version = apiserver.add_node("n")["metadata"]["resourceVersion"]
 
-    first = next(iter(kube.watch_objects("/api/v1/nodes", str(apiserver.resource_version))))
+    first = next(iter(kube.watch_objects("/api/v1/nodes", version)))
 
     assert first == WatchEvent(
         "BOOKMARK",
-        {"kind": "Node", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}},
+        {"kind": "Node", "apiVersion": "v1", "metadata": {"resourceVersion": version}},
     )
-    assert first.resource_version == "1"
+    assert first.resource_version == version
 
 
 def test_watch_from_an_expired_version_is_gone(

@@ -571,11 +571,13 @@ class FakeApiServer:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._objects: dict[str, dict[tuple[str, str], JsonObject]] = {r: {} for r in _RESOURCES}
-        self._resource_version = 0
+        # As etcd, whose revision starts at 1: an empty server lists at "1" and the first write
+        # is "2". A list never answers "0", which a watch reads as "any version" (a snapshot).
+        self._resource_version = 1
         self._history: list[_Change] = []
         # Every change with a version above the floor is in _history, in order, with
         # consecutive versions: _history[i] has version _history_floor + 1 + i.
-        self._history_floor = 0
+        self._history_floor = 1
         self.history_size = history_size
         self.bookmark_interval_seconds = bookmark_interval_seconds
         self._drop_generation = 0

@@ -637,15 +637,15 @@ def test_too_old_version_is_an_expired_error_event(
 
 def test_history_is_a_ring_buffer(http: urllib3.PoolManager) -> None:
     with FakeApiServer(history_size=3) as server:
-        for name in "abcde":
-            server.add_node(name)  # versions 1..5; the history keeps 3, 4, 5
+        versions = [server.add_node(name)["metadata"]["resourceVersion"] for name in "abcde"]
 
-        def first_event(version: int) -> dict[str, Any]:
+        def first_event(version: str) -> dict[str, Any]:
             path = f"/api/v1/nodes?watch=true&timeoutSeconds=1&resourceVersion={version}"
             return _Stream(_open_watch(http, server, path)).take(1)[0]
 
-        assert first_event(1)["type"] == "ERROR"
-        assert first_event(2)["object"]["metadata"]["name"] == "c"
+        # The history keeps the last 3 writes (c, d, e): from a's version, b's is missing.
+        assert first_event(versions[0])["type"] == "ERROR"
+        assert first_event(versions[1])["object"]["metadata"]["name"] == "c"
 
 
 def test_drop_watches_cuts_the_stream_without_its_end(
@@ -759,6 +759,7 @@ def test_list_pages_are_a_consistent_snapshot(
     for name in "abcde":
         apiserver.add_pod(name)
 
+    version = str(apiserver.resource_version)
     first = core.list_namespaced_pod("default", limit=2)
     apiserver.add_pod("f")
     apiserver.delete_pod("default", "e")
@@ -774,7 +775,7 @@ def test_list_pages_are_a_consistent_snapshot(
     assert pages == [["a", "b"], ["c", "d"], ["e"]]
     assert first.metadata.remaining_item_count == 3
     assert third.metadata._continue is None
-    assert {first.metadata.resource_version, third.metadata.resource_version} == {"5"}
+    assert {first.metadata.resource_version, third.metadata.resource_version} == {version}
 
 
 def test_expired_continue_token_is_410(
