@@ -557,8 +557,8 @@ def _expired_status(message: str) -> JsonObject:
 class FakeApiServer:
     """In-memory API server over real HTTP. Use as a context manager or start()/stop().
 
-    `history_size` is how many writes the event history keeps for watches (and continue
-    tokens) to resume from; `bookmark_interval_seconds` how long a watch that allows bookmarks
+    `history_size` is how many writes (at least) the event history keeps for watches to
+    resume from; `bookmark_interval_seconds` how long a watch that allows bookmarks
     stays silent before it gets one (the real server: about a minute). Both can be changed
     while serving.
     """
@@ -1033,8 +1033,10 @@ class FakeApiServer:
             stored = {**obj, "metadata": {**obj["metadata"], "resourceVersion": version}}
             store[key] = stored
         self._history.append(_Change(self._resource_version, plural, change, stored, previous))
+        # Trimmed in batches of a quarter of the size, so that a write does not move the whole
+        # buffer: the history holds between history_size and 1.25 times as many writes.
         excess = len(self._history) - self.history_size
-        if excess > 0:
+        if excess > max(1, self.history_size // 4):
             self._history_floor = self._history[excess - 1].resource_version
             del self._history[:excess]
         self._changed.notify_all()
