@@ -10,9 +10,9 @@ daemons need on top of it:
   instead of `CoreV1Api`. Importing `kubernetes.client.api.core_v1_api` wraps ~400 methods in
   pydantic `validate_call` and pulls in ~250 model modules: ~20 MiB of resident memory in a daemon
   that needs a dozen URLs. Only the client's plumbing submodules and the config loaders are
-  imported;
-  `kubernetes.client` and `kubernetes.client.models` load their members lazily, so no generated
-  API or model module is ever loaded (tests/test_k8s.py checks this in a fresh interpreter);
+  imported; `kubernetes.client` and `kubernetes.client.models` load their members lazily, so no
+  generated API or model module is ever loaded (tests/test_k8s.py checks this in a fresh
+  interpreter);
 * plain frozen dataclasses (`NodeRecord`, `PodRecord`) instead of the generated models. Responses
   are raw urllib3 responses decoded here from JSON: the generated pydantic models cost far more
   per pod than the handful of fields we read, and our own decoding turns a malformed body into a
@@ -928,7 +928,7 @@ class KubeClient:
         guard = _StopGuard(stop, response) if stop is not None else None
         finished = False
         try:
-            lines = _lines(response)
+            lines = _lines(response, what)
             while stop is None or not stop.is_set():
                 try:
                     line = next(lines)
@@ -1179,10 +1179,11 @@ class _StopGuard:
         self._thread.join()
 
 
-def _lines(response: urllib3.BaseHTTPResponse) -> Iterator[bytes]:
+def _lines(response: urllib3.BaseHTTPResponse, what: str) -> Iterator[bytes]:
     """The non-empty lines of a streamed response as they arrive (the API server sends one
-    JSON watch event per line, usually one per chunk). Raises KubeError for a line longer
-    than `_MAX_WATCH_LINE_BYTES` (a server that never ends a line must not exhaust memory)."""
+    JSON watch event per line, usually one per chunk). Raises KubeError naming `what` for a
+    line longer than `_MAX_WATCH_LINE_BYTES` (a server that never ends a line must not exhaust
+    memory)."""
     buffer = bytearray()
     for data in response.stream(amt=None):
         buffer.extend(data)
@@ -1193,7 +1194,10 @@ def _lines(response: urllib3.BaseHTTPResponse) -> Iterator[bytes]:
             start = end + 1
         del buffer[:start]
         if len(buffer) > _MAX_WATCH_LINE_BYTES:
-            raise KubeError(f"watch event longer than {_MAX_WATCH_LINE_BYTES} bytes")
+            raise KubeError(
+                f"{what}: malformed response from the API server: an event longer than "
+                f"{_MAX_WATCH_LINE_BYTES} bytes"
+            )
     if buffer.strip():
         yield bytes(buffer)
 

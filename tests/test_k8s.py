@@ -809,6 +809,18 @@ def test_malformed_watch_line_is_a_kube_error(
     assert type(e.value) is KubeError
 
 
+def test_a_watch_line_that_never_ends_is_a_kube_error(
+    apiserver: FakeApiServer,  # noqa: F811
+    kube: KubeClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("hami_plugin.k8s._MAX_WATCH_LINE_BYTES", 100)
+    apiserver.inject_fault("GET", query=".*watch=true.*", status=200, body=b"x" * 500)
+
+    with pytest.raises(KubeError, match="an event longer than 100 bytes"):
+        list(kube.watch_objects("/api/v1/pods", "1"))
+
+
 def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
