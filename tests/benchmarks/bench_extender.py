@@ -25,6 +25,10 @@ Per cluster size it prints one JSON line per figure:
   double answers the `spec.nodeName` lists of the device plugin and the test kubelet by
   scanning every stored pod (~40 ms each), which then bounds the burst, not the scheduler.
 
+The preloaded nodes carry an old `Requesting_` handshake, as in a cluster the scheduler ran
+on before (steady state). On a fresh cluster a new leader first writes one handshake per node
+(HAMi does too): 5,000 node patches competing with the first minute of filters and binds.
+
 The preloaded nodes have no kubelet: the driver admits every pod it bound at once (one merge
 patch: bind-phase success, Running), so the in-flight rules see pods start as in a cluster.
 
@@ -69,6 +73,7 @@ from hami_plugin.model import (
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_DEVICES_TO_ALLOCATE,
+    ANNOTATION_NODE_HANDSHAKE,
     ANNOTATION_NODE_REGISTER,
     ANNOTATION_VGPU_NODE,
     ANNOTATION_VGPU_TIME,
@@ -89,6 +94,7 @@ GPU_TYPE = "NVIDIA A100-SXM4-80GB"
 BURST_PODS = 100
 BURST_SPLIT = 16  # 8 GPUs x 16 = 128 slots: room for the whole burst on one node
 _T0 = datetime(2026, 11, 30, 8, tzinfo=UTC)
+HANDSHAKE = codec.format_handshake_requesting(_T0)
 
 
 def emit(name: str, **figures: object) -> None:
@@ -201,6 +207,10 @@ def cluster_objects(size: int, pending: int, rng: random.Random) -> list[dict[st
         annotations = {
             ANNOTATION_NODE_REGISTER: codec.encode_node_devices(devices),
             ANNOTATION_ALLOCATE_PROTOCOL: ALLOCATE_PROTOCOL,
+            # a cluster the scheduler has run on before: an old `Requesting_` handshake (the
+            # node stays healthy while kubelet advertises GPUs); without it a fresh leader
+            # first writes one handshake per node, as HAMi does
+            ANNOTATION_NODE_HANDSHAKE: HANDSHAKE,
         }
         objects.append(_node(name, annotations, GPUS_PER_NODE * SPLIT))
         for pair in range(GPUS_PER_NODE // 2):
@@ -254,14 +264,14 @@ def cluster_objects(size: int, pending: int, rng: random.Random) -> list[dict[st
 class Process:
     """A child process whose output goes to a log file; `wait_for` reads its log."""
 
-    def __init__(self, name: str, argv: list[str], workdir: Path, stdout: bool = False) -> None:
+    def __init__(self, name: str, argv: list[str], workdir: Path, cwd: Path = REPO) -> None:
         self.name = name
         self.log_path = workdir / f"{name}.log"
         env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "POD_NAME")}
         env["PYTHONUNBUFFERED"] = "1"
         with open(self.log_path, "w", encoding="utf-8") as log:
             self.popen = subprocess.Popen(
-                argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+                argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT
             )
 
     @property
@@ -813,6 +823,7 @@ def run_size(size: int, args: argparse.Namespace, *, phases: bool, burst: bool) 
             _hami("scheduler", "--kubeconfig", str(kubeconfig), "--http-bind", "127.0.0.1:0",
                   "--metrics-bind-address", "0", "--log-level", "warning"),
             workdir,
+            cwd=args.scheduler_source,
         )  # fmt: skip
         url = f"http://127.0.0.1:{_listening_port(scheduler.pid)}"
         names = [node_name(i) for i in range(size)]
@@ -913,6 +924,13 @@ def main() -> None:
         "double's O(pods) field-selector lists, not the scheduler, bound the rate)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the processes' logs")
+    parser.add_argument(
+        "--scheduler-source",
+        type=Path,
+        default=REPO,
+        metavar="DIR",
+        help="run `hami scheduler` from this checkout (A/B a change; default: this one)",
+    )
     parser.add_argument(
         "--py-spy", metavar="PATH", help="profile the sustained phase (implies --keep)"
     )
