@@ -88,10 +88,15 @@ class FilterResult:
 class FitCache:
     """The last fit of every node, valid while the node's usage snapshot is unchanged."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_entries", "candidates")
 
     def __init__(self) -> None:
         self._entries: dict[str, tuple[NodeUsage, object, PodFit | FitFailure]] = {}
+        self.candidates: tuple[list[str], int, set[str], list[str]] | None = None
+        """The last candidate list resolved against the ledger: (names as sent,
+        `Ledger.membership` then, the registered ones, the unregistered ones). kube-scheduler
+        sends the same thousands of names call after call; while no node registers or leaves,
+        they resolve the same way."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -117,28 +122,37 @@ def _candidates(
     names: Iterable[str] | None,
     higher_first: bool,
     failed: dict[str, FitFailure],
+    cache: FitCache | None = None,
 ) -> Iterator[NodeUsage]:
     if names is None:
         return ledger.by_preference(higher_first)
-    registered: list[NodeUsage] = []
-    seen: set[str] = set()
-    for name in names:
-        if name in seen:
-            continue
-        seen.add(name)
-        usage = ledger.node(name)
-        if usage is None:
+    names = names if isinstance(names, list) else list(names)
+    last = cache.candidates if cache is not None else None
+    if last is not None and last[1] == ledger.membership and last[0] == names:
+        wanted = last[2]
+        for name in last[3]:
             failed[name] = NODE_UNREGISTERED
-        else:
-            registered.append(usage)
-    if len(registered) * _WALK_GLOBAL_ORDER_FRACTION >= len(ledger):
-        wanted = {usage.name for usage in registered}
-        return (usage for usage in ledger.by_preference(higher_first) if usage.name in wanted)
-    if higher_first:
-        registered.sort(key=lambda usage: (-usage.score, usage.name))
     else:
-        registered.sort(key=lambda usage: (usage.score, usage.name))
-    return iter(registered)
+        # Set operations run in C: kube-scheduler sends every node that passed its own filters,
+        # thousands of names per call, nearly always all of them registered.
+        wanted = set(names)
+        registered = ledger.registered_names()
+        missing = []
+        if not wanted <= registered:
+            missing = [name for name in names if name not in registered]
+            for name in missing:
+                failed[name] = NODE_UNREGISTERED
+            wanted &= registered
+        if cache is not None:
+            cache.candidates = (names, ledger.membership, wanted, missing)
+    if len(wanted) * _WALK_GLOBAL_ORDER_FRACTION >= len(ledger):
+        return (usage for usage in ledger.by_preference(higher_first) if usage.name in wanted)
+    usages = [usage for name in wanted if (usage := ledger.node(name)) is not None]
+    if higher_first:
+        usages.sort(key=lambda usage: (-usage.score, usage.name))
+    else:
+        usages.sort(key=lambda usage: (usage.score, usage.name))
+    return iter(usages)
 
 
 def decide(
@@ -177,7 +191,7 @@ def decide(
     placements: dict[str, PodDevices] = {}
     chosen: str | None = None
     fitted = 0
-    for usage in _candidates(ledger, candidates, prefers_higher_score(node_policy), failed):
+    for usage in _candidates(ledger, candidates, prefers_higher_score(node_policy), failed, cache):
         fitted += 1
         if cache is None:
             outcome = fit_pod(usage, requests, context)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, KeysView, Sequence
 from dataclasses import dataclass
 
 from hami_plugin.codec import (
@@ -135,6 +135,7 @@ class Ledger:
 
     def __init__(self) -> None:
         self._nodes: dict[str, _NodeEntry] = {}
+        self.membership = 0  # bumped whenever a node is registered or unregistered
         self._pods: dict[str, TrackedPod] = {}
         self._pods_on: dict[str, set[str]] = {}
         # (register, cordon) annotation values last applied per node, to skip no-op events
@@ -155,6 +156,10 @@ class Ledger:
         """The node's current usage snapshot, or None when it is not registered."""
         entry = self._nodes.get(name)
         return None if entry is None else entry.usage
+
+    def registered_names(self) -> KeysView[str]:
+        """A live view of the registered node names (set operations on it run in C)."""
+        return self._nodes.keys()
 
     def node_names(self) -> list[str]:
         """Registered node names, sorted."""
@@ -237,10 +242,12 @@ class Ledger:
             entry.book(self._pods[key].tallies, 1, key)
         entry.refresh()
         self._nodes[name] = entry
+        self.membership += 1
         self._list(entry)
 
     def _unregister(self, name: str) -> None:
         entry = self._nodes.pop(name, None)
+        self.membership += 1
         if entry is not None:
             self._unlist(entry)
 

@@ -356,16 +356,29 @@ def test_fit_cache_refits_only_changed_nodes(monkeypatch: pytest.MonkeyPatch) ->
 
 @given(
     ledgers(),
-    st.lists(st.tuples(pod_specs, st.booleans(), st.sampled_from([BINPACK, SPREAD])), max_size=6),
+    st.lists(
+        st.tuples(
+            pod_specs,
+            st.booleans(),
+            st.sampled_from([BINPACK, SPREAD]),
+            candidate_lists,
+            st.none() | st.sampled_from(NAMES),
+        ),
+        max_size=6,
+    ),
 )
 def test_the_fit_cache_never_changes_a_decision(
-    ledger: Ledger, stream: list[tuple[dict[str, Any], bool, SchedulerSettings]]
+    ledger: Ledger,
+    stream: list[tuple[dict[str, Any], bool, SchedulerSettings, list[str] | None, str | None]],
 ) -> None:
     from hami_plugin.scheduler.filter import FitCache
 
     cache = FitCache()
-    for number, (pod, book, settings) in enumerate(stream):
-        cached = decide(ledger, pod, None, NOW, settings, cache=cache)
-        assert cached == decide(ledger, pod, None, NOW, settings)
+    for number, (pod, book, settings, names, leaving) in enumerate(stream):
+        if leaving is not None:
+            # a node unregisters: the cached resolution of the candidate names must not stay
+            ledger.remove_node(leaving)
+        cached = decide(ledger, pod, names, NOW, settings, cache=cache)
+        assert cached == decide(ledger, pod, names, NOW, settings)
         if book:
             assume(ledger, f"ns/stream-{number}", cached)
