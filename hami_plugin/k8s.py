@@ -593,6 +593,32 @@ def _event_body(
 
 # --- the client -------------------------------------------------------------------------------
 
+_AUTH_REFRESH_SECONDS = 1.0
+"""How often the loaders' token refresh hook may run (it runs before every request otherwise)."""
+
+
+def _throttled_refresh(
+    hook: Callable[[Configuration], None], clock: Callable[[], float]
+) -> Callable[[Configuration], None]:
+    """`hook`, run at most once per `_AUTH_REFRESH_SECONDS`.
+
+    The kubeconfig loader's hook re-applies the whole loaded configuration on every request,
+    and setting `host` re-reads the proxy environment: about a tenth of a busy scheduler's CPU.
+    Tokens (in-cluster rotation, exec plugins) are still refreshed within a second of expiry.
+    """
+    lock = threading.Lock()
+    last: list[float] = []
+
+    def refresh(configuration: Configuration) -> None:
+        now = clock()
+        with lock:
+            if last and now - last[0] < _AUTH_REFRESH_SECONDS:
+                return
+            last[:] = [now]
+        hook(configuration)
+
+    return refresh
+
 
 class KubeClient:
     """Typed, retried, timed Kubernetes calls over one `kubernetes.client.ApiClient`.
@@ -615,6 +641,9 @@ class KubeClient:
             api_client.configuration.retries = False
             api_client.rest_client.close()
             api_client.rest_client = RESTClientObject(api_client.configuration)
+        hook = api_client.configuration.refresh_api_key_hook
+        if hook is not None:
+            api_client.configuration.refresh_api_key_hook = _throttled_refresh(hook, clock)
         self._api_client = api_client
         self._retry = retry
         self._sleep = sleep

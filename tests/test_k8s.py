@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import random
@@ -1163,10 +1164,11 @@ def test_from_config_reads_kubeconfig_env(
         assert kube.get_node("gpu-1").name == "gpu-1"
 
 
-def test_bearer_token_is_read_from_the_configuration_on_every_attempt(
+def test_bearer_token_is_read_from_the_configuration_again_on_a_later_attempt(
     apiserver: FakeApiServer,  # noqa: F811
 ) -> None:
-    # The in-cluster loader rotates the service-account token through this hook.
+    # The in-cluster loader rotates the service-account token through this hook (run at most
+    # once a second: this clock moves 2 s per reading).
     apiserver.add_node("gpu-1")
     apiserver.inject_fault("GET", ".*", status=503)
     tokens = iter(["first", "second"])
@@ -1179,7 +1181,8 @@ def test_bearer_token_is_read_from_the_configuration_on_every_attempt(
     # The library annotates the hook as None only.
     configuration.refresh_api_key_hook = refresh  # type: ignore[assignment]
 
-    with KubeClient(ApiClient(configuration), FAST, sleep=SleepRecorder()) as kube:
+    clock = itertools.count(0.0, 2.0).__next__
+    with KubeClient(ApiClient(configuration), FAST, sleep=SleepRecorder(), clock=clock) as kube:
         kube.get_node("gpu-1")
 
     assert [r.headers["authorization"] for r in apiserver.requests] == [
@@ -1308,3 +1311,25 @@ def test_backoff_is_jittered_exponential_and_capped(
 def test_retry_policy_rejects_nonsense(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="RetryPolicy"):
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_the_token_refresh_hook_runs_at_most_once_a_second(
+    apiserver: FakeApiServer,  # noqa: F811
+) -> None:
+    # The kubeconfig loader's hook re-applies the whole configuration before every request;
+    # a busy scheduler makes hundreds a second. Rotated tokens still reach requests in 1 s.
+    apiserver.add_node("n1")
+    api_client = apiserver.api_client()
+    calls: list[float] = []
+    api_client.configuration.refresh_api_key_hook = lambda configuration: calls.append(now[0])
+    now = [100.0]
+    with KubeClient(api_client, FAST, clock=lambda: now[0]) as client:
+        for _ in range(5):
+            client.get_node("n1")
+        assert calls == [100.0]
+        now[0] = 100.5
+        client.get_node("n1")
+        assert calls == [100.0]
+        now[0] = 101.2
+        client.get_node("n1")
+        assert calls == [100.0, 101.2]
