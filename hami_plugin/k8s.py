@@ -608,6 +608,7 @@ def _throttled_refresh(
     """
     lock = threading.Lock()
     last: list[float] = []
+    inner = [hook]
 
     def refresh(configuration: Configuration) -> None:
         now = clock()
@@ -615,7 +616,12 @@ def _throttled_refresh(
             if last and now - last[0] < _AUTH_REFRESH_SECONDS:
                 return
             last[:] = [now]
-        hook(configuration)
+        inner[0](configuration)
+        # The kubeconfig loader's hook installs itself again each time it runs.
+        installed = configuration.refresh_api_key_hook
+        if installed is not refresh and installed is not None:
+            inner[0] = installed
+            configuration.refresh_api_key_hook = refresh
 
     return refresh
 

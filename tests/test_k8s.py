@@ -1333,3 +1333,20 @@ def test_the_token_refresh_hook_runs_at_most_once_a_second(
         now[0] = 101.2
         client.get_node("n1")
         assert calls == [100.0, 101.2]
+
+
+def test_a_refresh_hook_that_reinstalls_itself_stays_throttled(tmp_path: Path) -> None:
+    # kubeconfig's loader: its hook re-applies the configuration, hook included, every time.
+    with FakeApiServer() as server:
+        server.add_node("n1")
+        client_calls: list[int] = []
+        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+        with KubeClient.from_config(str(kubeconfig), FAST) as kube:
+            configuration = kube._api_client.configuration
+            hook = configuration.refresh_api_key_hook
+            assert hook is not None
+            for _ in range(20):
+                kube.get_node("n1")
+                client_calls.append(id(configuration.refresh_api_key_hook))
+            # still our throttle after the loader's hook ran and re-installed itself
+            assert set(client_calls) == {id(hook)}
