@@ -112,13 +112,20 @@ class VgpuCollector:
             for device in region.devices:
                 if device.uuid is None:
                     continue
-                labels = (
-                    pod.namespace,
-                    pod.name,
-                    usage.container_name,
-                    str(device.index),
-                    device.uuid,
-                    ZONE,
+                # One label dict shared by the device's samples (no per-sample dict(zip)).
+                labels = dict(
+                    zip(
+                        LABELS,
+                        (
+                            pod.namespace,
+                            pod.name,
+                            usage.container_name,
+                            str(device.index),
+                            device.uuid,
+                            ZONE,
+                        ),
+                        strict=True,
+                    )
                 )
                 for family, value in (
                     (MEMORY_USED, device.memory_used_bytes),
@@ -129,9 +136,11 @@ class VgpuCollector:
                     (MEMORY_MODULE, device.module_bytes),
                     (MEMORY_BUFFER, device.buffer_bytes),
                 ):
-                    families[family.name].add_metric(labels, float(value))
+                    families[family.name].add_sample(family.name, labels, float(value))
                 if region.last_kernel_time > 0:
-                    families[LAST_KERNEL.name].add_metric(
-                        labels, float(max(now_seconds - region.last_kernel_time, 0))
+                    families[LAST_KERNEL.name].add_sample(
+                        LAST_KERNEL.name,
+                        labels,
+                        float(max(now_seconds - region.last_kernel_time, 0)),
                     )
         yield from families.values()

@@ -6,11 +6,14 @@ v0; one GPU each, every 10th two; 1-3 used process slots), the pods on the node,
 `VgpuCollector` in a fresh registry. Prints one JSON line per figure:
 
 * `scrape_cold`: the first scrape (opens every region file);
-* `scrape`: one full scrape (scan + collect + text exposition with `generate_latest`, what the
-  HTTP endpoint runs) over `--scrapes` runs: wall p50/p99/max and CPU p50 in ms (target
-  <= 100 ms); `load_1m` is the machine's load when the line was printed;
+* `scrape`: one full scrape (scan + collect + text exposition with
+  `hami_plugin.metrics.exposition.render_text`, what the HTTP endpoint runs) over `--scrapes`
+  runs: wall p50/p99/max and CPU p50 in ms (target <= 100 ms); `load_1m` is the machine's
+  load when the line was printed;
+* `scrape_generate_latest`: the same with prometheus_client's `generate_latest` encoder, for
+  comparison (same bytes);
 * `scan`: the region scan alone, and `collect`: scan + building the metric families (no text
-  encoding), same statistics; the rest of `scrape` is prometheus_client's text encoder;
+  encoding), same statistics; the rest of `scrape` is the text encoder;
 * `feedback_round`: one `apply_feedback` round (every container active, priorities 0-2);
 * `memory`: resident memory (VmRSS) and open descriptors before and after `--rss-scrapes`
   scrapes (target: no growth).
@@ -38,6 +41,7 @@ from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
 from hami_plugin.k8s import PodRecord  # noqa: E402
 from hami_plugin.metrics.containers import ContainerScanner, vgpu_containers_dir  # noqa: E402
+from hami_plugin.metrics.exposition import render_text  # noqa: E402
 from hami_plugin.metrics.vgpu import VgpuCollector  # noqa: E402
 from tests.metrics.helpers import NODE, pod, region_file  # noqa: E402
 from tests.metrics.region_writer import DeviceMemory, Proc, RegionSpec  # noqa: E402
@@ -126,19 +130,21 @@ def main(argv: list[str] | None = None) -> int:
         collector = VgpuCollector(scanner, NODE)
         registry.register(collector)
 
-        print(
-            json.dumps(
-                {**common, "case": "scrape_cold", **timed(lambda: generate_latest(registry), 1)}
-            )
-        )
-        exposition = generate_latest(registry)
+        def serve() -> bytes:
+            return render_text(registry.collect())
+
+        print(json.dumps({**common, "case": "scrape_cold", **timed(serve, 1)}))
+        exposition = serve()
+        assert exposition == generate_latest(registry)
         samples = sum(1 for line in exposition.splitlines() if not line.startswith(b"#"))
-        scrape = timed(lambda: generate_latest(registry), args.scrapes)
+        scrape = timed(serve, args.scrapes)
         print(
             json.dumps(
                 {**common, "case": "scrape", "samples": samples, "bytes": len(exposition), **scrape}
             )
         )
+        reference = timed(lambda: generate_latest(registry), max(1, args.scrapes // 5))
+        print(json.dumps({**common, "case": "scrape_generate_latest", **reference}))
         print(json.dumps({**common, "case": "scan", **timed(scanner.scan, args.scrapes)}))
         collect = timed(lambda: list(collector.collect()), args.scrapes)
         print(json.dumps({**common, "case": "collect", **collect}))
@@ -148,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         before_kib, before_fds = resident_kib(), open_descriptors()
         start = time.perf_counter()
         for _ in range(args.rss_scrapes):
-            generate_latest(registry)
+            serve()
         elapsed = time.perf_counter() - start
         gc.collect()
         after_kib, after_fds = resident_kib(), open_descriptors()
