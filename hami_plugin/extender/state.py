@@ -748,8 +748,10 @@ class SchedulerState:
                 info.namespace, info.name, info.uid, "FilteringFailed", message, "Warning"
             )
             return FilterAnswer(error=message, outcome="error", events=(event,))
-        failed = {name: render_failure(failure) for name, failure in result.failed_nodes.items()}
         if result.node is None:
+            failed = {
+                name: render_failure(failure) for name, failure in result.failed_nodes.items()
+            }
             return FilterAnswer(
                 failed_nodes=failed,
                 outcome="no_fit",
@@ -760,7 +762,7 @@ class SchedulerState:
         # the counts are of the nodes tried.
         fits = ",".join(f"{name}:{score:.2f}" for name, score in result.scores.items())
         message = (
-            f"find fit node({result.node}), {len(failed)} nodes not fit, "
+            f"find fit node({result.node}), {len(result.failed_nodes)} nodes not fit, "
             f"{len(result.scores)} nodes fit({fits})"
         )
         event = PodEvent(info.namespace, info.name, info.uid, "FilteringSucceed", message)
