@@ -279,10 +279,17 @@ class SchedulerDaemon:
             return self._elector_factory(kube, self._started_leading, self._stopped_leading)
         from hami_plugin.extender.leader import ElectionConfig, LeaderElector
 
-        election = ElectionConfig.from_env(
-            name=self.config.leader_elect_resource_name,
-            namespace=self.config.leader_elect_resource_namespace,
-        )
+        config = self.config
+        try:
+            election = ElectionConfig.from_env(
+                name=config.leader_elect_resource_name,
+                namespace=config.leader_elect_resource_namespace,
+                lease_duration_seconds=config.leader_elect_lease_duration_seconds,
+                renew_deadline_seconds=config.leader_elect_renew_deadline_seconds,
+                retry_period_seconds=config.leader_elect_retry_period_seconds,
+            )
+        except ValueError as error:
+            raise StartError(f"leader election: {error}") from error
         return LeaderElector(
             kube,
             election,

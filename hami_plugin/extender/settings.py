@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -61,6 +62,9 @@ class SchedulerConfig:
     leader_elect: bool = False
     leader_elect_resource_name: str = ""
     leader_elect_resource_namespace: str = ""
+    leader_elect_lease_duration_seconds: int = 15
+    leader_elect_renew_deadline_seconds: float = 10.0
+    leader_elect_retry_period_seconds: float = 2.0
     node_label_selector: Mapping[str, str] = field(default_factory=dict)
     metrics_bind_address: str = ":9395"
     max_body_bytes: int = 1024 * 1024
@@ -102,6 +106,30 @@ def _duration(text: str, flag: str, *, allow_zero: bool = False) -> timedelta:
     if value < timedelta(0) or (value == timedelta(0) and not allow_zero):
         raise ConfigError(f"{flag}: {text!r} must be positive")
     return value
+
+
+def _election_timings(args: argparse.Namespace) -> tuple[int, float, float]:
+    """Lease duration (whole seconds: what a Lease carries), renew deadline and retry period,
+    checked as client-go checks them."""
+    from hami_plugin.extender.leader import ElectionConfig
+
+    lease = math.ceil(
+        _duration(args.leader_elect_lease_duration, "--leader-elect-lease-duration").total_seconds()
+    )
+    renew = _duration(args.leader_elect_renew_deadline, "--leader-elect-renew-deadline")
+    retry = _duration(args.leader_elect_retry_period, "--leader-elect-retry-period")
+    try:
+        ElectionConfig(
+            namespace="-",
+            name="-",
+            identity="-",
+            lease_duration_seconds=lease,
+            renew_deadline_seconds=renew.total_seconds(),
+            retry_period_seconds=retry.total_seconds(),
+        )
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return lease, renew.total_seconds(), retry.total_seconds()
 
 
 def _label_selector(text: str) -> dict[str, str]:
@@ -240,6 +268,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the Lease's namespace ($POD_NAMESPACE, else kube-system)",
     )
     add(
+        "--leader-elect-lease-duration",
+        default="15s",
+        metavar="DURATION",
+        help="how long a lease holds after its last renewal; followers wait this long (15s)",
+    )
+    add(
+        "--leader-elect-renew-deadline",
+        default="10s",
+        metavar="DURATION",
+        help="the leader steps down when it could not renew for this long (10s)",
+    )
+    add(
+        "--leader-elect-retry-period",
+        default="2s",
+        metavar="DURATION",
+        help="how often the lease is renewed or tried (2s)",
+    )
+    add(
         "--node-label-selector",
         default="",
         metavar="K=V,...",
@@ -303,6 +349,7 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
     retry = _duration(args.node_lock_retry_timeout, "--node-lock-retry-timeout", allow_zero=True)
     allocation = _duration(args.allocation_timeout, "--allocation-timeout")
     ttl = _duration(args.filter_booking_ttl, "--filter-booking-ttl")
+    lease, renew, retry_period = _election_timings(args)
     if args.max_body_bytes < 1024:
         raise ConfigError("--max-body-bytes must be at least 1024")
     device = read_device_config(args.device_config_file) if args.device_config_file else {}
@@ -352,6 +399,9 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
         leader_elect=args.leader_elect,
         leader_elect_resource_name=args.leader_elect_resource_name,
         leader_elect_resource_namespace=args.leader_elect_resource_namespace,
+        leader_elect_lease_duration_seconds=lease,
+        leader_elect_renew_deadline_seconds=renew,
+        leader_elect_retry_period_seconds=retry_period,
         node_label_selector=_label_selector(args.node_label_selector),
         metrics_bind_address=args.metrics_bind_address,
         max_body_bytes=args.max_body_bytes,

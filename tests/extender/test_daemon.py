@@ -64,6 +64,26 @@ def test_go_durations_and_the_lock_timeout_precedence() -> None:
     assert flagged.node_lock_timeout == timedelta(hours=1)  # flag > env
 
 
+def test_leader_election_timings() -> None:
+    default = resolve_config(parse(), {})
+    assert (
+        default.leader_elect_lease_duration_seconds,
+        default.leader_elect_renew_deadline_seconds,
+        default.leader_elect_retry_period_seconds,
+    ) == (15, 10.0, 2.0)  # client-go's and kube-scheduler's defaults
+    fast = resolve_config(
+        parse(
+            "--leader-elect-lease-duration=4.5s",
+            "--leader-elect-renew-deadline=3s",
+            "--leader-elect-retry-period=500ms",
+        ),
+        {},
+    )
+    assert fast.leader_elect_lease_duration_seconds == 5  # a Lease holds whole seconds
+    assert fast.leader_elect_renew_deadline_seconds == 3.0
+    assert fast.leader_elect_retry_period_seconds == 0.5
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -73,6 +93,9 @@ def test_go_durations_and_the_lock_timeout_precedence() -> None:
         (("--cert-file", "x"), "go together"),
         (("--node-scheduler-policy", "densest"), "unknown node scheduler policy"),
         (("--node-label-selector", "gpu"), "is not key=value"),
+        (("--leader-elect-renew-deadline", "20s"), "must be greater than the renew deadline"),
+        (("--leader-elect-retry-period", "9s"), "must be greater than retry period"),
+        (("--leader-elect-lease-duration", "soon"), "--leader-elect-lease-duration"),
     ],
 )
 def test_bad_flags_are_one_clear_error(argv: tuple[str, ...], message: str) -> None:

@@ -544,7 +544,15 @@ def test_two_replicas_elect_one_leader_and_the_follower_takes_over_a_killed_lead
         for name in ("scheduler-a", "scheduler-b"):
             env = {"POD_NAME": name, "POD_NAMESPACE": SCHEDULER_NAMESPACE}
             replica = Scheduler(
-                name, cluster.kubeconfig, cluster.log_dir, "--leader-elect", env=env
+                name,
+                cluster.kubeconfig,
+                cluster.log_dir,
+                "--leader-elect",
+                # kube-scheduler's flags, shortened so that the failover takes seconds
+                "--leader-elect-lease-duration=4s",
+                "--leader-elect-renew-deadline=3s",
+                "--leader-elect-retry-period=500ms",
+                env=env,
             )
             replicas[name] = replica
             stack.callback(_stop_quietly, replica)
