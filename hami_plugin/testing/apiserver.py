@@ -485,12 +485,26 @@ class _Selector:
         _label_matches({}, label_text)  # a bad selector is a 400 now, not in the middle of a watch
         return cls(namespace, tuple(field_terms), label_text)
 
+    def equal_to(self, field: str) -> str | None:
+        """The value the selector requires `field` to equal, if it has such a term."""
+        for key, value, equal in self.field_terms:
+            if key == field and equal:
+                return value
+        return None
+
     def matches(self, obj: JsonObject) -> bool:
         if self.namespace and obj["metadata"].get("namespace") != self.namespace:
             return False
         if any((_field_value(obj, k) == v) != eq for k, v, eq in self.field_terms):
             return False
         return _label_matches(obj["metadata"].get("labels") or {}, self.label_text)
+
+
+def _node_name(pod: JsonObject | None) -> str:
+    if pod is None:
+        return ""
+    spec = pod.get("spec")
+    return str(spec.get("nodeName") or "") if isinstance(spec, dict) else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -571,6 +585,9 @@ class FakeApiServer:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._objects: dict[str, dict[tuple[str, str], JsonObject]] = {r: {} for r in _RESOURCES}
+        # Pods by spec.nodeName, as the real server's field index: a kubelet's or device
+        # plugin's list of its node's pods must not cost a scan of every pod's fields.
+        self._pods_on_node: dict[str, set[tuple[str, str]]] = {}
         # As etcd, whose revision starts at 1: an empty server lists at "1" and the first write
         # is "2". A list never answers "0", which a watch reads as "any version" (a snapshot).
         self._resource_version = 1
@@ -1032,6 +1049,8 @@ class FakeApiServer:
             assert obj is not None
             stored = {**obj, "metadata": {**obj["metadata"], "resourceVersion": version}}
             store[key] = stored
+        if plural == "pods":
+            self._index_pod(key, previous, None if change == "DELETED" else stored)
         self._history.append(_Change(self._resource_version, plural, change, stored, previous))
         # Trimmed in batches of a quarter of the size, so that a write does not move the whole
         # buffer: the history holds between history_size and 1.25 times as many writes.
@@ -1041,6 +1060,29 @@ class FakeApiServer:
             del self._history[:excess]
         self._changed.notify_all()
         return stored
+
+    def _index_pod(
+        self, key: tuple[str, str], before: JsonObject | None, after: JsonObject | None
+    ) -> None:
+        old_node = _node_name(before)
+        new_node = _node_name(after)
+        if before is not None and after is not None and old_node == new_node:
+            return
+        keys = self._pods_on_node.get(old_node) if before is not None else None
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._pods_on_node[old_node]
+        if after is not None:
+            self._pods_on_node.setdefault(new_node, set()).add(key)
+
+    def _matching(self, plural: str, selector: _Selector) -> list[JsonObject]:
+        store = self._objects[plural]
+        node = selector.equal_to("spec.nodeName") if plural == "pods" else None
+        if node is None:
+            return [obj for obj in store.values() if selector.matches(obj)]
+        keys = self._pods_on_node.get(node, set())
+        return [obj for key, obj in store.items() if key in keys and selector.matches(obj)]
 
     def _list(self, plural: str, namespace: str, request: RecordedRequest) -> JsonObject:
         selector = _Selector.parse(plural, namespace, request)
@@ -1066,7 +1108,7 @@ class FakeApiServer:
             version, items = pager
         else:
             version = self._resource_version
-            items = [obj for obj in self._objects[plural].values() if selector.matches(obj)]
+            items = self._matching(plural, selector)
         metadata: JsonObject = {"resourceVersion": str(version)}
         if limit and len(items) > limit:
             items, rest = items[:limit], items[limit:]

@@ -177,6 +177,37 @@ def test_binding_sets_node_once(
     assert 'already assigned to node "gpu-1"' in json.loads(str(e.value.body))["message"]
 
 
+def test_the_node_name_field_selector_follows_binds_and_deletes(
+    apiserver: FakeApiServer,  # noqa: F811
+    core: k8s.CoreV1Api,
+) -> None:
+    # Served from an index of pods by node: it must move with every write.
+    apiserver.add_pod("on-1", node_name="gpu-1")
+    apiserver.add_pod("on-2", node_name="gpu-2")
+    apiserver.add_pod("pending")
+    apiserver.add_pod("other-ns", "team", node_name="gpu-1")
+
+    def on(node: str) -> list[str]:
+        pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
+        return sorted(str(p.metadata and p.metadata.name) for p in pods.items)
+
+    assert on("gpu-1") == ["on-1", "other-ns"]
+    assert on("") == ["pending"]  # kube-scheduler's query for unscheduled pods
+    binding = k8s.V1Binding(
+        metadata=k8s.V1ObjectMeta(name="pending"),
+        target=k8s.V1ObjectReference(kind="Node", name="gpu-1"),
+    )
+    core.create_namespaced_pod_binding("pending", "default", binding, _preload_content=False)
+    assert on("gpu-1") == ["on-1", "other-ns", "pending"]
+    assert on("") == []
+    apiserver.delete_pod("default", "on-1")
+    core.patch_namespaced_pod("pending", "default", {"metadata": {"labels": {"a": "b"}}})
+    assert on("gpu-1") == ["other-ns", "pending"]
+    assert on("gpu-2") == ["on-2"]
+    names = core.list_namespaced_pod("team", field_selector="spec.nodeName!=gpu-2").items
+    assert [p.metadata and p.metadata.name for p in names] == ["other-ns"]
+
+
 def test_label_selector(
     apiserver: FakeApiServer,  # noqa: F811
     core: k8s.CoreV1Api,
