@@ -191,12 +191,14 @@ class DevicePluginDaemon:
             also_annotate={ANNOTATION_ALLOCATE_PROTOCOL: ALLOCATE_PROTOCOL},
         )
         # HAMi-core's per-container shared regions: read for /metrics, cleaned up and
-        # arbitrated by priority (HAMi's vGPU monitor), over one pod list and one set of files.
-        pods = NodePods.from_kube(kube, settings.node_name)
+        # arbitrated by priority (HAMi's vGPU monitor), over one watch of this node's pods and
+        # one set of files.
+        pods = NodePods.watching(kube, settings.node_name, self._stop)
         scanner = ContainerScanner(
             vgpu_containers_dir(settings.hook_path),
             pods,
             resync_interval_seconds=settings.vgpu_resync_interval_seconds,
+            pod_refresh_seconds=0.0,  # the watch keeps the list current
         )
         feedback = FeedbackLoop(scanner) if settings.priority_feedback else None
         try:

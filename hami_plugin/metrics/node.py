@@ -105,6 +105,19 @@ def booked_slots(pods: Sequence[PodRecord], node_name: str) -> dict[str, int]:
     return slots
 
 
+class _IgnoreEvents:
+    """The pod watch is read through its store; its events need no handler."""
+
+    def on_upsert(self, new: object, old: object | None) -> None:
+        return None
+
+    def on_delete(self, old: object) -> None:
+        return None
+
+    def on_synced(self) -> None:
+        return None
+
+
 class NodePods:
     """The pods bound to this node, listed at most once per `max_age_seconds`.
 
@@ -145,6 +158,38 @@ class NodePods:
                 return pods
 
         return cls(list_pods)
+
+    @classmethod
+    def watching(cls, kube: Any, node_name: str, stop: threading.Event) -> NodePods:
+        """Pods of `node_name` from a watch (`hami_plugin.informer.Informer` on a daemon
+        thread until `stop`): always current, and one watch per node instead of a list per
+        scrape and per feedback round. Until the first list is in, reading raises (so the
+        directory clean-up keeps everything). A `kube` without watches falls back to
+        `from_kube`."""
+        if not hasattr(kube, "watch_objects"):
+            return cls.from_kube(kube, node_name)
+        from hami_plugin.informer import Informer
+        from hami_plugin.k8s import pod_record
+
+        informer: Informer[PodRecord] = Informer(
+            kube,
+            "/api/v1/pods",
+            pod_record,
+            lambda pod: f"{pod.namespace}/{pod.name}",
+            _IgnoreEvents(),
+            name=f"pods on node {node_name}",
+            field_selector=f"spec.nodeName={node_name}",
+        )
+        threading.Thread(
+            target=informer.run, args=(stop,), name="node-pod-watch", daemon=True
+        ).start()
+
+        def list_pods() -> Sequence[PodRecord]:
+            if not informer.synced.is_set():
+                raise RuntimeError(f"the watch of node {node_name}'s pods has not listed yet")
+            return informer.items()
+
+        return cls(list_pods, max_age_seconds=0.0)
 
     def __call__(self) -> Sequence[PodRecord]:
         """The pods, listed now unless a list younger than `max_age_seconds` is at hand."""
