@@ -250,6 +250,10 @@ class Binder:
             logger.warning("bind pod %s to node %s failed: %s", pod.key, node, message)
             self._event(pod, "BindingFailed", message, "Warning")
             return message
+        except BaseException:
+            # A bug or a stopping process: the booking must not stay claimed for ever.
+            self._rollback(plan, patched, lock_taken)
+            raise
         return self._succeeded(plan)
 
     def _succeeded(self, plan: BindPlan) -> str:

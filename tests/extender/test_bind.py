@@ -8,8 +8,10 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from hami_plugin.extender.state import BookingPhase
-from hami_plugin.k8s import RetryPolicy
+from hami_plugin.k8s import KubeClient, RetryPolicy
 from hami_plugin.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -124,6 +126,35 @@ def test_binding_failure_rolls_everything_back(apiserver: FakeApiServer) -> None
         assert scheduler.observer.named("bind_done") == [False]
         # kube-scheduler tries again: the node is free for it
         apiserver.clear_faults()
+        assert scheduler.schedule(pod, ["n1"]) == "n1"
+
+
+def test_an_unexpected_error_in_a_bind_frees_its_booking(
+    apiserver: FakeApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    apiserver.add_object(gpu_node("n1", 1, split=1))
+    pod = stored_pod(apiserver, "a")
+    with running_scheduler(apiserver) as scheduler:
+        scheduler.filter(pod, ["n1"])
+
+        def broken(*args: object) -> None:
+            raise RuntimeError("a bug in the bind path")
+
+        monkeypatch.setattr(KubeClient, "bind_pod", broken)
+        status, _ = scheduler.post(
+            "/bind",
+            {
+                "PodName": "a",
+                "PodNamespace": "default",
+                "PodUID": pod["metadata"]["uid"],
+                "Node": "n1",
+            },
+        )
+        assert status == 500  # logged with its traceback, answered as a server error
+        assert scheduler.state.bookings() == {}  # not left claimed for ever
+        assert used_slots(scheduler, "n1") == 0
+        assert not set(BOOKING_KEYS) & set(annotations(apiserver, "a"))
+        monkeypatch.undo()
         assert scheduler.schedule(pod, ["n1"]) == "n1"
 
 
