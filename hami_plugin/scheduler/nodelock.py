@@ -105,35 +105,7 @@ def decide_lock(
     """
     if value is None:
         return LockDecision(LockAction.TAKE)
-    try:
-        lock = parse_node_lock(value)
-    except AnnotationError as error:
-        return LockDecision(
-            LockAction.TAKE_OVER,
-            reason=TakeoverReason.MALFORMED,
-            message=f"node {node}: unreadable lock {value!r} taken over ({error.detail})",
-        )
-    if now - lock.time > timeout:
-        return LockDecision(
-            LockAction.TAKE_OVER,
-            lock,
-            TakeoverReason.EXPIRED,
-            f"node {node}: lock {value!r} older than {format_go_duration(timeout)} taken over",
-        )
-    if lock.owned_by(namespace, pod_name):
-        return LockDecision(LockAction.REENTRANT, lock)
-    # HAMi checks the owner only when the lock names one (nodelock.go:270).
-    if lock.namespace and lock.pod_name:
-        if owner_exists is None:
-            return LockDecision(LockAction.CHECK_OWNER, lock)
-        if not owner_exists:
-            return LockDecision(
-                LockAction.TAKE_OVER,
-                lock,
-                TakeoverReason.OWNER_GONE,
-                f"node {node}: lock of deleted pod {lock.namespace}/{lock.pod_name} taken over",
-            )
-    return LockDecision(LockAction.CONTENTION, lock, message=contention_message(node, timeout))
+    return _held_lock(node, value, now, timeout, owner_exists, (namespace, pod_name))
 
 
 def stale_lock(
@@ -144,22 +116,41 @@ def stale_lock(
     owner_exists: bool | None = None,
 ) -> LockDecision:
     """The recovery loop's view of a held lock, with no pod asking for it: TAKE_OVER (release
-    it) when it is older than `timeout` or its owner pod is gone, CHECK_OWNER when the answer
-    depends on the owner, else CONTENTION (leave it). An unreadable lock is left to the next
-    bind on the node, which takes it over (TAKE_OVER, MALFORMED)."""
+    it) when it is unreadable, older than `timeout` or its owner pod is gone, CHECK_OWNER when
+    the answer depends on the owner, else CONTENTION (leave it)."""
+    return _held_lock(node, value, now, timeout, owner_exists, None)
+
+
+def _held_lock(
+    node: str,
+    value: str,
+    now: datetime,
+    timeout: timedelta,
+    owner_exists: bool | None,
+    requester: tuple[str, str] | None,
+) -> LockDecision:
+    """The rules on a lock that is there, for a requesting pod (bind) or for none (recovery):
+    unreadable or expired locks go, the requester's own lock is re-entrant (HAMi checks expiry
+    first), a lock whose owner pod is gone goes, anything else is contention."""
+    verb = "taken over" if requester is not None else "released"
     try:
         lock = parse_node_lock(value)
     except AnnotationError as error:
         return LockDecision(
-            LockAction.TAKE_OVER, reason=TakeoverReason.MALFORMED, message=str(error)
+            LockAction.TAKE_OVER,
+            reason=TakeoverReason.MALFORMED,
+            message=f"node {node}: unreadable lock {value!r} {verb} ({error.detail})",
         )
     if now - lock.time > timeout:
         return LockDecision(
             LockAction.TAKE_OVER,
             lock,
             TakeoverReason.EXPIRED,
-            f"node {node}: lock {value!r} older than {format_go_duration(timeout)} released",
+            f"node {node}: lock {value!r} older than {format_go_duration(timeout)} {verb}",
         )
+    if requester is not None and lock.owned_by(*requester):
+        return LockDecision(LockAction.REENTRANT, lock)
+    # HAMi checks the owner only when the lock names one (nodelock.go:270).
     if lock.namespace and lock.pod_name:
         if owner_exists is None:
             return LockDecision(LockAction.CHECK_OWNER, lock)
@@ -168,9 +159,10 @@ def stale_lock(
                 LockAction.TAKE_OVER,
                 lock,
                 TakeoverReason.OWNER_GONE,
-                f"node {node}: lock of deleted pod {lock.namespace}/{lock.pod_name} released",
+                f"node {node}: lock of deleted pod {lock.namespace}/{lock.pod_name} {verb}",
             )
-    return LockDecision(LockAction.CONTENTION, lock)
+    message = contention_message(node, timeout) if requester is not None else ""
+    return LockDecision(LockAction.CONTENTION, lock, message=message)
 
 
 def contention_message(node: str, timeout: timedelta) -> str:

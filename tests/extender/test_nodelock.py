@@ -17,6 +17,7 @@ from hami_plugin.scheduler.nodelock import (
     lock_value,
     parse_go_duration,
     releasable_by,
+    stale_lock,
 )
 
 NOW = datetime(2026, 7, 3, 12, 0, 0, tzinfo=UTC)
@@ -203,3 +204,26 @@ def test_format_go_duration(seconds: float, text: str) -> None:
 def test_go_duration_round_trip(microseconds: int) -> None:
     duration = timedelta(microseconds=microseconds)
     assert parse_go_duration(format_go_duration(duration)) == duration
+
+
+@pytest.mark.parametrize(
+    ("value", "owner_exists", "action", "reason"),
+    [
+        ("garbage,x", None, LockAction.TAKE_OVER, TakeoverReason.MALFORMED),
+        (f"{_stamp(timedelta(minutes=6))},default,me", None, LockAction.TAKE_OVER, "lock_expired"),
+        # no pod asks: a lock is never re-entrant for the recovery loop
+        (f"{_stamp(timedelta(seconds=10))},default,me", None, LockAction.CHECK_OWNER, None),
+        (f"{_stamp(timedelta(seconds=10))},default,me", True, LockAction.CONTENTION, None),
+        (f"{_stamp(timedelta(seconds=10))},default,me", False, LockAction.TAKE_OVER, "owner_gone"),
+        (_stamp(timedelta(seconds=10)), None, LockAction.CONTENTION, None),  # legacy, fresh
+    ],
+)
+def test_the_recovery_loops_view_of_a_held_lock(
+    value: str, owner_exists: bool | None, action: LockAction, reason: str | None
+) -> None:
+    decision = stale_lock("gpu-1", value, NOW, TIMEOUT, owner_exists)
+    assert (decision.action, decision.reason) == (action, reason)
+    if action is not LockAction.TAKE_OVER:
+        assert decision.message == ""  # nothing to report: the lock stays
+    else:
+        assert decision.message.startswith("node gpu-1: ") and "released" in decision.message
