@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hami_plugin import codec
-from hami_plugin.codec import AnnotationError
+from hami_plugin.codec import AnnotationError, format_go_duration, parse_go_duration
 from hami_plugin.model import (
     ANNOTATION_DEVICES_ALLOCATED,
     ContainerDevice,
@@ -671,3 +671,56 @@ def test_flag_policies_stay_strict() -> None:
     with pytest.raises(AnnotationError, match="empty GPU scheduler policy"):
         codec.parse_gpu_policy(" ")
     assert codec.parse_node_policy(" spread ") is NodePolicy.SPREAD
+
+
+# --- Go durations ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("5m", 300),
+        ("28s", 28),
+        ("1m30s", 90),
+        ("1.5h", 5400),
+        ("300ms", 0.3),
+        ("2h45m", 9900),
+        ("0", 0),
+        ("-1m", -60),
+        (".5s", 0.5),
+        ("1us", 0.000001),
+        ("1µs", 0.000001),
+    ],
+)
+def test_parse_go_duration(text: str, seconds: float) -> None:
+    assert parse_go_duration(text).total_seconds() == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "5", "m", "5x", "1m 30s", "--1s", ".s", "1h-2m"])
+def test_parse_go_duration_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid duration"):
+        parse_go_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (300, "5m0s"),
+        (28, "28s"),
+        (90, "1m30s"),
+        (3600, "1h0m0s"),
+        (1.5, "1.5s"),
+        (0.5, "500ms"),
+        (0, "0s"),
+        (-60, "-1m0s"),
+        (0.000001, "1µs"),
+    ],
+)
+def test_format_go_duration(seconds: float, text: str) -> None:
+    assert format_go_duration(timedelta(seconds=seconds)) == text
+
+
+@given(st.integers(min_value=-(10**12), max_value=10**12))
+def test_go_duration_round_trip(microseconds: int) -> None:
+    duration = timedelta(microseconds=microseconds)
+    assert parse_go_duration(format_go_duration(duration)) == duration

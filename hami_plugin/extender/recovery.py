@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
+from hami_plugin.codec import format_go_duration
 from hami_plugin.extender.bind import BindApi, fetch_pod, release_node_lock
 from hami_plugin.extender.state import PodEvent, SchedulerState, StaleAllocation
 from hami_plugin.k8s import Conflict, KubeError, NotFound
@@ -38,7 +39,7 @@ from hami_plugin.model import (
     ANNOTATION_NODE_LOCK,
     BindPhase,
 )
-from hami_plugin.scheduler.nodelock import LockAction, format_go_duration, stale_lock
+from hami_plugin.scheduler.nodelock import LockAction, stale_lock
 
 __all__ = ["Recovery"]
 

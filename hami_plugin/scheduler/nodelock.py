@@ -30,11 +30,15 @@ CHECK_OWNER when it needs that answer, and the caller asks again with `owner_exi
 from __future__ import annotations
 
 import enum
-import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from hami_plugin.codec import AnnotationError, format_node_lock, parse_node_lock
+from hami_plugin.codec import (
+    AnnotationError,
+    format_go_duration,
+    format_node_lock,
+    parse_node_lock,
+)
 from hami_plugin.model import NodeLock
 
 __all__ = [
@@ -44,9 +48,7 @@ __all__ = [
     "TakeoverReason",
     "contention_message",
     "decide_lock",
-    "format_go_duration",
     "lock_value",
-    "parse_go_duration",
     "releasable_by",
     "stale_lock",
 ]
@@ -183,81 +185,3 @@ def releasable_by(value: str | None, namespace: str, pod_name: str) -> bool:
     if not value:
         return False
     return "," not in value or value.endswith(f",{namespace},{pod_name}")
-
-
-# --- Go durations (HAMI_NODELOCK_EXPIRE, the scheduler's duration flags) ----------------------
-
-_NANOSECONDS = {
-    "ns": 1,
-    "us": 1_000,
-    "µs": 1_000,  # Go accepts the micro sign
-    "μs": 1_000,  # and the Greek mu
-    "ms": 1_000_000,
-    "s": 1_000_000_000,
-    "m": 60 * 1_000_000_000,
-    "h": 3600 * 1_000_000_000,
-}
-_GO_DURATION_PART = re.compile(r"([0-9]*)(?:\.([0-9]*))?(ns|us|µs|μs|ms|s|m|h)")
-
-
-def parse_go_duration(text: str) -> timedelta:
-    """Go's `time.ParseDuration`: `300ms`, `1.5h`, `2h45m`, `-1m`; `0` alone is zero.
-
-    Raises ValueError naming the text when it is not a duration (a unit is required, as in Go).
-    Precision is Go's nanosecond, rounded to Python's microsecond.
-    """
-    body = text
-    sign = 1
-    if body[:1] in ("+", "-"):
-        sign = -1 if body[0] == "-" else 1
-        body = body[1:]
-    if body == "0":
-        return timedelta(0)
-    if not body:
-        raise ValueError(f"invalid duration {text!r}")
-    total_ns = 0
-    position = 0
-    while position < len(body):
-        match = _GO_DURATION_PART.match(body, position)
-        if match is None or (not match.group(1) and not match.group(2)):
-            raise ValueError(f"invalid duration {text!r} (expected e.g. 30s, 5m, 1m30s)")
-        whole, fraction, unit = match.groups()
-        scale = _NANOSECONDS[unit]
-        total_ns += int(whole or "0") * scale
-        if fraction:
-            total_ns += int(fraction) * scale // 10 ** len(fraction)
-        position = match.end()
-    return timedelta(microseconds=sign * total_ns / 1000)
-
-
-def format_go_duration(duration: timedelta) -> str:
-    """Go's `Duration.String()`: `5m0s`, `28s`, `1h0m0s`, `1.5s`, `500ms`, `0s`."""
-    total_ns = (
-        duration.days * 86_400_000_000_000
-        + duration.seconds * 1_000_000_000
-        + duration.microseconds * 1_000
-    )
-    if total_ns == 0:
-        return "0s"
-    sign = "-" if total_ns < 0 else ""
-    total_ns = abs(total_ns)
-    if total_ns < 1_000_000_000:
-        for unit, scale in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
-            if total_ns >= scale or unit == "ns":
-                return sign + _decimal(total_ns, scale) + unit
-    hours, rest = divmod(total_ns, 3600 * 1_000_000_000)
-    minutes, rest = divmod(rest, 60 * 1_000_000_000)
-    seconds = _decimal(rest, 1_000_000_000) + "s"
-    if hours:
-        return f"{sign}{hours}h{minutes}m{seconds}"
-    if minutes:
-        return f"{sign}{minutes}m{seconds}"
-    return sign + seconds
-
-
-def _decimal(value: int, scale: int) -> str:
-    whole, fraction = divmod(value, scale)
-    if not fraction:
-        return str(whole)
-    digits = str(fraction).rjust(len(str(scale)) - 1, "0").rstrip("0")
-    return f"{whole}.{digits}"

@@ -1,4 +1,4 @@
-"""HAMi's node-lock decisions (reference 1.7, v2.10 nodelock.go LockNode) and Go durations."""
+"""HAMi's node-lock decisions (reference 1.7, v2.10 nodelock.go LockNode)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ from hami_plugin.scheduler.nodelock import (
     LockAction,
     TakeoverReason,
     decide_lock,
-    format_go_duration,
     lock_value,
-    parse_go_duration,
     releasable_by,
     stale_lock,
 )
@@ -154,56 +152,6 @@ def test_any_value_gets_a_decision(value: str) -> None:
         LockAction.REENTRANT,
         LockAction.CONTENTION,
     }
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [
-        ("5m", 300),
-        ("28s", 28),
-        ("1m30s", 90),
-        ("1.5h", 5400),
-        ("300ms", 0.3),
-        ("2h45m", 9900),
-        ("0", 0),
-        ("-1m", -60),
-        (".5s", 0.5),
-        ("1us", 0.000001),
-        ("1µs", 0.000001),
-    ],
-)
-def test_parse_go_duration(text: str, seconds: float) -> None:
-    assert parse_go_duration(text).total_seconds() == pytest.approx(seconds)
-
-
-@pytest.mark.parametrize("text", ["", "5", "m", "5x", "1m 30s", "--1s", ".s", "1h-2m"])
-def test_parse_go_duration_rejects(text: str) -> None:
-    with pytest.raises(ValueError, match="invalid duration"):
-        parse_go_duration(text)
-
-
-@pytest.mark.parametrize(
-    ("seconds", "text"),
-    [
-        (300, "5m0s"),
-        (28, "28s"),
-        (90, "1m30s"),
-        (3600, "1h0m0s"),
-        (1.5, "1.5s"),
-        (0.5, "500ms"),
-        (0, "0s"),
-        (-60, "-1m0s"),
-        (0.000001, "1µs"),
-    ],
-)
-def test_format_go_duration(seconds: float, text: str) -> None:
-    assert format_go_duration(timedelta(seconds=seconds)) == text
-
-
-@given(st.integers(min_value=-(10**12), max_value=10**12))
-def test_go_duration_round_trip(microseconds: int) -> None:
-    duration = timedelta(microseconds=microseconds)
-    assert parse_go_duration(format_go_duration(duration)) == duration
 
 
 @pytest.mark.parametrize(
