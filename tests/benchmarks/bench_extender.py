@@ -82,10 +82,14 @@ from hami_plugin.model import (
     GpuDevice,
 )
 
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # `make bench` runs this file as a script
+
+from tests import processes  # noqa: E402
+from tests.processes import LoggedProcess, hami_command  # noqa: E402
+
 if TYPE_CHECKING:
     from hami_plugin.testing.kubelet import PodAdmitter
-
-REPO = Path(__file__).resolve().parents[2]
 GPUS_PER_NODE = 8
 SPLIT = 10
 MEMORY_MIB = 81920
@@ -95,6 +99,11 @@ BURST_PODS = 100
 BURST_SPLIT = 16  # 8 GPUs x 16 = 128 slots: room for the whole burst on one node
 _T0 = datetime(2026, 11, 30, 8, tzinfo=UTC)
 HANDSHAKE = codec.format_handshake_requesting(_T0)
+
+
+def wait_until(predicate: Callable[[], object], what: str, timeout: float = 120.0) -> None:
+    """`tests.processes.wait_until` with room for 5,000-node clusters on 2 shared cores."""
+    processes.wait_until(predicate, what, timeout)
 
 
 def emit(name: str, **figures: object) -> None:
@@ -114,14 +123,6 @@ def millis(samples: list[float]) -> dict[str, float]:
         "p99_ms": round(percentile(samples, 0.99) * 1000, 3),
         "max_ms": round(max(samples) * 1000, 3),
     }
-
-
-def wait_until(predicate: Callable[[], object], what: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting until {what}")
-        time.sleep(0.02)
 
 
 # --- the cluster's objects ------------------------------------------------------------------
@@ -259,62 +260,6 @@ def cluster_objects(size: int, pending: int, rng: random.Random) -> list[dict[st
 
 
 # --- processes ------------------------------------------------------------------------------
-
-
-class Process:
-    """A child process whose output goes to a log file; `wait_for` reads its log."""
-
-    def __init__(self, name: str, argv: list[str], workdir: Path, cwd: Path = REPO) -> None:
-        self.name = name
-        self.log_path = workdir / f"{name}.log"
-        env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "POD_NAME")}
-        env["PYTHONUNBUFFERED"] = "1"
-        with open(self.log_path, "w", encoding="utf-8") as log:
-            self.popen = subprocess.Popen(
-                argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT
-            )
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
-
-    def wait_for(self, pattern: str, timeout: float = 300.0) -> re.Match[str]:
-        found: list[re.Match[str]] = []
-
-        def seen() -> bool:
-            match = re.search(pattern, self.log())
-            if match is not None:
-                found.append(match)
-                return True
-            if self.popen.poll() is not None:
-                raise AssertionError(f"{self.name} exited:\n{self.log()[-3000:]}")
-            return False
-
-        wait_until(seen, f"{self.name} logs {pattern!r}", timeout)
-        return found[0]
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(60)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-
-    def memory_kib(self) -> dict[str, int]:
-        status = Path(f"/proc/{self.pid}/status").read_text(encoding="utf-8")
-        return {
-            key: int(re.search(rf"^{key}:\s+(\d+) kB", status, re.M).group(1))  # type: ignore[union-attr]
-            for key in ("VmRSS", "VmHWM")
-        }
-
-
-def _hami(*args: str) -> list[str]:
-    return [sys.executable, "-m", "hami_plugin", *args]
 
 
 class Extender:
@@ -674,9 +619,9 @@ def burst_node(
     )  # fmt: skip
     sock_dir = tempfile.mkdtemp(prefix=f"hami-bench-{mode}-", dir="/tmp")
     kubelet = FakeKubelet(sock_dir).start()
-    plugin = Process(
+    plugin = LoggedProcess(
         f"device-plugin-{name}",
-        _hami(
+        hami_command(
             "device-plugin", "--nvml", "fake", "--fake-gpus", str(gpus_file), "--node-name", name,
             "--kubeconfig", str(kubeconfig), "--device-plugin-path", sock_dir,
             "--device-split-count", str(BURST_SPLIT), "--hook-path", str(workdir / f"{name}-hook"),
@@ -698,7 +643,7 @@ def burst_node(
     finally:
         if admitter is not None:
             admitter.stop()
-        plugin.stop()
+        plugin.stop(60)
         kubelet.stop()
         shutil.rmtree(sock_dir, ignore_errors=True)
 
@@ -806,21 +751,21 @@ def run_size(size: int, args: argparse.Namespace, *, phases: bool, burst: bool) 
     load = workdir / "objects.json"
     load.write_text(json.dumps(objects), encoding="utf-8")
     kubeconfig = workdir / "kubeconfig"
-    apiserver = Process(
+    apiserver = LoggedProcess(
         "apiserver",
         [sys.executable, "-m", "hami_plugin.testing.apiserver_main", "--load", str(load),
          "--kubeconfig", str(kubeconfig)],
         workdir,
     )  # fmt: skip
-    scheduler: Process | None = None
+    scheduler: LoggedProcess | None = None
     api: KubeClient | None = None
     try:
-        apiserver.wait_for(r"serving on (http://\S+)", timeout=600)
+        apiserver.wait_for_log(r"serving on (http://\S+)", timeout=600)
         api = KubeClient.from_config(str(kubeconfig), RetryPolicy(timeout_seconds=60))
         started = time.perf_counter()
-        scheduler = Process(
+        scheduler = LoggedProcess(
             "scheduler",
-            _hami("scheduler", "--kubeconfig", str(kubeconfig), "--http-bind", "127.0.0.1:0",
+            hami_command("scheduler", "--kubeconfig", str(kubeconfig), "--http-bind", "127.0.0.1:0",
                   "--metrics-bind-address", "0", "--log-level", "warning"),
             workdir,
             cwd=args.scheduler_source,
@@ -842,10 +787,10 @@ def run_size(size: int, args: argparse.Namespace, *, phases: bool, burst: bool) 
             bench_burst(extender, api, kubeconfig, workdir, size, args.binds_in_flight)
     finally:
         if scheduler is not None:
-            scheduler.stop()
+            scheduler.stop(60)
         if api is not None:
             api.close()
-        apiserver.stop()
+        apiserver.stop(60)
         if args.keep:
             print(f"# logs kept in {workdir}", flush=True)
         else:
@@ -855,8 +800,8 @@ def run_size(size: int, args: argparse.Namespace, *, phases: bool, burst: bool) 
 def run_phases(
     extender: Extender,
     api: KubeClient,
-    scheduler: Process,
-    apiserver: Process,
+    scheduler: LoggedProcess,
+    apiserver: LoggedProcess,
     kubeconfig: Path,
     workdir: Path,
     size: int,

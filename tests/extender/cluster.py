@@ -6,7 +6,6 @@ import http.client
 import json
 import ssl
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
@@ -18,6 +17,7 @@ from hami_plugin.extender.settings import SchedulerConfig
 from hami_plugin.k8s import KubeClient, RetryPolicy
 from hami_plugin.testing.apiserver import FakeApiServer
 from tests.extender.helpers import RecordingObserver
+from tests.processes import wait_until
 
 FAST_RETRY = RetryPolicy(
     attempts=3, initial_backoff_seconds=0.01, max_backoff_seconds=0.05, timeout_seconds=5.0
@@ -28,15 +28,6 @@ BASE_CONFIG = SchedulerConfig(
     metrics_bind_address="0",
     node_lock_retry_timeout_seconds=5.0,
 )
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
-    """Poll `predicate` until true (tests wait for the watch to deliver, never for a time)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        time.sleep(0.01)
 
 
 class Scheduler:

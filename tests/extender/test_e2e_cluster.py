@@ -22,18 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,8 +51,8 @@ from hami_plugin.testing.apiserver import FakeApiServer
 from hami_plugin.testing.kubelet import FakeKubelet, PodAdmitter
 from tests.extender.helpers import gpu_pod
 from tests.extender.test_ledger_invariant import held
+from tests.processes import LoggedProcess, hami_command, wait_until
 
-REPO = Path(__file__).resolve().parents[2]
 SPLIT = 4
 GPU_MEMORY_MIB = 40960
 GPUS_PER_NODE = 2
@@ -75,69 +70,16 @@ def uuids(node: str) -> tuple[str, ...]:
     return tuple(f"GPU-{number:08d}-0000-4000-8000-{index:012d}" for index in range(GPUS_PER_NODE))
 
 
-def wait_until(predicate: Callable[[], object], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting until {what}")
-        time.sleep(0.05)
-
-
 # --- processes ------------------------------------------------------------------------------
 
 
-class Daemon:
+class Daemon(LoggedProcess):
     """A `hami` sub-command in its own process; its output goes to a log file."""
 
     def __init__(
         self, name: str, args: list[str], log_dir: Path, env: Mapping[str, str] | None = None
     ) -> None:
-        self.name = name
-        self.log_path = log_dir / f"{name}.log"
-        environment = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "POD_NAME")}
-        environment.update(env or {})
-        environment["PYTHONUNBUFFERED"] = "1"
-        with open(self.log_path, "w", encoding="utf-8") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "hami_plugin", *args],
-                cwd=REPO,
-                env=environment,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def log(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
-
-    def wait_for_log(self, pattern: str, timeout: float = 30.0) -> re.Match[str]:
-        found: list[re.Match[str]] = []
-
-        def seen() -> bool:
-            match = re.search(pattern, self.log())
-            if match is not None:
-                found.append(match)
-                return True
-            if self.process.poll() is not None:
-                raise AssertionError(f"{self.name} exited early:\n{self.log()[-3000:]}")
-            return False
-
-        wait_until(seen, f"{self.name} logs {pattern!r}", timeout)
-        return found[0]
-
-    def stop(self, timeout: float = 40.0) -> int:
-        """SIGTERM, then wait; SIGKILL if it does not exit."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise AssertionError(f"{self.name} ignored SIGTERM:\n{self.log()[-3000:]}") from None
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
+        super().__init__(name, hami_command(*args), log_dir, env)
 
 
 class Scheduler(Daemon):
