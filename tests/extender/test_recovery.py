@@ -51,8 +51,15 @@ def test_allocation_timeout_marks_failed_and_frees_everything(apiserver: FakeApi
         wait_until(lambda: phase_of(apiserver, "stuck") == "failed", what="bind-phase failed")
         wait_until(lambda: lock_of(apiserver, "n1") is None, what="the lock released")
         wait_until(lambda: used_slots(scheduler, "n1") == 0, what="the GPU freed")
-        messages = [e["message"] for e in apiserver.events() if e["reason"] == "AllocationTimeout"]
-        assert len(messages) == 1 and "did not happen within 2m0s" in messages[0]
+
+        def messages() -> list[str]:
+            events = apiserver.events()
+            return [e["message"] for e in events if e["reason"] == "AllocationTimeout"]
+
+        # events go out through a queue, the count right after the patch: wait for both
+        wait_until(lambda: messages(), what="the AllocationTimeout event")
+        assert len(messages()) == 1 and "did not happen within 2m0s" in messages()[0]
+        wait_until(lambda: scheduler.observer.named("pod_recovered"), what="the count")
         assert scheduler.observer.named("pod_recovered") == ["allocation_timeout"]
         # the freed GPU is schedulable again
         other = apiserver.add_object(gpu_pod("next"))
