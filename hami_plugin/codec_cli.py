@@ -18,8 +18,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from hami_plugin import codec
-from hami_plugin.model import (
+from hami_plugin.protocol import codec, govalues
+from hami_plugin.protocol.model import (
     ANNOTATION_DEVICE_CORDON,
     ANNOTATION_DEVICE_SCORING_WEIGHTS,
     ANNOTATION_DEVICES_ALLOCATED,
@@ -107,7 +107,7 @@ def _decode_to_json(key: str, value: str) -> Any:
     if key == ANNOTATION_NODE_LOCK:
         lock = codec.parse_node_lock(value)
         return {
-            "time": codec.format_rfc3339(lock.time),
+            "time": govalues.format_rfc3339(lock.time),
             "namespace": lock.namespace,
             "pod": lock.pod_name,
         }

@@ -18,7 +18,7 @@ import pytest
 from hami_plugin.demo import report
 from hami_plugin.demo.cluster import ContainerResult, PodResult
 from hami_plugin.demo.workload import NODES, SAMPLE_PODS
-from hami_plugin.model import ContainerDevice
+from hami_plugin.protocol.model import ContainerDevice
 
 HAMI = [sys.executable, "-m", "hami_plugin"]
 

@@ -31,11 +31,11 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from hami_plugin import codec
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
-from hami_plugin.k8s import Conflict, KubeClient, RetryPolicy
-from hami_plugin.model import (
+from hami_plugin.kube.client import Conflict, KubeClient, RetryPolicy
+from hami_plugin.protocol import codec
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,

@@ -37,7 +37,6 @@ from typing import Any
 
 import yaml
 
-from hami_plugin import codec
 from hami_plugin.demo.workload import (
     NODE_LABELS,
     NODES,
@@ -45,7 +44,8 @@ from hami_plugin.demo.workload import (
     SamplePod,
     fake_gpus_document,
 )
-from hami_plugin.model import (
+from hami_plugin.protocol import codec
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_NODE_REGISTER,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hami_plugin.model import (
+from hami_plugin.protocol.model import (
     ANNOTATION_NUMA_BIND,
     ANNOTATION_USE_GPUTYPE,
     RESOURCE_GPU,

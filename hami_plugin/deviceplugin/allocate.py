@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, Protocol, TypeVar
 
-from hami_plugin import codec, inflight
 from hami_plugin.deviceplugin.inventory import physical_uuid_of
-from hami_plugin.model import (
+from hami_plugin.protocol import codec, govalues, inflight
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_TO_ALLOCATE,
@@ -359,12 +359,12 @@ def check_device_ids(requests: Sequence[Sequence[str]], advertised: Collection[s
             if device_id not in advertised:
                 raise AllocateFailure(
                     FailureReason.INVALID_REQUEST,
-                    f"device ID {codec.go_quote(device_id)} is not one this plugin advertises",
+                    f"device ID {govalues.go_quote(device_id)} is not one this plugin advertises",
                 )
             if device_id in seen:
                 raise AllocateFailure(
                     FailureReason.INVALID_REQUEST,
-                    f"device ID {codec.go_quote(device_id)} is requested twice",
+                    f"device ID {govalues.go_quote(device_id)} is requested twice",
                 )
             seen.add(device_id)
 
@@ -414,7 +414,7 @@ def _go_parse_bool_true(value: str | None) -> bool:
     if value is None:
         return False
     try:
-        return codec.parse_go_bool(value)
+        return govalues.parse_go_bool(value)
     except ValueError:
         return False
 

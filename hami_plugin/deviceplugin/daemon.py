@@ -29,10 +29,10 @@ from hami_plugin.deviceplugin.settings import (
 if TYPE_CHECKING:
     from hami_plugin.deviceplugin.health import HealthChange, HealthMonitor
     from hami_plugin.deviceplugin.kubelet import KubeletRegistrar, RestartWatch
+    from hami_plugin.deviceplugin.metrics import DevicePluginMetrics
     from hami_plugin.deviceplugin.nvml import NvmlBackend, PhysicalGpu
     from hami_plugin.deviceplugin.register import RegisterPublisher
     from hami_plugin.deviceplugin.server import DeviceBoard, KubeApi
-    from hami_plugin.metrics.node import DevicePluginMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -130,17 +130,17 @@ class DevicePluginDaemon:
         from hami_plugin.deviceplugin.allocate import AllocateConfig
         from hami_plugin.deviceplugin.health import HealthMonitor
         from hami_plugin.deviceplugin.kubelet import KubeletRegistrar
-        from hami_plugin.deviceplugin.nvml import NvmlError
-        from hami_plugin.deviceplugin.register import RegisterPublisher
-        from hami_plugin.deviceplugin.server import DeviceBoard, DevicePluginService, PodAllocator
-        from hami_plugin.inflight import ALLOCATE_PROTOCOL, ANNOTATION_ALLOCATE_PROTOCOL
-        from hami_plugin.k8s import KubeClient, KubeError
-        from hami_plugin.metrics.containers import (
+        from hami_plugin.deviceplugin.metrics import NodePods, start_device_plugin_metrics
+        from hami_plugin.deviceplugin.monitor.containers import (
             ContainerScanner,
             FeedbackLoop,
             vgpu_containers_dir,
         )
-        from hami_plugin.metrics.node import NodePods, start_device_plugin_metrics
+        from hami_plugin.deviceplugin.nvml import NvmlError
+        from hami_plugin.deviceplugin.register import RegisterPublisher
+        from hami_plugin.deviceplugin.server import DeviceBoard, DevicePluginService, PodAllocator
+        from hami_plugin.kube.client import KubeClient, KubeError
+        from hami_plugin.protocol.inflight import ALLOCATE_PROTOCOL, ANNOTATION_ALLOCATE_PROTOCOL
 
         settings = self.settings
         try:
@@ -276,9 +276,9 @@ class DevicePluginDaemon:
 
     def _register_value(self) -> str:
         """Rescan the GPUs (inventory changes show up here) and encode the register value."""
-        from hami_plugin import codec
         from hami_plugin.deviceplugin.inventory import build_register_devices
         from hami_plugin.deviceplugin.nvml import NvmlError
+        from hami_plugin.protocol import codec
 
         if self._backend is not None:
             try:

@@ -11,7 +11,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
-from hami_plugin.model import MODE_HAMI_CORE, GpuDevice
+from hami_plugin.protocol.model import MODE_HAMI_CORE, GpuDevice
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,10 @@ failures are logged once per outage and retried at the next round (5 s after an 
 does, or sooner when the interval is shorter); they never stop the daemon.
 
 Annotations that describe this plugin rather than the GPUs (`also_annotate`: our device plugin
-passes `hami-plugin.io/allocate-protocol: in-flight/v1`, see `hami_plugin.inflight`) travel in
-the same patch, are checked and re-written like the register value, and are removed by
-`withdraw()` on a clean shutdown, so a node whose plugin is gone stops claiming them.
+passes `hami-plugin.io/allocate-protocol: in-flight/v1`, see
+`hami_plugin.protocol.inflight`) travel in the same patch, are checked and re-written like the
+register value, and are removed by `withdraw()` on a clean shutdown, so a node whose plugin is
+gone stops claiming them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from hami_plugin.model import ANNOTATION_NODE_REGISTER
+from hami_plugin.protocol.model import ANNOTATION_NODE_REGISTER
 
 logger = logging.getLogger(__name__)
 

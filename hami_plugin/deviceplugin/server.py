@@ -49,8 +49,8 @@ from hami_plugin.deviceplugin.allocate import (
     PreferredRequest,
 )
 from hami_plugin.deviceplugin.api import api_pb2, api_pb2_grpc
-from hami_plugin.k8s import Conflict, KubeError, NodeRecord, NotFound, PodRecord, Retryable
-from hami_plugin.model import (
+from hami_plugin.kube.client import Conflict, KubeError, NodeRecord, NotFound, PodRecord, Retryable
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_DEVICES_TO_ALLOCATE,
     ANNOTATION_NODE_LOCK,

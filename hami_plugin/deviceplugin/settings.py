@@ -31,8 +31,8 @@ from typing import Any
 
 import yaml
 
-from hami_plugin.codec import parse_go_duration
-from hami_plugin.model import RESOURCE_GPU
+from hami_plugin.protocol.govalues import parse_go_duration
+from hami_plugin.protocol.model import RESOURCE_GPU
 
 logger = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ from datetime import timedelta
 from typing import Protocol
 
 from hami_plugin.extender.state import BindPlan, PodEvent, SchedulerState
-from hami_plugin.k8s import (
+from hami_plugin.kube.client import (
     Conflict,
     KubeError,
     NodeRecord,
@@ -55,7 +55,7 @@ from hami_plugin.k8s import (
     ObjectList,
     PodRecord,
 )
-from hami_plugin.model import (
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,
@@ -66,13 +66,13 @@ from hami_plugin.model import (
     LABEL_VGPU_NODE,
     BindPhase,
 )
-from hami_plugin.scheduler.nodelock import (
+from hami_plugin.protocol.nodelock import (
     LockAction,
     decide_lock,
     lock_value,
     releasable_by,
 )
-from hami_plugin.scheduler.objects import ObjectError, PodInfo, read_pod
+from hami_plugin.protocol.objects import ObjectError, PodInfo, read_pod
 
 __all__ = ["BindApi", "Binder", "release_node_lock"]
 
@@ -85,7 +85,7 @@ _API_BUDGET_SECONDS = 10.0
 
 
 class BindApi(Protocol):
-    """The API calls of bind and recovery (`hami_plugin.k8s.KubeClient` provides them)."""
+    """The API calls of bind and recovery (`hami_plugin.kube.client.KubeClient` provides them)."""
 
     def get_node(self, name: str) -> NodeRecord: ...
 

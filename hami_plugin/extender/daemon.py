@@ -34,13 +34,13 @@ from hami_plugin.extender.settings import (
 )
 
 if TYPE_CHECKING:
-    from hami_plugin.extender.clock import Clock
+    from hami_plugin.clock import Clock
     from hami_plugin.extender.events import EventRecorder
     from hami_plugin.extender.http import ExtenderServer
     from hami_plugin.extender.observer import SchedulerObserver
     from hami_plugin.extender.state import SchedulerState
-    from hami_plugin.informer import Informer
-    from hami_plugin.k8s import KubeClient
+    from hami_plugin.kube.client import KubeClient
+    from hami_plugin.kube.informer import Informer
     from hami_plugin.scheduler.ledger import TrackedPod
     from hami_plugin.scheduler.usage import NodeUsage
 
@@ -104,7 +104,7 @@ class SchedulerDaemon:
         recovery_interval_seconds: float = 5.0,
         watch_timeout_seconds: int = 300,
     ) -> None:
-        from hami_plugin.extender.clock import SystemClock
+        from hami_plugin.clock import SystemClock
         from hami_plugin.extender.state import SchedulerState
 
         self.config = config
@@ -179,9 +179,9 @@ class SchedulerDaemon:
         from hami_plugin.extender.events import EventRecorder
         from hami_plugin.extender.http import ExtenderApp, ExtenderServer, TlsFiles
         from hami_plugin.extender.recovery import Recovery
-        from hami_plugin.informer import Informer
-        from hami_plugin.k8s import KubeClient
-        from hami_plugin.scheduler.objects import read_node, read_pod
+        from hami_plugin.kube.client import KubeClient
+        from hami_plugin.kube.informer import Informer
+        from hami_plugin.protocol.objects import read_node, read_pod
 
         config = self.config
         with self._start_lock:
@@ -264,7 +264,7 @@ class SchedulerDaemon:
             return
         if self.config.metrics_bind_address.strip() == "0":
             return
-        from hami_plugin.metrics.scheduler import SchedulerMetrics
+        from hami_plugin.extender.metrics import SchedulerMetrics
         from hami_plugin.metrics.server import MetricsServerError
 
         metrics = SchedulerMetrics(_View(self))
@@ -356,7 +356,7 @@ class SchedulerDaemon:
 
     def run(self) -> int:
         """Start, serve until `stop()`, shut down. Returns the exit status."""
-        from hami_plugin.k8s import KubeError
+        from hami_plugin.kube.client import KubeError
 
         try:
             self.start()

@@ -14,7 +14,7 @@ import threading
 from typing import Protocol
 
 from hami_plugin.extender.state import PodEvent
-from hami_plugin.k8s import ObjectRef
+from hami_plugin.kube.client import ObjectRef
 
 __all__ = ["EventApi", "EventRecorder"]
 
@@ -24,7 +24,7 @@ DEFAULT_CAPACITY = 1000
 
 
 class EventApi(Protocol):
-    """The one call the recorder makes (`hami_plugin.k8s.KubeClient` provides it)."""
+    """The one call the recorder makes (`hami_plugin.kube.client.KubeClient` provides it)."""
 
     def create_event(
         self,

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
-from hami_plugin.k8s import Conflict, KubeError, LeaseRecord, NotFound, ObjectList
+from hami_plugin.kube.client import Conflict, KubeError, LeaseRecord, NotFound, ObjectList
 
 __all__ = [
     "DEFAULT_LEASE_DURATION_SECONDS",
@@ -100,7 +100,7 @@ _RELEASED_LEASE_SECONDS = 1  # what client-go's release() writes
 
 
 class LeaseApi(Protocol):
-    """The API calls the elector makes; `hami_plugin.k8s.KubeClient` provides them."""
+    """The API calls the elector makes; `hami_plugin.kube.client.KubeClient` provides them."""
 
     def get_lease(self, namespace: str, name: str) -> LeaseRecord: ...
 

@@ -1,7 +1,7 @@
 """What the scheduler daemon tells its metrics: the observer it calls and the view it offers.
 
 The daemon calls a `SchedulerObserver` as things happen (a filter answered, a bind done, a
-booking expired...); the metrics package implements it (`hami_plugin.metrics.scheduler`), so
+booking expired...); the metrics package implements it (`hami_plugin.extender.metrics`), so
 the extender never imports `prometheus_client`. `NullObserver` is the default when no metrics
 server runs. Usage gauges are not pushed: a collector reads `SchedulerView.usage_snapshot()`
 at scrape time.

@@ -28,18 +28,18 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
-from hami_plugin.codec import format_go_duration
 from hami_plugin.extender.bind import BindApi, fetch_pod, release_node_lock
 from hami_plugin.extender.state import PodEvent, SchedulerState, StaleAllocation
-from hami_plugin.k8s import Conflict, KubeError, NotFound
-from hami_plugin.model import (
+from hami_plugin.kube.client import Conflict, KubeError, NotFound
+from hami_plugin.protocol.govalues import format_go_duration
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
     ANNOTATION_NODE_HANDSHAKE,
     ANNOTATION_NODE_LOCK,
     BindPhase,
 )
-from hami_plugin.scheduler.nodelock import LockAction, stale_lock
+from hami_plugin.protocol.nodelock import LockAction, stale_lock
 
 __all__ = ["Recovery"]
 

@@ -19,12 +19,12 @@ from typing import Any
 
 import yaml
 
-from hami_plugin.codec import (
+from hami_plugin.protocol.codec import (
     AnnotationError,
-    parse_go_duration,
     parse_gpu_policy,
     parse_node_policy,
 )
+from hami_plugin.protocol.govalues import parse_go_duration
 from hami_plugin.scheduler.settings import ResourceNames, SchedulerSettings
 from hami_plugin.scheduler.webhook import GpuCorePolicy, WebhookSettings
 

@@ -14,7 +14,7 @@ HTTP calls, it holds:
   a booking stands, the pod's own annotations are not counted (they are absent, or those of an
   older failed attempt); the first pod event that carries the booking replaces it, so a pod is
   never counted twice nor, between bind and its watch event, not at all;
-* the in-flight pods of each node with the allocate protocol (`hami_plugin.inflight`): from
+* the in-flight pods of each node with the allocate protocol (`hami_plugin.protocol.inflight`): from
   the watch, plus the binds of this process that the watch has not shown yet;
 * the node locks seen on nodes, the pods `allocating`, the handshakes to write and the locks of
   deleted pods to release, for the recovery loop;
@@ -40,11 +40,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from hami_plugin import inflight
-from hami_plugin.codec import go_quote
-from hami_plugin.extender.clock import Clock, SystemClock
+from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.extender.observer import NullObserver, SchedulerObserver
-from hami_plugin.model import (
+from hami_plugin.protocol import inflight
+from hami_plugin.protocol.govalues import go_quote
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICE_SCORING_WEIGHTS,
@@ -54,11 +54,11 @@ from hami_plugin.model import (
     LABEL_VGPU_NODE,
     BindPhase,
 )
+from hami_plugin.protocol.objects import NodeInfo, ObjectError, PodInfo, read_pod
 from hami_plugin.scheduler.filter import FilterResult, FitCache, assume, decide
 from hami_plugin.scheduler.fit import FitFailure, FitReason, render_failure
 from hami_plugin.scheduler.health import NodeHealthTracker
 from hami_plugin.scheduler.ledger import Ledger, TrackedPod
-from hami_plugin.scheduler.objects import NodeInfo, ObjectError, PodInfo, read_pod
 from hami_plugin.scheduler.requests import pod_requests
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.usage import NodeUsage

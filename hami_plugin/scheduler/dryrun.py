@@ -26,9 +26,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from hami_plugin.protocol.objects import PodInfo
     from hami_plugin.scheduler.filter import FilterResult
     from hami_plugin.scheduler.ledger import Ledger
-    from hami_plugin.scheduler.objects import PodInfo
     from hami_plugin.scheduler.settings import SchedulerSettings
 
 __all__ = ["register", "run"]
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from hami_plugin.codec import AnnotationError, parse_gpu_policy, parse_node_policy
+    from hami_plugin.protocol.codec import AnnotationError, parse_gpu_policy, parse_node_policy
     from hami_plugin.scheduler.filter import decide
     from hami_plugin.scheduler.fit import render_failure
     from hami_plugin.scheduler.settings import SchedulerSettings

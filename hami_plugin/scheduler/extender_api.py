@@ -20,7 +20,7 @@ declaration order, `null` for a nil pointer or map, compact, strings escaped as 
 `\\ufffd`), map keys sorted. Reference: hami-reference.md section 3.8.
 
 Not modelled: the pod and the node objects are kept as the JSON objects they arrived as (read
-them with `hami_plugin.scheduler.objects`), so Go's type errors *inside* a pod or node are
+them with `hami_plugin.protocol.objects`), so Go's type errors *inside* a pod or node are
 reported by that reader instead; duplicate keys do not merge objects as Go would (last wins);
 Python's JSON parser stops at about 1,000 levels of nesting where Go stops at 10,000.
 """

@@ -31,8 +31,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from hami_plugin.codec import AnnotationError, encode_pod_devices, parse_pod_gpu_options
-from hami_plugin.model import (
+from hami_plugin.protocol.codec import AnnotationError, encode_pod_devices, parse_pod_gpu_options
+from hami_plugin.protocol.model import (
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_DEVICES_TO_ALLOCATE,
     ANNOTATION_VGPU_NODE,
@@ -41,6 +41,7 @@ from hami_plugin.model import (
     NodePolicy,
     PodDevices,
 )
+from hami_plugin.protocol.objects import PodInfo, read_pod
 from hami_plugin.scheduler.fit import (
     NODE_UNREGISTERED,
     FitContext,
@@ -49,7 +50,6 @@ from hami_plugin.scheduler.fit import (
     fit_pod,
 )
 from hami_plugin.scheduler.ledger import Ledger
-from hami_plugin.scheduler.objects import PodInfo, read_pod
 from hami_plugin.scheduler.policy import prefers_higher_score
 from hami_plugin.scheduler.requests import PodRequests, pod_requests
 from hami_plugin.scheduler.settings import SchedulerSettings

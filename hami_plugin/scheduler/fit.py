@@ -30,7 +30,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hami_plugin.model import (
+from hami_plugin.protocol.model import (
     NVIDIA_DEVICE_TYPE,
     ContainerDevice,
     ContainerDevices,

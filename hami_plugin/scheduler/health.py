@@ -31,10 +31,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import ROUND_UP
 
-from hami_plugin.codec import format_handshake_requesting
-from hami_plugin.model import ANNOTATION_NODE_HANDSHAKE, ANNOTATION_NODE_REGISTER, RESOURCE_GPU
-from hami_plugin.quantity import QuantityError, parse_quantity
-from hami_plugin.scheduler.objects import NodeInfo
+from hami_plugin.protocol.codec import format_handshake_requesting
+from hami_plugin.protocol.model import (
+    ANNOTATION_NODE_HANDSHAKE,
+    ANNOTATION_NODE_REGISTER,
+    RESOURCE_GPU,
+)
+from hami_plugin.protocol.objects import NodeInfo
+from hami_plugin.protocol.quantity import QuantityError, parse_quantity
 
 __all__ = [
     "HANDSHAKE_TIMEOUT",

@@ -23,20 +23,20 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator, KeysView, Sequence
 from dataclasses import dataclass
 
-from hami_plugin.codec import (
+from hami_plugin.protocol.codec import (
     AnnotationError,
     decode_node_devices,
     decode_pod_devices,
     parse_device_cordon,
 )
-from hami_plugin.model import (
+from hami_plugin.protocol.model import (
     ANNOTATION_DEVICE_CORDON,
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_NODE_REGISTER,
     ANNOTATION_VGPU_NODE,
     GpuDevice,
 )
-from hami_plugin.scheduler.objects import NodeInfo, PodInfo, read_node, read_pod
+from hami_plugin.protocol.objects import NodeInfo, PodInfo, read_node, read_pod
 from hami_plugin.scheduler.score import node_score
 from hami_plugin.scheduler.usage import (
     DeviceTally,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from hami_plugin.model import GpuPolicy, GpuPolicyName, NodePolicy
+from hami_plugin.protocol.model import GpuPolicy, GpuPolicyName, NodePolicy
 
 __all__ = ["GpuOrder", "SortKey", "gpu_order", "prefers_higher_score"]
 

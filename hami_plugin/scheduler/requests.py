@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hami_plugin.model import NVIDIA_DEVICE_TYPE
-from hami_plugin.quantity import QuantityError, exact_integer, parse_quantity
-from hami_plugin.scheduler.objects import ContainerSpec, PodInfo, read_pod
+from hami_plugin.protocol.model import NVIDIA_DEVICE_TYPE
+from hami_plugin.protocol.objects import ContainerSpec, PodInfo, read_pod
+from hami_plugin.protocol.quantity import QuantityError, exact_integer, parse_quantity
 from hami_plugin.scheduler.settings import SchedulerSettings
 
 __all__ = [

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import struct
 
-from hami_plugin.model import ScoringWeights
+from hami_plugin.protocol.model import ScoringWeights
 from hami_plugin.scheduler.requests import PERCENTAGE_UNSET, ContainerRequest
 
 __all__ = ["WEIGHT", "device_score", "float32", "node_score"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hami_plugin.model import (
+from hami_plugin.protocol.model import (
     RESOURCE_GPU,
     RESOURCE_GPU_CORES,
     RESOURCE_GPU_MEMORY,

@@ -20,10 +20,10 @@ from typing import Any
 
 import yaml
 
-from hami_plugin.model import ANNOTATION_NODE_HANDSHAKE
+from hami_plugin.protocol.model import ANNOTATION_NODE_HANDSHAKE
+from hami_plugin.protocol.objects import NodeInfo, ObjectError, PodInfo, read_node, read_pod
 from hami_plugin.scheduler.health import check_node_health
 from hami_plugin.scheduler.ledger import Ledger
-from hami_plugin.scheduler.objects import NodeInfo, ObjectError, PodInfo, read_node, read_pod
 
 __all__ = [
     "ClusterSnapshot",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hami_plugin.model import GpuDevice, PodDevices
+from hami_plugin.protocol.model import GpuDevice, PodDevices
 from hami_plugin.scheduler.score import node_score
 
 __all__ = [

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from decimal import ROUND_UP
 from typing import Any
 
-from hami_plugin.model import (
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,
@@ -63,7 +63,7 @@ from hami_plugin.model import (
     ANNOTATION_VGPU_TIME,
     LABEL_VGPU_NODE,
 )
-from hami_plugin.quantity import QuantityError, parse_quantity
+from hami_plugin.protocol.quantity import QuantityError, parse_quantity
 from hami_plugin.scheduler.extender_api import (
     JSON_CONTENT_TYPE,
     ExtenderRequestError,

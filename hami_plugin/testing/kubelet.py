@@ -41,7 +41,7 @@ import grpc
 import urllib3
 
 from hami_plugin.deviceplugin.api import api_pb2, api_pb2_grpc
-from hami_plugin.model import HEALTHY
+from hami_plugin.protocol.model import HEALTHY
 
 logger = logging.getLogger(__name__)
 

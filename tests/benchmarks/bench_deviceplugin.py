@@ -42,7 +42,6 @@ sys.path.insert(0, str(REPO))
 # grpc core logs every GOAWAY of the test kubelet's channels at INFO; keep the figures readable.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from hami_plugin import codec  # noqa: E402
 from hami_plugin.deviceplugin.allocate import AllocateConfig, decide_allocation  # noqa: E402
 from hami_plugin.deviceplugin.api import api_pb2  # noqa: E402
 from hami_plugin.deviceplugin.inventory import VgpuDevice  # noqa: E402
@@ -53,7 +52,7 @@ from hami_plugin.deviceplugin.server import (  # noqa: E402
     PluginServer,
     PodAllocator,
 )
-from hami_plugin.k8s import (  # noqa: E402
+from hami_plugin.kube.client import (  # noqa: E402
     ContainerSpec,
     KubeClient,
     NodeRecord,
@@ -61,7 +60,8 @@ from hami_plugin.k8s import (  # noqa: E402
     PodRecord,
     RetryPolicy,
 )
-from hami_plugin.model import (  # noqa: E402
+from hami_plugin.protocol import codec  # noqa: E402
+from hami_plugin.protocol.model import (  # noqa: E402
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_TO_ALLOCATE,

@@ -65,10 +65,10 @@ from typing import TYPE_CHECKING, Any
 import urllib3
 import yaml
 
-from hami_plugin import codec
-from hami_plugin.inflight import ALLOCATE_PROTOCOL, ANNOTATION_ALLOCATE_PROTOCOL
-from hami_plugin.k8s import KubeClient, RetryPolicy
-from hami_plugin.model import (
+from hami_plugin.kube.client import KubeClient, RetryPolicy
+from hami_plugin.protocol import codec
+from hami_plugin.protocol.inflight import ALLOCATE_PROTOCOL, ANNOTATION_ALLOCATE_PROTOCOL
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,

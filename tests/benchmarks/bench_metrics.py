@@ -1,8 +1,8 @@
 """Benchmark of the per-container vGPU metrics (run by `make bench`; prints figures only).
 
 Builds, in a temporary directory, a node with 8 GPUs and N containers (default 1,000), each
-with a HAMi-core region file written sparse by tests/metrics/region_writer.py (90 % v1, 10 %
-v0; one GPU each, every 10th two; 1-3 used process slots), the pods on the node, and a
+with a HAMi-core region file written sparse by tests/deviceplugin/monitor/region_writer.py (90 %
+v1, 10 % v0; one GPU each, every 10th two; 1-3 used process slots), the pods on the node, and a
 `VgpuCollector` in a fresh registry. Prints one JSON line per figure:
 
 * `scrape_cold`: the first scrape (opens every region file);
@@ -39,12 +39,12 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
-from hami_plugin.k8s import PodRecord  # noqa: E402
-from hami_plugin.metrics.containers import ContainerScanner, vgpu_containers_dir  # noqa: E402
+from hami_plugin.deviceplugin.monitor.containers import ContainerScanner, vgpu_containers_dir  # noqa: E402
+from hami_plugin.deviceplugin.monitor.vgpu import VgpuCollector  # noqa: E402
+from hami_plugin.kube.client import PodRecord  # noqa: E402
 from hami_plugin.metrics.exposition import render_text  # noqa: E402
-from hami_plugin.metrics.vgpu import VgpuCollector  # noqa: E402
-from tests.metrics.helpers import NODE, pod, region_file  # noqa: E402
-from tests.metrics.region_writer import DeviceMemory, Proc, RegionSpec  # noqa: E402
+from tests.deviceplugin.monitor.helpers import NODE, pod, region_file  # noqa: E402
+from tests.deviceplugin.monitor.region_writer import DeviceMemory, Proc, RegionSpec  # noqa: E402
 
 GPUS = [f"GPU-{index:08x}-0000-4000-8000-{index:012x}" for index in range(8)]
 

@@ -23,17 +23,17 @@ import time
 import tracemalloc
 from datetime import UTC, datetime
 
-from hami_plugin.codec import encode_pod_devices
-from hami_plugin.model import (
+from hami_plugin.protocol.codec import encode_pod_devices
+from hami_plugin.protocol.model import (
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_VGPU_NODE,
     ContainerDevice,
     GpuDevice,
     NodePolicy,
 )
+from hami_plugin.protocol.objects import ContainerSpec, PodInfo
 from hami_plugin.scheduler.filter import FitCache, assume, decide
 from hami_plugin.scheduler.ledger import Ledger
-from hami_plugin.scheduler.objects import ContainerSpec, PodInfo
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.usage import DeviceTally
 

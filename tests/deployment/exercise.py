@@ -26,12 +26,12 @@ import grpc
 import yaml
 
 from hami_plugin.cli import build_parser
+from hami_plugin.clock import ManualClock
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.settings import DevicePluginSettings, resolve_settings
-from hami_plugin.extender.clock import ManualClock
 from hami_plugin.extender.settings import SchedulerConfig, resolve_config
-from hami_plugin.k8s import KubeClient
-from hami_plugin.model import ANNOTATION_BIND_PHASE, ANNOTATION_NODE_LOCK
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.protocol.model import ANNOTATION_BIND_PHASE, ANNOTATION_NODE_LOCK
 from hami_plugin.testing.apiserver import FakeApiServer, RecordedRequest, make_pod
 from hami_plugin.testing.kubelet import FakeKubelet
 from tests.deployment.manifests import (

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from hami_plugin.model import GpuPolicyName, NodePolicy
+from hami_plugin.protocol.model import GpuPolicyName, NodePolicy
 from tests.deployment.exercise import device_plugin_settings, scheduler_config
 from tests.deployment.manifests import (
     CHART,

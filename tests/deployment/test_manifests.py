@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from hami_plugin.model import GpuPolicyName, NodePolicy
+from hami_plugin.protocol.model import GpuPolicyName, NodePolicy
 from tests.deployment.exercise import device_plugin_settings, scheduler_config
 from tests.deployment.manifests import (
     Obj,

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from hami_plugin.k8s import KubeClient, RetryPolicy
+from hami_plugin.kube.client import KubeClient, RetryPolicy
 from hami_plugin.testing.apiserver import FakeApiServer
 
 FAST_RETRY = RetryPolicy(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from hami_plugin import codec
 from hami_plugin.deviceplugin.inventory import VgpuDevice
-from hami_plugin.model import (
+from hami_plugin.protocol import codec
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,

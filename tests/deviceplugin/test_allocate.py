@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hami_plugin import codec
 from hami_plugin.deviceplugin.allocate import (
     AllocateConfig,
     AllocateFailure,
@@ -22,8 +21,9 @@ from hami_plugin.deviceplugin.allocate import (
     decide_preferred,
     select_pending_pod,
 )
-from hami_plugin.k8s import ContainerSpec, PodRecord
-from hami_plugin.model import (
+from hami_plugin.kube.client import ContainerSpec, PodRecord
+from hami_plugin.protocol import codec
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,

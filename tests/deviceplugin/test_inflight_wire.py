@@ -23,12 +23,12 @@ import grpc
 import pytest
 import yaml
 
-from hami_plugin import codec
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
-from hami_plugin.inflight import ANNOTATION_ALLOCATE_PROTOCOL, InFlightPod, must_wait_for
-from hami_plugin.k8s import KubeClient, NotFound
-from hami_plugin.model import (
+from hami_plugin.kube.client import KubeClient, NotFound
+from hami_plugin.protocol import codec
+from hami_plugin.protocol.inflight import ANNOTATION_ALLOCATE_PROTOCOL, InFlightPod, must_wait_for
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,

@@ -17,7 +17,7 @@ from hami_plugin.deviceplugin.inventory import (
     vgpu_device_ids,
 )
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
-from hami_plugin.model import GpuDevice
+from hami_plugin.protocol.model import GpuDevice
 
 UUID_A = "GPU-03f69c50-207a-2038-9b45-23cac89cb67a"
 UUID_B = "GPU-1afede84-4e70-2174-49af-f07ebb94d1ae"

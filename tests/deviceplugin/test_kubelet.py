@@ -21,7 +21,7 @@ from hami_plugin.deviceplugin.kubelet import (
     socket_id,
 )
 from hami_plugin.deviceplugin.server import DeviceBoard, DevicePluginService, PodAllocator
-from hami_plugin.k8s import KubeClient
+from hami_plugin.kube.client import KubeClient
 from hami_plugin.testing.kubelet import DeviceState, FakeKubelet, is_extended_resource_name
 
 GPU = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 
 from hami_plugin.deviceplugin.register import RegisterPublisher
-from hami_plugin.inflight import ALLOCATE_PROTOCOL, ANNOTATION_ALLOCATE_PROTOCOL
-from hami_plugin.k8s import KubeClient
-from hami_plugin.model import ANNOTATION_NODE_REGISTER
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.protocol.inflight import ALLOCATE_PROTOCOL, ANNOTATION_ALLOCATE_PROTOCOL
+from hami_plugin.protocol.model import ANNOTATION_NODE_REGISTER
 from hami_plugin.testing.apiserver import FakeApiServer
 
 NODE = "gpu-node-1"

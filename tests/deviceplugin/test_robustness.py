@@ -22,7 +22,6 @@ import grpc
 import pytest
 import yaml
 
-from hami_plugin import codec
 from hami_plugin.deviceplugin.allocate import AllocateConfig, lock_releasable_by
 from hami_plugin.deviceplugin.api import api_pb2, api_pb2_grpc
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
@@ -31,8 +30,9 @@ from hami_plugin.deviceplugin.kubelet import Backoff, KubeletRegistrar
 from hami_plugin.deviceplugin.register import RegisterPublisher
 from hami_plugin.deviceplugin.server import DeviceBoard, DevicePluginService, PodAllocator
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
-from hami_plugin.k8s import KubeClient, Retryable, RetryPolicy
-from hami_plugin.model import (
+from hami_plugin.kube.client import KubeClient, Retryable, RetryPolicy
+from hami_plugin.protocol import codec
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_NODE_LOCK,
     ANNOTATION_NODE_REGISTER,

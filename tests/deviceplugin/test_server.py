@@ -23,8 +23,8 @@ from hami_plugin.deviceplugin.server import (
     PluginServer,
     PodAllocator,
 )
-from hami_plugin.k8s import KubeClient
-from hami_plugin.model import (
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_DEVICES_TO_ALLOCATE,
     ANNOTATION_NODE_LOCK,

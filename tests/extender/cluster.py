@@ -11,10 +11,10 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from hami_plugin.extender.clock import Clock
+from hami_plugin.clock import Clock
 from hami_plugin.extender.daemon import ElectorFactory, SchedulerDaemon
 from hami_plugin.extender.settings import SchedulerConfig
-from hami_plugin.k8s import KubeClient, RetryPolicy
+from hami_plugin.kube.client import KubeClient, RetryPolicy
 from hami_plugin.testing.apiserver import FakeApiServer
 from tests.extender.helpers import RecordingObserver
 from tests.processes import wait_until

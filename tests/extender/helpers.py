@@ -6,9 +6,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from hami_plugin import codec
-from hami_plugin.inflight import ALLOCATE_PROTOCOL, ANNOTATION_ALLOCATE_PROTOCOL
-from hami_plugin.model import ANNOTATION_NODE_REGISTER, GpuDevice
+from hami_plugin.protocol import codec
+from hami_plugin.protocol.inflight import ALLOCATE_PROTOCOL, ANNOTATION_ALLOCATE_PROTOCOL
+from hami_plugin.protocol.model import ANNOTATION_NODE_REGISTER, GpuDevice
 from hami_plugin.testing.apiserver import make_container, make_node, make_pod
 
 V100 = "NVIDIA-Tesla V100-PCIE-32GB"

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from hami_plugin.extender.state import BookingPhase
-from hami_plugin.k8s import KubeClient, RetryPolicy
-from hami_plugin.model import (
+from hami_plugin.kube.client import KubeClient, RetryPolicy
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,

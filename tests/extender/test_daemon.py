@@ -19,7 +19,7 @@ import pytest
 
 from hami_plugin.cli import build_parser
 from hami_plugin.extender.settings import ConfigError, resolve_config
-from hami_plugin.model import ANNOTATION_NODE_LOCK, ANNOTATION_VGPU_NODE
+from hami_plugin.protocol.model import ANNOTATION_NODE_LOCK, ANNOTATION_VGPU_NODE
 from hami_plugin.testing.apiserver import FakeApiServer
 from tests.extender.cluster import wait_until
 from tests.extender.helpers import gpu_node, gpu_pod

@@ -37,10 +37,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami_plugin import codec
 from hami_plugin.extender.leader import DEFAULT_LEASE_NAME, LABEL_SCHEDULER_ROLE, ROLE_LEADER
-from hami_plugin.inflight import ANNOTATION_ALLOCATE_PROTOCOL
-from hami_plugin.model import (
+from hami_plugin.protocol import codec
+from hami_plugin.protocol.inflight import ANNOTATION_ALLOCATE_PROTOCOL
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_NODE_LOCK,

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hami_plugin import codec
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
-from hami_plugin.inflight import ALLOCATE_PROTOCOL, ANNOTATION_ALLOCATE_PROTOCOL
-from hami_plugin.k8s import KubeClient
-from hami_plugin.model import (
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.protocol import codec
+from hami_plugin.protocol.inflight import ALLOCATE_PROTOCOL, ANNOTATION_ALLOCATE_PROTOCOL
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_NODE_LOCK,

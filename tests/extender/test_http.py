@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hami_plugin.extender.daemon import Elector
-from hami_plugin.model import (
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_VGPU_NODE,

@@ -25,7 +25,7 @@ from hami_plugin.extender.leader import (
     LeaderElector,
     identity_from_env,
 )
-from hami_plugin.k8s import Conflict, LeaseRecord, NotFound, ObjectList, Retryable
+from hami_plugin.kube.client import Conflict, LeaseRecord, NotFound, ObjectList, Retryable
 
 NAMESPACE = "hami-system"
 NAME = "hami-scheduler-extender"

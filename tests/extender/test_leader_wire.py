@@ -24,7 +24,7 @@ from hami_plugin.extender.leader import (
     ElectionConfig,
     LeaderElector,
 )
-from hami_plugin.k8s import KubeClient, LeaseRecord, Retryable, RetryPolicy
+from hami_plugin.kube.client import KubeClient, LeaseRecord, Retryable, RetryPolicy
 from hami_plugin.testing.apiserver import FakeApiServer
 
 NAMESPACE = "hami-system"

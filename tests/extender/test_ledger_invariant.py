@@ -14,7 +14,7 @@ lost; the fresh list is diffed against the informer's store: keys gone get `on_d
 ones `on_upsert`; then `on_synced`).
 
 The events reach G1's `SchedulerState` through its informer handlers (`pod_events`,
-`node_events`), exactly as `hami_plugin.informer.Informer` calls them.
+`node_events`), exactly as `hami_plugin.kube.informer.Informer` calls them.
 
 Invariants, checked after every step:
 * on every GPU, what the LIVE pods of the cluster hold (decoded from their annotations,
@@ -44,11 +44,11 @@ from typing import Any, TypeVar
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hami_plugin.codec import decode_pod_devices, encode_node_devices
-from hami_plugin.extender.clock import ManualClock
+from hami_plugin.clock import ManualClock
 from hami_plugin.extender.state import BindPlan, SchedulerState
-from hami_plugin.informer import InformerHandler
-from hami_plugin.model import (
+from hami_plugin.kube.informer import InformerHandler
+from hami_plugin.protocol.codec import decode_pod_devices, encode_node_devices
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_NODE_REGISTER,
@@ -59,8 +59,8 @@ from hami_plugin.model import (
     BindPhase,
     GpuDevice,
 )
+from hami_plugin.protocol.objects import NodeInfo, PodInfo, read_node, read_pod
 from hami_plugin.scheduler.ledger import Ledger
-from hami_plugin.scheduler.objects import NodeInfo, PodInfo, read_node, read_pod
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.testing.apiserver import make_container, make_node, make_pod
 

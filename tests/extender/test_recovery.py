@@ -6,9 +6,9 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 
-from hami_plugin.extender.clock import ManualClock
+from hami_plugin.clock import ManualClock
 from hami_plugin.extender.daemon import Elector
-from hami_plugin.model import (
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_NODE_HANDSHAKE,
     ANNOTATION_NODE_LOCK,

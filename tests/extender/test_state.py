@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from hami_plugin.codec import encode_pod_devices
-from hami_plugin.extender.clock import ManualClock
+from hami_plugin.clock import ManualClock
 from hami_plugin.extender.state import BindPlan, BookingPhase, SchedulerState
-from hami_plugin.model import (
+from hami_plugin.protocol.codec import encode_pod_devices
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICE_SCORING_WEIGHTS,
@@ -21,7 +21,7 @@ from hami_plugin.model import (
     ANNOTATION_NODE_LOCK,
     ANNOTATION_VGPU_NODE,
 )
-from hami_plugin.scheduler.objects import PodInfo, read_node, read_pod
+from hami_plugin.protocol.objects import PodInfo, read_node, read_pod
 from hami_plugin.scheduler.settings import SchedulerSettings
 from tests.extender.helpers import RecordingObserver, cpu_pod, gpu_node, gpu_pod
 

@@ -19,15 +19,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hami_plugin.deviceplugin.fake import FakeNvml
 from hami_plugin.deviceplugin.inventory import VgpuDevice
+from hami_plugin.deviceplugin.metrics import start_device_plugin_metrics
 from hami_plugin.deviceplugin.nvml import NvmlBackend
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
-from hami_plugin.k8s import ContainerSpec, PodRecord
-from hami_plugin.metrics.node import start_device_plugin_metrics
-from hami_plugin.metrics.scheduler import SchedulerMetrics
-from hami_plugin.model import ANNOTATION_DEVICES_ALLOCATED, ANNOTATION_VGPU_NODE, LABEL_VGPU_NODE
-from tests.metrics.helpers import region_file
-from tests.metrics.region_writer import DeviceMemory, Proc, RegionSpec
-from tests.metrics.test_scheduler_metrics import sample_view
+from hami_plugin.extender.metrics import SchedulerMetrics
+from hami_plugin.kube.client import ContainerSpec, PodRecord
+from hami_plugin.protocol.model import (
+    ANNOTATION_DEVICES_ALLOCATED,
+    ANNOTATION_VGPU_NODE,
+    LABEL_VGPU_NODE,
+)
+from tests.deviceplugin.monitor.helpers import region_file
+from tests.deviceplugin.monitor.region_writer import DeviceMemory, Proc, RegionSpec
+from tests.extender.test_metrics import sample_view
 
 DASHBOARD = (
     Path(__file__).resolve().parents[2] / "daemonset" / "grafana" / "hami-gpu-dashboard.json"

@@ -31,12 +31,10 @@ import yaml
 
 from hami_plugin.extender.daemon import SchedulerDaemon
 from hami_plugin.extender.settings import SchedulerConfig
-from hami_plugin.k8s import KubeClient, RetryPolicy
-from hami_plugin.model import ContainerDevice
+from hami_plugin.kube.client import KubeClient, RetryPolicy
+from hami_plugin.protocol.model import ContainerDevice
 from hami_plugin.testing.apiserver import FakeApiServer
-from tests.extender.helpers import gpu_pod
-from tests.metrics.test_dashboard import dashboard_queries
-from tests.metrics.test_node_daemon import (
+from tests.deviceplugin.test_metrics_daemon import (
     GPU_0,
     NODE,
     SPLIT,
@@ -44,6 +42,8 @@ from tests.metrics.test_node_daemon import (
     running_device_plugin,
     write_usage_region,
 )
+from tests.extender.helpers import gpu_pod
+from tests.metrics.test_dashboard import dashboard_queries
 
 MIB = 1 << 20
 INSTALL_HINT = "install the Debian package: apt-get install -y --no-install-recommends prometheus"

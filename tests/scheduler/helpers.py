@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hami_plugin.codec import parse_gpu_policy
-from hami_plugin.model import GpuDevice, PodGpuOptions, ScoringWeights
+from hami_plugin.protocol.codec import parse_gpu_policy
+from hami_plugin.protocol.model import GpuDevice, PodGpuOptions, ScoringWeights
 from hami_plugin.scheduler.fit import FitContext
 from hami_plugin.scheduler.usage import NodeUsage, make_node_usage
 

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from hami_plugin.protocol.objects import read_pod
 from hami_plugin.scheduler.extender_api import (
     MAX_BODY_BYTES,
     MISSING_POD_MESSAGE,
@@ -38,7 +39,6 @@ from hami_plugin.scheduler.extender_api import (
     render_filter_result,
 )
 from hami_plugin.scheduler.extender_api import _go_syntax_error as _go_syntax_error
-from hami_plugin.scheduler.objects import read_pod
 from hami_plugin.scheduler.requests import pod_requests
 from hami_plugin.scheduler.settings import SchedulerSettings
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hami_plugin.codec import encode_pod_devices
-from hami_plugin.model import ContainerDevice, ContainerDevices
+from hami_plugin.protocol.codec import encode_pod_devices
+from hami_plugin.protocol.model import ContainerDevice, ContainerDevices
 from hami_plugin.scheduler.fit import (
     FitContext,
     FitFailure,
@@ -318,7 +318,7 @@ def test_fit_does_not_touch_the_node() -> None:
 
 def test_scoring_weights_change_the_gpu() -> None:
     """`hami.io/device-scoring-weights`: weight memory only vs slots only."""
-    from hami_plugin.model import ScoringWeights
+    from hami_plugin.protocol.model import ScoringWeights
 
     # A: many slots used, little memory; B: few slots, much memory
     target = node(gpu("A", 0), gpu("B", 1), used=[6, 1], memory=[1000, 20000])

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hami_plugin.model import ScoringWeights
+from hami_plugin.protocol.model import ScoringWeights
 from hami_plugin.scheduler.fit import FitContext, FitFailure, fit_container, fit_pod
 from hami_plugin.scheduler.requests import PERCENTAGE_UNSET, ContainerRequest, PodRequests
 from hami_plugin.scheduler.usage import NodeUsage

@@ -24,13 +24,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hami_plugin.cli import main
-from hami_plugin.codec import encode_node_devices, parse_gpu_policy, parse_pod_gpu_options
-from hami_plugin.model import (
+from hami_plugin.protocol.codec import encode_node_devices, parse_gpu_policy, parse_pod_gpu_options
+from hami_plugin.protocol.model import (
     ContainerDevice,
     GpuDevice,
     NodePolicy,
     ScoringWeights,
 )
+from hami_plugin.protocol.objects import ContainerSpec
 from hami_plugin.scheduler.filter import assume, decide
 from hami_plugin.scheduler.fit import (
     FitContext,
@@ -41,7 +42,6 @@ from hami_plugin.scheduler.fit import (
     render_failure,
 )
 from hami_plugin.scheduler.ledger import Ledger
-from hami_plugin.scheduler.objects import ContainerSpec
 from hami_plugin.scheduler.requests import (
     ContainerRequest,
     PodRequests,

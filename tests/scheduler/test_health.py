@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hami_plugin.quantity import QuantityError
+from hami_plugin.protocol.objects import NodeInfo
+from hami_plugin.protocol.quantity import QuantityError
 from hami_plugin.scheduler.health import (
     HealthVerdict,
     NodeHealthTracker,
@@ -19,7 +20,6 @@ from hami_plugin.scheduler.health import (
     handshake_verdict,
     parse_requesting_time,
 )
-from hami_plugin.scheduler.objects import NodeInfo
 
 NOW = datetime(2025, 3, 4, 10, 20, 0, tzinfo=UTC)
 HANDSHAKE = "hami.io/node-handshake"

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hami_plugin.codec import decode_pod_devices, encode_node_devices
-from hami_plugin.model import ContainerDevice, GpuDevice
+from hami_plugin.protocol.codec import decode_pod_devices, encode_node_devices
+from hami_plugin.protocol.model import ContainerDevice, GpuDevice
 from hami_plugin.scheduler.ledger import Ledger
 from hami_plugin.scheduler.usage import DeviceTally, collapse_pod_devices
 

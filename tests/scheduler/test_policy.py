@@ -6,8 +6,8 @@ from typing import NamedTuple
 
 import pytest
 
-from hami_plugin.codec import parse_gpu_policy
-from hami_plugin.model import NodePolicy
+from hami_plugin.protocol.codec import parse_gpu_policy
+from hami_plugin.protocol.model import NodePolicy
 from hami_plugin.scheduler.policy import SortKey, gpu_order, prefers_higher_score
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from hami_plugin.scheduler.objects import ContainerSpec, ObjectError, read_pod
+from hami_plugin.protocol.objects import ContainerSpec, ObjectError, read_pod
 from hami_plugin.scheduler.requests import (
     PERCENTAGE_UNSET,
     ContainerRequest,

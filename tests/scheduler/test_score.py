@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hami_plugin.model import ScoringWeights
+from hami_plugin.protocol.model import ScoringWeights
 from hami_plugin.scheduler.requests import PERCENTAGE_UNSET, ContainerRequest
 from hami_plugin.scheduler.score import device_score, float32, node_score
 

@@ -47,11 +47,14 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from prometheus_client.metrics import Counter, Histogram
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
-from prometheus_client.registry import CollectorRegistry
-
 from hami_plugin.extender.observer import FILTER_OUTCOMES, RECOVERY_REASONS, SchedulerView
+from hami_plugin.metrics.families import (
+    CollectorRegistry,
+    Counter,
+    GaugeMetricFamily,
+    Histogram,
+    Metric,
+)
 from hami_plugin.metrics.server import MetricsServer, ScrapeGuard, start_metrics_server
 
 if TYPE_CHECKING:

@@ -37,27 +37,25 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
-
-from hami_plugin.codec import AnnotationError, decode_pod_devices
 from hami_plugin.deviceplugin.inventory import PhysicalGpu, VgpuDevice
-from hami_plugin.metrics.containers import ContainerScanner, vgpu_containers_dir
+from hami_plugin.deviceplugin.monitor.containers import ContainerScanner, vgpu_containers_dir
+from hami_plugin.deviceplugin.monitor.vgpu import VgpuCollector
+from hami_plugin.metrics.families import GaugeMetricFamily, Metric
 from hami_plugin.metrics.server import (
     MetricsServer,
     MetricsServerError,
     guarded_registry,
     start_metrics_server,
 )
-from hami_plugin.metrics.vgpu import VgpuCollector
-from hami_plugin.model import ANNOTATION_DEVICES_ALLOCATED, ANNOTATION_VGPU_NODE
+from hami_plugin.protocol.codec import AnnotationError, decode_pod_devices
+from hami_plugin.protocol.model import ANNOTATION_DEVICES_ALLOCATED, ANNOTATION_VGPU_NODE
 from hami_plugin.scheduler.usage import collapse_pod_devices
 
 if TYPE_CHECKING:
-    from prometheus_client.registry import Collector
-
     from hami_plugin.deviceplugin.nvml import GpuUsage, NvmlBackend
     from hami_plugin.deviceplugin.settings import DevicePluginSettings
-    from hami_plugin.k8s import PodRecord
+    from hami_plugin.kube.client import PodRecord
+    from hami_plugin.metrics.families import Collector
 
 logger = logging.getLogger(__name__)
 
@@ -161,15 +159,15 @@ class NodePods:
 
     @classmethod
     def watching(cls, kube: Any, node_name: str, stop: threading.Event) -> NodePods:
-        """Pods of `node_name` from a watch (`hami_plugin.informer.Informer` on a daemon
+        """Pods of `node_name` from a watch (`hami_plugin.kube.informer.Informer` on a daemon
         thread until `stop`): always current, and one watch per node instead of a list per
         scrape and per feedback round. Until the first list is in, reading raises (so the
         directory clean-up keeps everything). A `kube` without watches falls back to
         `from_kube`."""
         if not hasattr(kube, "watch_objects"):
             return cls.from_kube(kube, node_name)
-        from hami_plugin.informer import Informer
-        from hami_plugin.k8s import pod_record
+        from hami_plugin.kube.client import pod_record
+        from hami_plugin.kube.informer import Informer
 
         informer: Informer[PodRecord] = Informer(
             kube,

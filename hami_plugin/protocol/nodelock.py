@@ -33,13 +33,13 @@ import enum
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from hami_plugin.codec import (
+from hami_plugin.protocol.codec import (
     AnnotationError,
-    format_go_duration,
     format_node_lock,
     parse_node_lock,
 )
-from hami_plugin.model import NodeLock
+from hami_plugin.protocol.govalues import format_go_duration
+from hami_plugin.protocol.model import NodeLock
 
 __all__ = [
     "CONTENTION_SUFFIX",

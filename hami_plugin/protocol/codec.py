@@ -10,10 +10,20 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any
 
-from hami_plugin.model import (
+from hami_plugin.protocol.govalues import (
+    GO_INT,
+    GO_TRUE,
+    excerpt,
+    format_rfc3339,
+    go_quote,
+    parse_go_bool,
+    parse_go_int,
+    parse_rfc3339,
+)
+from hami_plugin.protocol.model import (
     ANNOTATION_DEVICE_CORDON,
     ANNOTATION_DEVICE_SCORING_WEIGHTS,
     ANNOTATION_DEVICES_TO_ALLOCATE,
@@ -54,12 +64,6 @@ UINT64_MAX = 2**64 - 1
 
 MISSING_FIELDS = "pod annotation format error, missing fields, do not use nodeName in task spec"
 
-_GO_INT = re.compile(r"[+-]?[0-9]+")
-_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
-_GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
-_RFC3339 = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:[.,](\d+))?(Z|[+-]\d{2}:\d{2})"
-)
 _HANDSHAKE_TIME = re.compile(r"(\d{4})[-.](\d{2})[-.](\d{2}) (\d{2}):(\d{2}):(\d{2})")
 
 
@@ -70,119 +74,6 @@ class AnnotationError(ValueError):
         super().__init__(f"{key}: {detail}")
         self.key = key
         self.detail = detail
-
-
-# --- small Go-compatible parsers -----------------------------------------------------------
-
-
-def go_quote(text: str) -> str:
-    """Quote like Go's %q for the common cases (used in error messages only)."""
-    return json.dumps(text, ensure_ascii=False)
-
-
-def _excerpt(text: str, limit: int = 80) -> str:
-    return go_quote(text if len(text) <= limit else text[:limit] + "...")
-
-
-def parse_go_int(text: str, bits: int = 32) -> int:
-    """`strconv.ParseInt(text, 10, bits)`: optional sign and decimal digits only, range-checked.
-
-    Raises ValueError with a short reason (callers wrap it into AnnotationError).
-    """
-    if len(text) > 40 or not _GO_INT.fullmatch(text):
-        raise ValueError(f"invalid integer {_excerpt(text)}")
-    value = int(text)
-    low, high = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
-    if not low <= value <= high:
-        raise ValueError(f"integer {text} out of range for int{bits}")
-    return value
-
-
-def parse_go_bool(text: str) -> bool:
-    """`strconv.ParseBool`: 1 t T TRUE true True / 0 f F FALSE false False."""
-    if text in _GO_TRUE:
-        return True
-    if text in _GO_FALSE:
-        return False
-    raise ValueError(f"invalid boolean {_excerpt(text)}")
-
-
-# --- Go durations (flags and env such as HAMI_NODELOCK_EXPIRE, HAMI_RESYNC_INTERVAL) ----------
-
-_NANOSECONDS = {
-    "ns": 1,
-    "us": 1_000,
-    "µs": 1_000,  # Go accepts the micro sign
-    "μs": 1_000,  # and the Greek mu
-    "ms": 1_000_000,
-    "s": 1_000_000_000,
-    "m": 60 * 1_000_000_000,
-    "h": 3600 * 1_000_000_000,
-}
-_GO_DURATION_PART = re.compile(r"([0-9]*)(?:\.([0-9]*))?(ns|us|µs|μs|ms|s|m|h)")
-
-
-def parse_go_duration(text: str) -> timedelta:
-    """Go's `time.ParseDuration`: `300ms`, `1.5h`, `2h45m`, `-1m`; `0` alone is zero.
-
-    Raises ValueError naming the text when it is not a duration (a unit is required, as in Go).
-    Precision is Go's nanosecond, rounded to Python's microsecond.
-    """
-    body = text
-    sign = 1
-    if body[:1] in ("+", "-"):
-        sign = -1 if body[0] == "-" else 1
-        body = body[1:]
-    if body == "0":
-        return timedelta(0)
-    if not body:
-        raise ValueError(f"invalid duration {text!r}")
-    total_ns = 0
-    position = 0
-    while position < len(body):
-        match = _GO_DURATION_PART.match(body, position)
-        if match is None or (not match.group(1) and not match.group(2)):
-            raise ValueError(f"invalid duration {text!r} (expected e.g. 30s, 5m, 1m30s)")
-        whole, fraction, unit = match.groups()
-        scale = _NANOSECONDS[unit]
-        total_ns += int(whole or "0") * scale
-        if fraction:
-            total_ns += int(fraction) * scale // 10 ** len(fraction)
-        position = match.end()
-    return timedelta(microseconds=sign * total_ns / 1000)
-
-
-def format_go_duration(duration: timedelta) -> str:
-    """Go's `Duration.String()`: `5m0s`, `28s`, `1h0m0s`, `1.5s`, `500ms`, `0s`."""
-    total_ns = (
-        duration.days * 86_400_000_000_000
-        + duration.seconds * 1_000_000_000
-        + duration.microseconds * 1_000
-    )
-    if total_ns == 0:
-        return "0s"
-    sign = "-" if total_ns < 0 else ""
-    total_ns = abs(total_ns)
-    if total_ns < 1_000_000_000:
-        for unit, scale in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
-            if total_ns >= scale or unit == "ns":
-                return sign + _decimal(total_ns, scale) + unit
-    hours, rest = divmod(total_ns, 3600 * 1_000_000_000)
-    minutes, rest = divmod(rest, 60 * 1_000_000_000)
-    seconds = _decimal(rest, 1_000_000_000) + "s"
-    if hours:
-        return f"{sign}{hours}h{minutes}m{seconds}"
-    if minutes:
-        return f"{sign}{minutes}m{seconds}"
-    return sign + seconds
-
-
-def _decimal(value: int, scale: int) -> str:
-    whole, fraction = divmod(value, scale)
-    if not fraction:
-        return str(whole)
-    digits = str(fraction).rjust(len(str(scale)) - 1, "0").rstrip("0")
-    return f"{whole}.{digits}"
 
 
 def _check_size(key: str, value: str) -> None:
@@ -241,12 +132,12 @@ def _decode_container(value: str, key: str) -> ContainerDevices:
             continue
         fields = piece.split(",")
         if len(fields) < 4:
-            raise AnnotationError(key, f"{MISSING_FIELDS}: {_excerpt(piece)}")
+            raise AnnotationError(key, f"{MISSING_FIELDS}: {excerpt(piece)}")
         try:
             used_mem = parse_go_int(fields[2])
             used_cores = parse_go_int(fields[3])
         except ValueError as error:
-            raise AnnotationError(key, f"{error} in device {_excerpt(piece)}") from None
+            raise AnnotationError(key, f"{error} in device {excerpt(piece)}") from None
         devices.append(ContainerDevice(fields[0], fields[1], used_mem, used_cores))
     return tuple(devices)
 
@@ -364,7 +255,7 @@ def _json_int(key: str, obj: Mapping[str, Any], name: str, low: int, high: int) 
     if raw is None:
         return 0
     if isinstance(raw, bool) or not isinstance(raw, int):
-        raise AnnotationError(key, f"cannot unmarshal {_excerpt(repr(raw))} into field {name}")
+        raise AnnotationError(key, f"cannot unmarshal {excerpt(repr(raw))} into field {name}")
     if not low <= raw <= high:
         raise AnnotationError(key, f"value {raw} of field {name} out of range")
     return raw
@@ -375,7 +266,7 @@ def _json_str(key: str, obj: Mapping[str, Any], name: str) -> str:
     if raw is None:
         return ""
     if not isinstance(raw, str):
-        raise AnnotationError(key, f"cannot unmarshal {_excerpt(repr(raw))} into field {name}")
+        raise AnnotationError(key, f"cannot unmarshal {excerpt(repr(raw))} into field {name}")
     return raw
 
 
@@ -390,7 +281,7 @@ def _json_list(key: str, obj: Mapping[str, Any], name: str) -> list[Any]:
 
 def _json_object(key: str, raw: Any, what: str) -> Mapping[str, Any]:
     if not isinstance(raw, dict):
-        raise AnnotationError(key, f"{what} must be a JSON object, got {_excerpt(repr(raw))}")
+        raise AnnotationError(key, f"{what} must be a JSON object, got {excerpt(repr(raw))}")
     return raw
 
 
@@ -429,7 +320,7 @@ def _decode_node_json(value: str) -> tuple[GpuDevice, ...]:
         obj = _json_object(key, raw, "a device")
         health = obj.get("health")
         if health is not None and not isinstance(health, bool):
-            raise AnnotationError(key, f"cannot unmarshal {_excerpt(repr(health))} into health")
+            raise AnnotationError(key, f"cannot unmarshal {excerpt(repr(health))} into health")
         devices.append(
             GpuDevice(
                 uuid=_json_str(key, obj, "id"),
@@ -456,9 +347,9 @@ def _go_field(text: str, what: str, func: str, bits: int = 64) -> int:
     try:
         return parse_go_int(text, bits)
     except ValueError:
-        problem = "value out of range" if _GO_INT.fullmatch(text) else "invalid syntax"
+        problem = "value out of range" if GO_INT.fullmatch(text) else "invalid syntax"
         raise ValueError(
-            f"invalid {what} field: strconv.{func}: parsing {_excerpt(text)}: {problem}"
+            f"invalid {what} field: strconv.{func}: parsing {excerpt(text)}: {problem}"
         ) from None
 
 
@@ -467,7 +358,7 @@ def _go_health(text: str) -> bool:
         return parse_go_bool(text)
     except ValueError:
         raise ValueError(
-            f"invalid health field: strconv.ParseBool: parsing {_excerpt(text)}: invalid syntax"
+            f"invalid health field: strconv.ParseBool: parsing {excerpt(text)}: invalid syntax"
         ) from None
 
 
@@ -483,7 +374,7 @@ def _decode_node_comma(value: str) -> tuple[GpuDevice, ...]:
         if not segment:
             continue
         if "," not in segment:
-            raise AnnotationError(key, f"malformed node annotation segment: {_excerpt(segment)}")
+            raise AnnotationError(key, f"malformed node annotation segment: {excerpt(segment)}")
         fields = segment.split(",")
         if len(fields) not in (7, 9):
             raise AnnotationError(key, f"unexpected field count {len(fields)} in node annotation")
@@ -500,7 +391,7 @@ def _decode_node_comma(value: str) -> tuple[GpuDevice, ...]:
                     raise ValueError(f"index field must not be negative: {index}")
                 mode = fields[8]
         except ValueError as error:
-            raise AnnotationError(key, f"{error} in segment {_excerpt(segment)}") from None
+            raise AnnotationError(key, f"{error} in segment {excerpt(segment)}") from None
         devices.append(
             GpuDevice(
                 uuid=fields[0],
@@ -520,38 +411,6 @@ def _decode_node_comma(value: str) -> tuple[GpuDevice, ...]:
 # --- node lock (section 1.7) and handshake (section 1.6) ----------------------------------
 
 
-def _parse_rfc3339(text: str) -> datetime:
-    match = _RFC3339.fullmatch(text)
-    if match is None:
-        raise ValueError(f"time {_excerpt(text)} is not RFC3339")
-    year, month, day, hour, minute, second, fraction, zone = match.groups()
-    if zone == "Z":
-        tz = UTC
-    else:
-        sign = 1 if zone[0] == "+" else -1
-        offset = timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6]))
-        if offset >= timedelta(hours=24):
-            raise ValueError(f"time {_excerpt(text)} has an invalid zone offset")
-        tz = timezone(sign * offset)
-    micros = int((fraction or "0")[:6].ljust(6, "0"))
-    return datetime(
-        int(year), int(month), int(day), int(hour), int(minute), int(second), micros, tzinfo=tz
-    )
-
-
-def format_rfc3339(when: datetime) -> str:
-    """Go's time.RFC3339 layout: seconds precision, `Z` for UTC, else `+hh:mm`."""
-    if when.tzinfo is None:
-        raise ValueError("an RFC3339 time needs a time zone")
-    text = when.strftime("%Y-%m-%dT%H:%M:%S")
-    offset = when.utcoffset()
-    if not offset:
-        return text + "Z"
-    minutes = int(offset.total_seconds()) // 60
-    sign = "+" if minutes >= 0 else "-"
-    return f"{text}{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
-
-
 def parse_node_lock(value: str) -> NodeLock:
     """`<RFC3339>,<namespace>,<pod>` or the legacy `<RFC3339>` alone."""
     key = ANNOTATION_NODE_LOCK
@@ -562,7 +421,7 @@ def parse_node_lock(value: str) -> NodeLock:
             key, f"malformed lock annotation: expected 3 parts, got {len(parts)} from {value}"
         )
     try:
-        when = _parse_rfc3339(parts[0])
+        when = parse_rfc3339(parts[0])
     except ValueError as error:
         raise AnnotationError(key, str(error)) from None
     if len(parts) == 1:
@@ -638,7 +497,7 @@ def _parse_gpu_policy_text(text: str, key: str) -> GpuPolicy:
         except ValueError:
             allowed = ", ".join(policy.value for policy in GpuPolicyName)
             raise AnnotationError(
-                key, f"unknown GPU scheduler policy {_excerpt(item)} (allowed: {allowed})"
+                key, f"unknown GPU scheduler policy {excerpt(item)} (allowed: {allowed})"
             ) from None
         if name not in names:
             names.append(name)
@@ -655,7 +514,7 @@ def parse_node_policy(text: str, key: str = ANNOTATION_NODE_SCHEDULER_POLICY) ->
         return NodePolicy(text.strip())
     except ValueError:
         raise AnnotationError(
-            key, f"unknown node scheduler policy {_excerpt(text)} (allowed: binpack, spread)"
+            key, f"unknown node scheduler policy {excerpt(text)} (allowed: binpack, spread)"
         ) from None
 
 
@@ -744,7 +603,7 @@ def parse_pod_gpu_options(annotations: Mapping[str, str]) -> PodGpuOptions:
         nouse_gpu_types=_listed(nouse_types),
         use_gpu_uuids=_listed(use_uuids),
         nouse_gpu_uuids=_listed(nouse_uuids),
-        numa_bind=numa_bind in _GO_TRUE,
+        numa_bind=numa_bind in GO_TRUE,
         vgpu_mode=vgpu_mode,
         gpu_policy=(
             None

@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami_plugin import codec
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
+from hami_plugin.deviceplugin.monitor.feedback import BLOCKED
+from hami_plugin.deviceplugin.monitor.region import parse_region
 from hami_plugin.deviceplugin.settings import DevicePluginSettings, add_arguments, resolve_settings
-from hami_plugin.k8s import KubeClient, RetryPolicy
-from hami_plugin.metrics.feedback import BLOCKED
-from hami_plugin.metrics.region import parse_region
-from hami_plugin.model import (
+from hami_plugin.kube.client import KubeClient, RetryPolicy
+from hami_plugin.protocol import codec
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_DEVICES_TO_ALLOCATE,
@@ -37,8 +37,8 @@ from hami_plugin.model import (
 )
 from hami_plugin.testing.apiserver import FakeApiServer, make_container
 from hami_plugin.testing.kubelet import FakeKubelet
-from tests.metrics.helpers import region_file
-from tests.metrics.region_writer import DeviceMemory, Proc, RegionSpec
+from tests.deviceplugin.monitor.helpers import region_file
+from tests.deviceplugin.monitor.region_writer import DeviceMemory, Proc, RegionSpec
 
 NODE = "gpu-node-1"
 GPU_0 = "GPU-03f69c50-207a-2038-9b45-23cac89cb67a"

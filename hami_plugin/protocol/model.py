@@ -1,7 +1,7 @@
 """Domain types shared by the scheduler and the device plugin.
 
-Plain frozen dataclasses, no I/O. The annotation codec (`hami_plugin.codec`) turns them into
-HAMi's wire strings and back; field names here are the ones a GPU engineer would use, the
+Plain frozen dataclasses, no I/O. The annotation codec (`hami_plugin.protocol.codec`) turns them
+into HAMi's wire strings and back; field names here are the ones a GPU engineer would use, the
 HAMi wire names are noted where they differ.
 """
 

@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hami_plugin.metrics.feedback import (
+from hami_plugin.deviceplugin.monitor.feedback import (
     BLOCKED,
     ContainerActivity,
     FeedbackDecision,

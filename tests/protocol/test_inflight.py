@@ -17,7 +17,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hami_plugin import codec
 from hami_plugin.deviceplugin.allocate import (
     AllocateConfig,
     AllocateFailure,
@@ -27,7 +26,9 @@ from hami_plugin.deviceplugin.allocate import (
     lock_releasable_by,
     select_pending_pod,
 )
-from hami_plugin.inflight import (
+from hami_plugin.kube.client import ContainerSpec, PodRecord
+from hami_plugin.protocol import codec
+from hami_plugin.protocol.inflight import (
     ALLOCATE_PROTOCOL,
     ANNOTATION_ALLOCATE_PROTOCOL,
     InFlightPod,
@@ -38,8 +39,7 @@ from hami_plugin.inflight import (
     in_flight_pod,
     must_wait_for,
 )
-from hami_plugin.k8s import ContainerSpec, PodRecord
-from hami_plugin.model import (
+from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,

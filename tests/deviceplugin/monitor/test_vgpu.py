@@ -10,11 +10,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami_plugin.k8s import PodRecord
-from hami_plugin.metrics.containers import ContainerScanner, vgpu_containers_dir
-from hami_plugin.metrics.vgpu import FAMILIES, VgpuCollector
-from tests.metrics.helpers import NODE, pod, region_file
-from tests.metrics.region_writer import DeviceMemory, Proc, RegionSpec
+from hami_plugin.deviceplugin.monitor.containers import ContainerScanner, vgpu_containers_dir
+from hami_plugin.deviceplugin.monitor.vgpu import FAMILIES, VgpuCollector
+from hami_plugin.kube.client import PodRecord
+from tests.deviceplugin.monitor.helpers import NODE, pod, region_file
+from tests.deviceplugin.monitor.region_writer import DeviceMemory, Proc, RegionSpec
 
 UUID_A = "GPU-0b7e3d4c-1111-2222-3333-444455556666"
 UUID_B = "GPU-9f00aa11-7777-8888-9999-aaaabbbbcccc"

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hami_plugin import codec
-from hami_plugin.codec import AnnotationError, format_go_duration, parse_go_duration
-from hami_plugin.model import (
+from hami_plugin.protocol import codec
+from hami_plugin.protocol.codec import AnnotationError
+from hami_plugin.protocol.govalues import format_go_duration, parse_go_duration
+from hami_plugin.protocol.model import (
     ANNOTATION_DEVICES_ALLOCATED,
     ContainerDevice,
     GpuDevice,

@@ -44,9 +44,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from hami_plugin.deviceplugin.allocate import AllocateConfig
-from hami_plugin.k8s import PodRecord
-from hami_plugin.metrics.feedback import ContainerActivity, decide_feedback
-from hami_plugin.metrics.region import Region, RegionError, parse_region_from
+from hami_plugin.deviceplugin.monitor.feedback import ContainerActivity, decide_feedback
+from hami_plugin.deviceplugin.monitor.region import Region, RegionError, parse_region_from
+from hami_plugin.kube.client import PodRecord
 
 logger = logging.getLogger(__name__)
 

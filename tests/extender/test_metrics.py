@@ -13,11 +13,11 @@ from collections.abc import Sequence
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami_plugin import codec
+from hami_plugin.extender.metrics import SchedulerMetrics, SchedulerUsageCollector
 from hami_plugin.extender.observer import SchedulerObserver
-from hami_plugin.metrics.scheduler import SchedulerMetrics, SchedulerUsageCollector
 from hami_plugin.metrics.server import MetricsServerError
-from hami_plugin.model import (
+from hami_plugin.protocol import codec
+from hami_plugin.protocol.model import (
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_VGPU_NODE,
     MODE_HAMI_CORE,

@@ -21,10 +21,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
-from hami_plugin.metrics.containers import ContainerScanner
-from hami_plugin.model import LABEL_VGPU_NODE
+from hami_plugin.deviceplugin.monitor.containers import ContainerScanner
+from hami_plugin.metrics.families import GaugeMetricFamily, Metric
+from hami_plugin.protocol.model import LABEL_VGPU_NODE
 
 ZONE = "vGPU"
 LABELS = ("namespace", "pod", "container", "vdevice_index", "device_uuid", "zone")

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hami_plugin.metrics.region import (
+from hami_plugin.deviceplugin.monitor.region import (
     LAYOUT_V0,
     LAYOUT_V1,
     REGION_MAGIC,
@@ -21,8 +21,8 @@ from hami_plugin.metrics.region import (
     parse_region,
     parse_region_from,
 )
-from tests.metrics import region_writer as w
-from tests.metrics.region_writer import DeviceMemory, Proc, RegionSpec, region_bytes
+from tests.deviceplugin.monitor import region_writer as w
+from tests.deviceplugin.monitor.region_writer import DeviceMemory, Proc, RegionSpec, region_bytes
 
 UUID_A = "GPU-0b7e3d4c-1111-2222-3333-444455556666"
 UUID_B = "GPU-9f00aa11-7777-8888-9999-aaaabbbbcccc"

@@ -1,4 +1,4 @@
-"""hami_plugin.informer against the API server double, over HTTP through the real client."""
+"""hami_plugin.kube.informer against the API server double, over HTTP through the real client."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hami_plugin.informer import Informer
-from hami_plugin.k8s import KubeClient, PodRecord, RetryPolicy, pod_record
+from hami_plugin.kube.client import KubeClient, PodRecord, RetryPolicy, pod_record
+from hami_plugin.kube.informer import Informer
 from hami_plugin.testing.apiserver import FakeApiServer
 from tests.fakes.pytest_fixtures import apiserver  # noqa: F401 - fixture
 
@@ -332,7 +332,7 @@ def test_api_errors_for_a_while_then_recovery(
     handler = Recorder()
     informer = make_informer(kube, handler)
 
-    with caplog.at_level(logging.WARNING, logger="hami_plugin.informer"), running(informer):
+    with caplog.at_level(logging.WARNING, logger="hami_plugin.kube.informer"), running(informer):
         wait_for(lambda: len(apiserver.requests) >= 3 * FAST.attempts, "retries")
         assert not informer.synced.is_set()
         apiserver.clear_faults()
@@ -386,7 +386,7 @@ def test_untransformable_objects_are_logged_once_per_version_and_skipped(
     def warnings() -> list[str]:
         return [r.getMessage() for r in caplog.records if "skipping default/bad" in r.getMessage()]
 
-    with caplog.at_level(logging.WARNING, logger="hami_plugin.informer"), running(informer):
+    with caplog.at_level(logging.WARNING, logger="hami_plugin.kube.informer"), running(informer):
         wait_for(informer.synced.is_set, "the list")
         wait_for(lambda: apiserver.watch_count == 1, "the watch")
         # A relist sees the same bad version again: no second line.
@@ -416,7 +416,7 @@ def test_a_failing_handler_is_logged_and_the_informer_goes_on(
     handler = Recorder(fail_on="boom")
     informer = make_informer(kube, handler)
 
-    with caplog.at_level(logging.ERROR, logger="hami_plugin.informer"), running(informer):
+    with caplog.at_level(logging.ERROR, logger="hami_plugin.kube.informer"), running(informer):
         wait_for(informer.synced.is_set, "the list")
         apiserver.add_pod("boom")
         apiserver.add_pod("after")

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hami_plugin.codec import parse_node_lock
-from hami_plugin.scheduler.nodelock import (
+from hami_plugin.protocol.codec import parse_node_lock
+from hami_plugin.protocol.nodelock import (
     LockAction,
     TakeoverReason,
     decide_lock,

@@ -13,14 +13,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.metrics_core import Metric
 
-from hami_plugin import codec
 from hami_plugin.deviceplugin import fake
 from hami_plugin.deviceplugin.fake import FakeNvml
 from hami_plugin.deviceplugin.inventory import PhysicalGpu, VgpuDevice
+from hami_plugin.deviceplugin.metrics import (
+    NodeCollector,
+    NodePods,
+    booked_slots,
+    monitor_device_type,
+)
 from hami_plugin.deviceplugin.nvml import GpuUsage, NvmlBackend
-from hami_plugin.k8s import ContainerSpec, PodRecord
-from hami_plugin.metrics.node import NodeCollector, NodePods, booked_slots, monitor_device_type
-from hami_plugin.model import (
+from hami_plugin.kube.client import ContainerSpec, PodRecord
+from hami_plugin.protocol import codec
+from hami_plugin.protocol.model import (
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_VGPU_NODE,
     ContainerDevice,
@@ -204,7 +209,7 @@ def test_nvml_failing_as_a_whole_leaves_out_only_host_usage(
     node = NodeCollector(
         NODE, read_usage=broken, gpus=lambda: INVENTORY, devices=lambda: slots(GPU_A, 2)
     )
-    with caplog.at_level(logging.DEBUG, logger="hami_plugin.metrics.node"):
+    with caplog.at_level(logging.DEBUG, logger="hami_plugin.deviceplugin.metrics"):
         for _ in range(3):
             families = families_of(node)
     assert families["hami_host_gpu_utilization_ratio"].samples == []

@@ -4,7 +4,8 @@ The layouts are ctypes mirrors of HAMi-core's C structs (`multiprocess_memory_li
 `shared_region_t`, `shrreg_proc_slot_t`, `device_memory_t`, `device_util_t`; `sem_t` is
 glibc's 32-byte union aligned to 8), with the field types HAMi v2.10 reads them as
 (`pkg/monitor/nvidia/v0/spec.go:26-73`, `v1/spec.go:26-87`). ctypes applies the C ABI's
-alignment, so the offsets come from the compiler rules, not from hami_plugin.metrics.region;
+alignment, so the offsets come from the compiler rules, not from
+hami_plugin.deviceplugin.monitor.region;
 `REFERENCE_OFFSETS` holds the numbers of hami-reference.md 5.1 and test_region_writer checks
 both agree.
 

@@ -30,7 +30,7 @@ daemons need on top of it:
 * list and watch as the API server streams them (`list_objects`, `watch_objects`): pages
   followed with `limit`/`continue`, watch events read line by line from the raw chunked response
   with a read timeout, so that a silent connection cannot hang a watcher, and a `stop` event
-  that wakes a blocked read (`_StopGuard`); `hami_plugin.informer` builds the list-then-watch
+  that wakes a blocked read (`_StopGuard`); `hami_plugin.kube.informer` builds the list-then-watch
   loop on them;
 * metadata patches sent as JSON merge patch (`application/merge-patch+json`, see `_MERGE_PATCH`):
   merge patch is what HAMi uses for the node lock, and it gives `null` = delete and the

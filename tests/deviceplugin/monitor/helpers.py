@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hami_plugin.deviceplugin.allocate import AllocateConfig
-from hami_plugin.k8s import ContainerSpec, PodRecord
-from hami_plugin.model import LABEL_VGPU_NODE
-from tests.metrics.region_writer import RegionSpec, write_region
+from hami_plugin.kube.client import ContainerSpec, PodRecord
+from hami_plugin.protocol.model import LABEL_VGPU_NODE
+from tests.deviceplugin.monitor.region_writer import RegionSpec, write_region
 
 NODE = "gpu-node-1"
 

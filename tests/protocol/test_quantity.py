@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes.utils import parse_quantity as client_parse_quantity
 
-from hami_plugin.quantity import QuantityError, exact_integer, parse_quantity
+from hami_plugin.protocol.quantity import QuantityError, exact_integer, parse_quantity
 
 
 @pytest.mark.parametrize(

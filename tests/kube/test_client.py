@@ -1,4 +1,5 @@
-"""hami_plugin.k8s against the HTTP API server double, through the real kubernetes client."""
+"""hami_plugin.kube.client against the HTTP API server double, through the real kubernetes
+client."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from kubernetes.client.api_client import ApiClient
 from kubernetes.client.configuration import Configuration
 from kubernetes.client.exceptions import ApiException
 
-from hami_plugin.k8s import (
+from hami_plugin.kube.client import (
     Conflict,
     ContainerSpec,
     Gone,
@@ -349,7 +350,7 @@ def test_create_pod_event_failure_is_logged_not_raised(
     pod = kube.get_pod("default", "p")
     apiserver.inject_fault("POST", r".*/events", status=500, times=None)
 
-    with caplog.at_level(logging.WARNING, logger="hami_plugin.k8s"):
+    with caplog.at_level(logging.WARNING, logger="hami_plugin.kube.client"):
         kube.create_pod_event(pod, "BindingFailed", "boom")
 
     assert apiserver.events() == []
@@ -368,7 +369,7 @@ def test_create_pod_event_already_exists_counts_as_done(
     pod = kube.get_pod("default", "p")
     apiserver.inject_fault("POST", r".*/events", status=409)
 
-    with caplog.at_level(logging.WARNING, logger="hami_plugin.k8s"):
+    with caplog.at_level(logging.WARNING, logger="hami_plugin.kube.client"):
         kube.create_pod_event(pod, "R", "m")
 
     assert caplog.records == []
@@ -815,7 +816,7 @@ def test_a_watch_line_that_never_ends_is_a_kube_error(
     kube: KubeClient,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("hami_plugin.k8s._MAX_WATCH_LINE_BYTES", 100)
+    monkeypatch.setattr("hami_plugin.kube.client._MAX_WATCH_LINE_BYTES", 100)
     apiserver.inject_fault("GET", query=".*watch=true.*", status=200, body=b"x" * 500)
 
     with pytest.raises(KubeError, match="an event longer than 100 bytes"):
@@ -1096,7 +1097,7 @@ def test_create_event_failure_names_the_object(
 ) -> None:
     apiserver.inject_fault("POST", r".*/events", status=403)
 
-    with caplog.at_level(logging.WARNING, logger="hami_plugin.k8s"):
+    with caplog.at_level(logging.WARNING, logger="hami_plugin.kube.client"):
         kube.create_event(ObjectRef("Pod", "ml", "p"), "R", "m", "Warning")
 
     [line] = caplog.records
@@ -1231,7 +1232,7 @@ def generated():
         m for m in sys.modules
         if m.startswith(("kubernetes.client.api.", "kubernetes.client.models."))
     )
-import hami_plugin.k8s as k8s
+import hami_plugin.kube.client as k8s
 after_import = generated()
 with k8s.KubeClient.from_config(sys.argv[1], k8s.RetryPolicy(attempts=1)) as kube:
     node = kube.get_node("gpu-1")

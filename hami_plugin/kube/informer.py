@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
-from hami_plugin.k8s import (
+from hami_plugin.kube.client import (
     WATCH_READ_TIMEOUT_SECONDS,
     Gone,
     KubeClient,

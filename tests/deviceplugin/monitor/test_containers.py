@@ -11,19 +11,25 @@ from pathlib import Path
 
 import pytest
 
-from hami_plugin.k8s import PodRecord, Retryable
-from hami_plugin.metrics.containers import (
+from hami_plugin.deviceplugin.monitor.containers import (
     ContainerScanner,
     FeedbackLoop,
     split_container_dir,
     vgpu_containers_dir,
 )
-from hami_plugin.metrics.region import LAYOUT_V1
-from tests.metrics.helpers import container_dir, pod, region_file
-from tests.metrics.region_writer import DeviceMemory, Proc, RegionSpec, field_offset, write_region
+from hami_plugin.deviceplugin.monitor.region import LAYOUT_V1
+from hami_plugin.kube.client import PodRecord, Retryable
+from tests.deviceplugin.monitor.helpers import container_dir, pod, region_file
+from tests.deviceplugin.monitor.region_writer import (
+    DeviceMemory,
+    Proc,
+    RegionSpec,
+    field_offset,
+    write_region,
+)
 
 UUID = "GPU-0b7e3d4c-1111-2222-3333-444455556666"
-LOGGER = "hami_plugin.metrics.containers"
+LOGGER = "hami_plugin.deviceplugin.monitor.containers"
 
 
 def spec(total: int = 100, **kwargs: object) -> RegionSpec:
