@@ -1,6 +1,6 @@
 """Run the API server double in a process of its own (benchmarks, manual experiments).
 
-    python -m hami_plugin.testing.apiserver_main [--load objects.json] [--kubeconfig PATH]
+    python -m hami_plugin.testing.apiserver [--load objects.json] [--kubeconfig PATH]
 
 Serves `FakeApiServer` on 127.0.0.1 (a free port), stores the objects of `--load` first (a
 JSON list of Node/Pod/Lease objects, or a YAML file of documents), writes a kubeconfig for it
@@ -46,7 +46,7 @@ def _objects(path: Path) -> list[dict[str, Any]]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve until SIGTERM/SIGINT; returns the exit status (2 for an unusable --load file)."""
     parser = argparse.ArgumentParser(
-        prog="python -m hami_plugin.testing.apiserver_main",
+        prog="python -m hami_plugin.testing.apiserver",
         description="Serve the Kubernetes API server double until SIGTERM.",
     )
     parser.add_argument("--load", type=Path, help="objects to store first (.json list or YAML)")

@@ -1,0 +1,67 @@
+"""An HTTP test double of the Kubernetes API server, for the real `kubernetes` client.
+
+Serves a slice of the API over real HTTP/1.1 on 127.0.0.1 (random port), from a
+`ThreadingHTTPServer` in a background thread: Nodes, Pods and Events (core/v1) and Leases
+(coordination.k8s.io/v1) in memory. `python -m hami_plugin.testing.apiserver` serves it in a
+process of its own.
+
+What it implements, as the real API server does it, module by module:
+* `store`: one cluster-wide `resourceVersion` counter bumped on every write, and every write
+  recorded as one change at its new version in a history ring buffer; Pods indexed by
+  `spec.nodeName`; `limit` and `continue` pages served from a snapshot taken by the first page
+  (as etcd serves them at the list's revision), a token older than the history answering 410;
+* `selectors`: `fieldSelector` (`=`, `==`, `!=` on the fields listed in `FIELD_SELECTORS`) and
+  `labelSelector` (`k=v`, `k==v`, `k!=v`, `k`, `!k`), on lists and watches alike;
+* `routes`: GET one object, LIST (list bodies with `kind`, `apiVersion` and
+  `metadata.resourceVersion`), POST (create; `generateName` works; 409 AlreadyExists), PUT
+  (replace), DELETE; a PATCH or PUT that carries a `metadata.resourceVersion` that is not the
+  current one answers 409 Conflict (a Lease PUT is how leader election takes and renews a
+  lease); `POST pods/<name>/binding` sets `spec.nodeName` and the PodScheduled condition and
+  merges the Binding's annotations (409 if the pod is already bound or `metadata.uid` names
+  another pod, 400 if the Binding's name is not the pod's);
+* `patches`: merge, strategic merge (as a merge patch) and JSON patch; other types answer 415;
+* `watch`: WATCH (`?watch=true`) of every collection, cluster-wide or in a namespace, from a
+  `resourceVersion` (unset or "0": the current objects first, as ADDED) replayed from the
+  history, a version older than it answering HTTP 200 and one ERROR event carrying a 410
+  `Expired` Status, as the watch cache does; an object that stops matching the selectors is
+  sent as DELETED, one that starts matching as ADDED; BOOKMARKs when allowed, `timeoutSeconds`;
+* `http`: the server, the chunked newline-delimited JSON watch streams, the injected faults;
+* `status`: errors as `metav1.Status` bodies with the API server's reasons and messages.
+
+Test controls (`server.FakeApiServer`): `inject_fault` (next K matching requests, watches
+included, answer status S, a raw body, hang for T seconds, or drop the connection),
+`drop_watches` (cut every open watch stream mid-flight), `expire_history` (the next watch from
+an older version gets 410), `requests` (a log of every request), `watch_count`, and helpers to
+add, get, update and delete objects as plain dicts (writes through the helpers emit watch
+events too). All thread-safe. `objects` builds the Nodes, Pods and containers to store; `client`
+points the `kubernetes` client (or a kubeconfig) at the double.
+"""
+
+from hami_plugin.testing.apiserver.objects import JsonObject, make_container, make_node, make_pod
+from hami_plugin.testing.apiserver.patches import (
+    JSON_PATCH,
+    MERGE_PATCH,
+    STRATEGIC_MERGE_PATCH,
+    json_patch,
+    merge_patch,
+)
+from hami_plugin.testing.apiserver.request import Fault, RecordedRequest
+from hami_plugin.testing.apiserver.server import FakeApiServer
+from hami_plugin.testing.apiserver.status import ApiError, status_body
+
+__all__ = [
+    "JSON_PATCH",
+    "MERGE_PATCH",
+    "STRATEGIC_MERGE_PATCH",
+    "ApiError",
+    "FakeApiServer",
+    "Fault",
+    "JsonObject",
+    "RecordedRequest",
+    "json_patch",
+    "make_container",
+    "make_node",
+    "make_pod",
+    "merge_patch",
+    "status_body",
+]

@@ -1,0 +1,208 @@
+"""The REST verbs on the store: a request's path routed to a collection, an object or a Pod's
+`binding`, and GET, LIST, POST (create), PUT (replace), PATCH, DELETE and the bind applied to
+it as the API server applies them. Watches are routed here too, and served by `watch`."""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+
+from hami_plugin.testing.apiserver.objects import JsonObject
+from hami_plugin.testing.apiserver.patches import apply_patch
+from hami_plugin.testing.apiserver.request import RecordedRequest
+from hami_plugin.testing.apiserver.selectors import Selector
+from hami_plugin.testing.apiserver.status import ApiError, not_found
+from hami_plugin.testing.apiserver.store import RESOURCES, ObjectStore
+
+_ROUTES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"/api/v1/(?P<res>nodes|pods|events)"), "collection"),
+    (re.compile(r"/api/v1/(?P<res>nodes)/(?P<name>[^/]+)"), "object"),
+    (re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|events)"), "collection"),
+    (
+        re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|events)/(?P<name>[^/]+)"),
+        "object",
+    ),
+    (re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/binding"), "binding"),
+    (re.compile(r"/apis/coordination\.k8s\.io/v1/(?P<res>leases)"), "collection"),
+    (
+        re.compile(r"/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/(?P<res>leases)"),
+        "collection",
+    ),
+    (
+        re.compile(
+            r"/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/(?P<res>leases)"
+            r"/(?P<name>[^/]+)"
+        ),
+        "object",
+    ),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a path leads: a "collection", an "object" or a Pod's "binding"."""
+
+    kind: str
+    plural: str
+    namespace: str
+    """The namespace in the path ("" for a cluster-wide collection or a Node)."""
+    name: str | None
+
+
+def route(path: str) -> Route:
+    """The route of `path`. Raises ApiError 404 for an unknown path."""
+    for pattern, kind in _ROUTES:
+        match = pattern.fullmatch(path)
+        if match is not None:
+            groups = match.groupdict()
+            return Route(
+                kind, groups.get("res") or "pods", groups.get("ns") or "", groups.get("name")
+            )
+    raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+
+def handle(store: ObjectStore, request: RecordedRequest) -> tuple[int, JsonObject]:
+    """Serve one request that is not a watch; returns (status, JSON body). Raises ApiError for
+    failures."""
+    target = route(request.path)
+    with store.lock:
+        if target.kind == "binding":
+            return _bind(store, target.namespace, str(target.name), request)
+        if target.kind == "collection":
+            return _collection(store, target.plural, target.namespace, request)
+        return _object(store, target.plural, target.namespace, str(target.name), request)
+
+
+def _collection(
+    store: ObjectStore, plural: str, namespace: str, request: RecordedRequest
+) -> tuple[int, JsonObject]:
+    if request.method == "GET":
+        return 200, _list(store, plural, namespace, request)
+    if request.method == "POST":
+        if RESOURCES[plural].namespaced and not namespace:
+            raise ApiError(405, "MethodNotAllowed", "create needs a namespace in the path")
+        return 201, copy.deepcopy(store.create(plural, namespace, _body_object(request)))
+    raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported here")
+
+
+def _list(store: ObjectStore, plural: str, namespace: str, request: RecordedRequest) -> JsonObject:
+    selector = Selector.parse(plural, namespace, request)
+    limit_text = request.param("limit") or "0"
+    if not limit_text.isdigit():
+        raise ApiError(400, "BadRequest", f"invalid limit {limit_text!r}")
+    return store.list_objects(plural, selector, int(limit_text), request.param("continue"))
+
+
+def _object(
+    store: ObjectStore, plural: str, namespace: str, name: str, request: RecordedRequest
+) -> tuple[int, JsonObject]:
+    key = (namespace, name)
+    obj = store.get(plural, key)
+    if obj is None:
+        raise not_found(plural, name)
+    if request.method == "GET":
+        return 200, copy.deepcopy(obj)
+    if request.method == "DELETE":
+        return 200, copy.deepcopy(store.commit(plural, key, "DELETED", None))
+    if request.method == "PATCH":
+        patched = apply_patch(obj, request)
+        _check_precondition(plural, name, obj, patched)
+        return 200, copy.deepcopy(store.replace(plural, key, obj, patched))
+    if request.method == "PUT":
+        replacement = _body_object(request)
+        metadata = replacement.get("metadata")
+        if not isinstance(metadata, dict):
+            raise ApiError(400, "BadRequest", "metadata must be an object")
+        if metadata.get("name") not in (None, name):
+            raise ApiError(
+                400,
+                "BadRequest",
+                f"the name of the object ({metadata['name']}) does not match the name on "
+                f"the URL ({name})",
+            )
+        _check_precondition(plural, name, obj, replacement)
+        return 200, copy.deepcopy(store.replace(plural, key, obj, replacement))
+    raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported here")
+
+
+def _check_precondition(plural: str, name: str, current: JsonObject, proposed: JsonObject) -> None:
+    # A patch that leaves metadata.resourceVersion alone carries the current value.
+    wanted = proposed["metadata"].get("resourceVersion")
+    if wanted not in (None, "") and wanted != current["metadata"]["resourceVersion"]:
+        raise ApiError(
+            409,
+            "Conflict",
+            f'Operation cannot be fulfilled on {plural} "{name}": the object has been '
+            "modified; please apply your changes to the latest version and try again",
+            {"name": name, "kind": plural},
+        )
+
+
+def _bind(
+    store: ObjectStore, namespace: str, name: str, request: RecordedRequest
+) -> tuple[int, JsonObject]:
+    """`POST pods/<name>/binding`: set `spec.nodeName` and the PodScheduled condition and merge
+    the Binding's annotations (409 if the pod is already bound or `metadata.uid` names another
+    pod, 400 if the Binding's name is not the pod's)."""
+    if request.method != "POST":
+        raise ApiError(405, "MethodNotAllowed", "binding only supports POST")
+    binding = _body_object(request)
+    target = binding.get("target")
+    metadata = binding.get("metadata") if isinstance(binding.get("metadata"), dict) else {}
+    assert isinstance(metadata, dict)
+    if not isinstance(target, dict) or not target.get("name"):
+        raise ApiError(422, "Invalid", "Binding.target.name is required")
+    if metadata.get("name") not in (None, name):
+        raise ApiError(
+            400,
+            "BadRequest",
+            f"name in URL does not match name in Binding object: {name},{metadata['name']}",
+        )
+    key = (namespace, name)
+    pod = store.get("pods", key)
+    if pod is None:
+        raise not_found("pods", name)
+    uid = metadata.get("uid")
+    if uid and uid != pod["metadata"].get("uid"):
+        raise ApiError(
+            409,
+            "Conflict",
+            f'Operation cannot be fulfilled on pods/binding "{name}": Precondition failed: '
+            f"UID in precondition: {uid}, UID in object meta: {pod['metadata'].get('uid')}",
+            {"name": name, "kind": "pods/binding"},
+        )
+    bound = pod.get("spec", {}).get("nodeName")
+    if bound:
+        raise ApiError(
+            409,
+            "Conflict",
+            f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is already '
+            f'assigned to node "{bound}"',
+            {"name": name, "kind": "pods/binding"},
+        )
+    updated = copy.deepcopy(pod)
+    updated.setdefault("spec", {})["nodeName"] = str(target["name"])
+    if isinstance(metadata.get("annotations"), dict):
+        updated["metadata"].setdefault("annotations", {}).update(metadata["annotations"])
+    status = updated.setdefault("status", {})
+    conditions = [c for c in status.get("conditions", []) if c.get("type") != "PodScheduled"]
+    status["conditions"] = [*conditions, {"type": "PodScheduled", "status": "True"}]
+    store.commit("pods", key, "MODIFIED", updated)
+    return 201, {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "code": 201,
+    }
+
+
+def _body_object(request: RecordedRequest) -> JsonObject:
+    try:
+        body = request.json()
+    except ValueError as exc:
+        raise ApiError(400, "BadRequest", f"error decoding body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "BadRequest", "the body must be a JSON object")
+    return body
