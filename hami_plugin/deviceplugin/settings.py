@@ -1,47 +1,51 @@
 """Typed settings of the device-plugin daemon, resolved once at start.
 
 Precedence, highest first: command-line flag > environment variable > the per-node override
-entry (HAMi's `nodeconfig`) > the config file > built-in defaults. Every value is parsed and
-validated here; the rest of the daemon reads a frozen `DevicePluginSettings` and never looks at
-the environment again (the NVIDIA plugin reads `DP_DISABLE_HEALTHCHECKS` deep inside its health
-loop; we read it once).
-
-The config file is YAML and accepts two shapes at once:
-
-* HAMi's device ConfigMap (`/device-config.yaml`): a top-level `nvidia:` mapping with
-  `deviceSplitCount`, `deviceMemoryScaling`, `deviceCoreScaling`, `libCudaLogLevel`,
-  `resourceCountName`, `preConfiguredDeviceMemory` (keys matched case-insensitively, as Go's
-  JSON decoding does; the scheduler's keys in the same section are ignored);
-* our own flat keys, named like the `DevicePluginSettings` fields (`split_count: 4`), which win
-  over the `nvidia:` section.
-
-Per-node overrides use HAMi's shape (reference 4.1): `nodeconfig: [{name, devicesplitcount,
-devicememoryscaling, devicecorescaling, ...}]`, either inside the config file or in a separate
-`--node-config-file` (HAMi's `/config/config.json`; JSON is valid YAML). The entry whose `name`
-equals the node name overrides only the fields it sets.
+entry (HAMi's `nodeconfig`) > the config file > built-in defaults. Every value is parsed with
+the grammars of `hami_plugin.config` (Go's booleans and durations, as HAMi's own device plugin
+takes them) and validated here; the rest of the daemon reads a frozen `DevicePluginSettings`
+and never looks at the environment again (the NVIDIA plugin reads `DP_DISABLE_HEALTHCHECKS`
+deep inside its health loop; we read it once). The config files' shapes are
+`hami_plugin.deviceplugin.config_file`'s.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-import yaml
-
-from hami_plugin.protocol.govalues import parse_go_duration
+from hami_plugin.config import (
+    ConfigError,
+    Layer,
+    add_bool_flag,
+    env_layer,
+    flag_dest,
+    flag_layer,
+    parse_bool,
+    parse_duration,
+    parse_float,
+    parse_int,
+    parse_int_set,
+    parse_optional_str,
+    parse_str,
+    parse_str_set,
+    pick,
+    resolve,
+)
+from hami_plugin.deviceplugin.config_file import (
+    config_file_layer,
+    node_config_entries,
+    node_layer,
+)
 from hami_plugin.protocol.model import RESOURCE_GPU
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 """Xids that are application errors, not GPU faults (NVIDIA plugin and HAMi ignore them)."""
-
-
-class SettingsError(ValueError):
-    """A setting is missing or invalid; the message names where the bad value came from."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,186 +98,90 @@ class DevicePluginSettings:
         return xid not in self.ignored_xids
 
 
-# --- value parsers: each takes the raw value (str from flags/env, any YAML scalar from files) ---
-
-
-def _parse_str(raw: object) -> str:
-    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
-        raise ValueError(f"expected a string, got {raw!r}")
-    return str(raw)
-
-
-def _parse_optional_str(raw: object) -> str | None:
-    if raw is None:
-        return None
-    text = _parse_str(raw)
-    return text or None
-
-
-def _parse_int(raw: object) -> int:
-    if isinstance(raw, bool):
-        raise ValueError(f"expected an integer, got {raw!r}")
-    if isinstance(raw, int):
-        return raw
-    if isinstance(raw, float) and raw.is_integer():
-        return int(raw)
-    if isinstance(raw, str):
-        try:
-            return int(raw.strip())
-        except ValueError:
-            pass
-    raise ValueError(f"expected an integer, got {raw!r}")
-
-
-def _parse_float(raw: object) -> float:
-    if isinstance(raw, bool):
-        raise ValueError(f"expected a number, got {raw!r}")
-    if isinstance(raw, int | float):
-        return float(raw)
-    if isinstance(raw, str):
-        try:
-            return float(raw.strip())
-        except ValueError:
-            pass
-    raise ValueError(f"expected a number, got {raw!r}")
-
-
-_TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
-_FALSE_WORDS = frozenset({"false", "0", "no", "off"})
-
-
-def _parse_bool(raw: object) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    if isinstance(raw, str | int):
-        word = str(raw).strip().lower()
-        if word in _TRUE_WORDS:
-            return True
-        if word in _FALSE_WORDS:
-            return False
-    raise ValueError(f"expected true or false, got {raw!r}")
-
-
-def _split_list(raw: object) -> list[object]:
-    if isinstance(raw, str):
-        return [item.strip() for item in raw.split(",") if item.strip()]
-    if isinstance(raw, list | tuple):
-        return list(raw)
-    raise ValueError(f"expected a list or a comma-separated string, got {raw!r}")
-
-
-def _parse_duration_seconds(raw: object) -> float:
-    """A Go duration (`5m`, `90s`, `1h30m`) or a number of seconds; not negative."""
-    if isinstance(raw, bool):
-        raise ValueError(f"expected a duration, got {raw!r}")
-    if isinstance(raw, int | float):
+def _parse_resync_seconds(raw: object) -> float:
+    """A Go duration (`5m`), as HAMi reads `HAMI_RESYNC_INTERVAL`; a YAML number in the config
+    file is seconds (the flat key says so). Not negative."""
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
         seconds = float(raw)
     else:
-        text = str(raw).strip()
-        try:
-            seconds = float(text)
-        except ValueError:
-            seconds = parse_go_duration(text).total_seconds()
+        seconds = parse_duration(raw).total_seconds()
     if seconds < 0:
         raise ValueError(f"expected a duration that is not negative, got {raw!r}")
     return seconds
 
 
-def _parse_str_set(raw: object) -> frozenset[str]:
-    return frozenset(_parse_str(item) for item in _split_list(raw))
-
-
-def _parse_int_set(raw: object) -> frozenset[int]:
-    return frozenset(_parse_int(item) for item in _split_list(raw))
-
-
 @dataclass(frozen=True, slots=True)
 class _Option:
-    """One setting: its flag, env variable and config-file keys."""
+    """One setting: its field, flag, env variable, grammar and help."""
 
     field: str
     flag: str
-    env: str | None
+    env: str
     parse: Callable[[object], Any]
     help: str
-    nvidia_key: str | None = None
-    node_key: str | None = None
-    is_bool: bool = False
-
-    @property
-    def metavar(self) -> str:
-        return _METAVARS.get(self.field, "VALUE")
 
 
 _OPTIONS: tuple[_Option, ...] = (
-    _Option("node_name", "--node-name", "NODE_NAME", _parse_optional_str,
+    _Option("node_name", "--node-name", "NODE_NAME", parse_optional_str,
             "name of this Kubernetes node (required)"),
-    _Option("kubeconfig", "--kubeconfig", "KUBECONFIG", _parse_optional_str,
+    _Option("kubeconfig", "--kubeconfig", "KUBECONFIG", parse_optional_str,
             "kubeconfig file (default: in-cluster config)"),
-    _Option("device_plugin_path", "--device-plugin-path", "DEVICE_PLUGIN_PATH", _parse_str,
+    _Option("device_plugin_path", "--device-plugin-path", "DEVICE_PLUGIN_PATH", parse_str,
             "kubelet device-plugin directory (default /var/lib/kubelet/device-plugins/)"),
-    _Option("nvml", "--nvml", "NVML_BACKEND", _parse_str,
+    _Option("nvml", "--nvml", "NVML_BACKEND", parse_str,
             "GPU discovery backend: nvml (the driver) or fake (a YAML file) (default nvml)"),
-    _Option("fake_gpus", "--fake-gpus", "FAKE_GPUS_FILE", _parse_optional_str,
+    _Option("fake_gpus", "--fake-gpus", "FAKE_GPUS_FILE", parse_optional_str,
             "YAML file describing fake GPUs, used with --nvml fake"),
-    _Option("split_count", "--device-split-count", "DEVICE_SPLIT_COUNT", _parse_int,
-            "vGPU slots advertised per physical GPU (default 10)",
-            nvidia_key="deviceSplitCount", node_key="devicesplitcount"),
-    _Option("memory_scaling", "--device-memory-scaling", "DEVICE_MEMORY_SCALING", _parse_float,
-            "factor applied to each GPU's memory; > 1 oversubscribes (default 1.0)",
-            nvidia_key="deviceMemoryScaling", node_key="devicememoryscaling"),
-    _Option("cores_scaling", "--device-cores-scaling", "DEVICE_CORES_SCALING", _parse_float,
-            "factor applied to each GPU's 100%% of cores (default 1.0)",
-            nvidia_key="deviceCoreScaling", node_key="devicecorescaling"),
+    _Option("split_count", "--device-split-count", "DEVICE_SPLIT_COUNT", parse_int,
+            "vGPU slots advertised per physical GPU (default 10)"),
+    _Option("memory_scaling", "--device-memory-scaling", "DEVICE_MEMORY_SCALING", parse_float,
+            "factor applied to each GPU's memory; > 1 oversubscribes (default 1.0)"),
+    _Option("cores_scaling", "--device-cores-scaling", "DEVICE_CORES_SCALING", parse_float,
+            "factor applied to each GPU's 100%% of cores (default 1.0)"),
     _Option("enable_numa_topology", "--enable-numa-topology", "ENABLE_NUMA_TOPOLOGY",
-            _parse_bool, "attach the GPU's NUMA node to each kubelet device (default false)",
-            node_key="enablenumatopology", is_bool=True),
-    _Option("resource_name", "--resource-name", "RESOURCE_NAME", _parse_str,
-            "extended resource advertised to kubelet (default nvidia.com/gpu)",
-            nvidia_key="resourceCountName"),
-    _Option("hook_path", "--hook-path", "HOOK_PATH", _parse_str,
+            parse_bool, "attach the GPU's NUMA node to each kubelet device (default false)"),
+    _Option("resource_name", "--resource-name", "RESOURCE_NAME", parse_str,
+            "extended resource advertised to kubelet (default nvidia.com/gpu)"),
+    _Option("hook_path", "--hook-path", "HOOK_PATH", parse_str,
             "host directory holding vgpu/libvgpu.so (default /usr/local)"),
-    _Option("fail_on_init_error", "--fail-on-init-error", "FAIL_ON_INIT_ERROR", _parse_bool,
+    _Option("fail_on_init_error", "--fail-on-init-error", "FAIL_ON_INIT_ERROR", parse_bool,
             "exit when NVML cannot start; false: stay up advertising nothing and retry "
-            "(default true)", is_bool=True),
+            "(default true)"),
     _Option("health_recovery_seconds", "--health-recovery-seconds", "HEALTH_RECOVERY_SECONDS",
-            _parse_float, "seconds without errors after which an unhealthy GPU that answers "
+            parse_float, "seconds without errors after which an unhealthy GPU that answers "
             "NVML again is healthy (default 300; 0 disables recovery)"),
-    _Option("health_wait_ms", "--health-wait-ms", "HEALTH_WAIT_MS", _parse_int,
+    _Option("health_wait_ms", "--health-wait-ms", "HEALTH_WAIT_MS", parse_int,
             "NVML event wait timeout in milliseconds (default 5000)"),
     _Option("register_interval_seconds", "--register-interval-seconds",
-            "REGISTER_INTERVAL_SECONDS", _parse_float,
+            "REGISTER_INTERVAL_SECONDS", parse_float,
             "how often the node register annotation is checked (default 30)"),
-    _Option("socket_name", "--socket-name", "SOCKET_NAME", _parse_str,
+    _Option("socket_name", "--socket-name", "SOCKET_NAME", parse_str,
             "socket file name under the device-plugin path (default nvidia-<resource suffix>"
             ".sock)"),
     _Option("libcuda_log_level", "--libcuda-log-level", "LIBCUDA_LOG_LEVEL",
-            _parse_optional_str, "LIBCUDA_LOG_LEVEL given to containers (0 error, 1 warn, "
-            "3 info, 4 debug)", nvidia_key="libCudaLogLevel", node_key="libcudaloglevel"),
-    _Option("disable_core_limit", "--disable-core-limit", "DISABLE_CORE_LIMIT", _parse_bool,
-            "tell HAMi-core not to limit SM use (default false)", nvidia_key="disableCoreLimit",
-            is_bool=True),
+            parse_optional_str, "LIBCUDA_LOG_LEVEL given to containers (0 error, 1 warn, "
+            "3 info, 4 debug)"),
+    _Option("disable_core_limit", "--disable-core-limit", "DISABLE_CORE_LIMIT", parse_bool,
+            "tell HAMi-core not to limit SM use (default false)"),
     _Option("preconfigured_device_memory_mib", "--preconfigured-device-memory",
-            "PRECONFIGURED_DEVICE_MEMORY", _parse_int,
-            "memory in MiB used for a GPU whose memory NVML cannot report (default 0: skip it)",
-            nvidia_key="preConfiguredDeviceMemory", node_key="preconfigureddevicememory"),
-    _Option("filter_uuids", "--filter-device-uuids", "FILTER_DEVICE_UUIDS", _parse_str_set,
+            "PRECONFIGURED_DEVICE_MEMORY", parse_int,
+            "memory in MiB used for a GPU whose memory NVML cannot report (default 0: skip it)"),
+    _Option("filter_uuids", "--filter-device-uuids", "FILTER_DEVICE_UUIDS", parse_str_set,
             "comma-separated GPU UUIDs this plugin leaves alone"),
     _Option("filter_indexes", "--filter-device-indexes", "FILTER_DEVICE_INDEXES",
-            _parse_int_set, "comma-separated NVML indexes of GPUs this plugin leaves alone"),
+            parse_int_set, "comma-separated NVML indexes of GPUs this plugin leaves alone"),
     _Option("enable_preferred_allocation", "--enable-preferred-allocation",
-            "ENABLE_PREFERRED_ALLOCATION", _parse_bool,
-            "offer GetPreferredAllocation to kubelet (default true)",
-            node_key="enablegetpreferredallocation", is_bool=True),
+            "ENABLE_PREFERRED_ALLOCATION", parse_bool,
+            "offer GetPreferredAllocation to kubelet (default true)"),
     _Option("metrics_bind_address", "--metrics-bind-address", "METRICS_BIND_ADDRESS",
-            _parse_str, "where to serve Prometheus metrics at /metrics: :PORT, HOST:PORT, or 0 "
+            parse_str, "where to serve Prometheus metrics at /metrics: :PORT, HOST:PORT, or 0 "
             "(off) (default :9394)"),
     _Option("vgpu_resync_interval_seconds", "--vgpu-resync-interval", "HAMI_RESYNC_INTERVAL",
-            _parse_duration_seconds, "keep the HAMi-core directory of a container whose pod "
-            "left the node this long (Go duration or seconds, default 5m)"),
-    _Option("priority_feedback", "--priority-feedback", "PRIORITY_FEEDBACK", _parse_bool,
+            _parse_resync_seconds, "keep the HAMi-core directory of a container whose pod "
+            "left the node this long (a Go duration, default 5m)"),
+    _Option("priority_feedback", "--priority-feedback", "PRIORITY_FEEDBACK", parse_bool,
             "run HAMi's priority feedback loop over the containers' shared regions every 5 s "
-            "(default true)", is_bool=True),
+            "(default true)"),
 )  # fmt: skip
 
 _METAVARS = {
@@ -298,221 +206,66 @@ _METAVARS = {
     "metrics_bind_address": "ADDRESS",
     "vgpu_resync_interval_seconds": "DURATION",
 }
-_OPTIONS_BY_FIELD = {option.field: option for option in _OPTIONS}
-_NVIDIA_KEYS = {o.nvidia_key.lower(): o.field for o in _OPTIONS if o.nvidia_key}
-_NODE_KEYS = {o.node_key: o.field for o in _OPTIONS if o.node_key}
 
-# Settings that are not fields of DevicePluginSettings but shape them.
-_CONFIG_FILE = ("--config-file", "CONFIG_FILE")
-_NODE_CONFIG_FILE = ("--node-config-file", "NODE_CONFIG_FILE")
-_DISABLE_HEALTHCHECKS = (
-    "--disable-healthchecks",
-    "DP_DISABLE_HEALTHCHECKS",
-    "disable_healthchecks",
-)
-_ENABLE_HEALTHCHECKS = ("--enable-healthchecks", "DP_ENABLE_HEALTHCHECKS", "enable_healthchecks")
-
-# HAMi node-config keys we read but that only have one supported value here.
-_NODE_KEYS_CHECKED = {"operatingmode": "hami-core", "migstrategy": "none"}
-_NODE_KEYS_IGNORED = frozenset({"name"})
+# Settings that are not fields of DevicePluginSettings but shape them: (flag, env variable).
+_SHAPING = {
+    "config_file": ("--config-file", "CONFIG_FILE"),
+    "node_config_file": ("--node-config-file", "NODE_CONFIG_FILE"),
+    "disable_healthchecks": ("--disable-healthchecks", "DP_DISABLE_HEALTHCHECKS"),
+    "enable_healthchecks": ("--enable-healthchecks", "DP_ENABLE_HEALTHCHECKS"),
+}
+_FLAGS = {o.field: o.flag for o in _OPTIONS} | {k: flag for k, (flag, _) in _SHAPING.items()}
+_ENV = {o.field: o.env for o in _OPTIONS} | {k: env for k, (_, env) in _SHAPING.items()}
 
 _FLAT_KEYS = frozenset(
     {f.name for f in fields(DevicePluginSettings)}
     - {"ignored_xids", "healthchecks_disabled", "only_xids"}
-    | {_DISABLE_HEALTHCHECKS[2], _ENABLE_HEALTHCHECKS[2], "filter_devices"}
+    | {"disable_healthchecks", "enable_healthchecks", "filter_devices"}
 )
-
-
-def _dest(flag: str) -> str:
-    return flag.removeprefix("--").replace("-", "_")
+"""The keys the config file may set directly."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the device-plugin flags; every default is None so that env and files can apply."""
     for option in _OPTIONS:
-        help_text = f"{option.help} [env {option.env}]" if option.env else option.help
-        if option.is_bool:
-            parser.add_argument(
-                option.flag,
-                dest=_dest(option.flag),
-                nargs="?",
-                const="true",
-                default=None,
-                metavar="true|false",
-                help=help_text,
-            )
+        help_text = f"{option.help} [env {option.env}]"
+        if option.parse is parse_bool:
+            add_bool_flag(parser, option.flag, help=help_text)
         else:
             parser.add_argument(
                 option.flag,
-                dest=_dest(option.flag),
+                dest=flag_dest(option.flag),
                 default=None,
-                metavar=option.metavar,
+                metavar=_METAVARS.get(option.field, "VALUE"),
                 help=help_text,
             )
     parser.add_argument(
-        _CONFIG_FILE[0],
-        dest=_dest(_CONFIG_FILE[0]),
+        "--config-file",
         default=None,
         metavar="FILE",
         help="YAML config file (HAMi device ConfigMap shape or flat keys) [env CONFIG_FILE]",
     )
     parser.add_argument(
-        _NODE_CONFIG_FILE[0],
-        dest=_dest(_NODE_CONFIG_FILE[0]),
+        "--node-config-file",
         default=None,
         metavar="FILE",
         help='per-node override file, HAMi\'s config.json {"nodeconfig": [...]} '
         "[env NODE_CONFIG_FILE]",
     )
     parser.add_argument(
-        _DISABLE_HEALTHCHECKS[0],
-        dest=_dest(_DISABLE_HEALTHCHECKS[0]),
+        "--disable-healthchecks",
         default=None,
         metavar="all|XIDS",
         help="'all' or 'xids' turns health checks off; a comma list of Xids adds them to the "
         "ignored ones [env DP_DISABLE_HEALTHCHECKS]",
     )
     parser.add_argument(
-        _ENABLE_HEALTHCHECKS[0],
-        dest=_dest(_ENABLE_HEALTHCHECKS[0]),
+        "--enable-healthchecks",
         default=None,
         metavar="all|XIDS",
         help="comma list of Xids to count even if ignored by default, or 'all' "
         "[env DP_ENABLE_HEALTHCHECKS]",
     )
-
-
-# --- config files -------------------------------------------------------------------------------
-
-
-def _read_yaml(path: str, what: str) -> object:
-    try:
-        with open(path, encoding="utf-8") as stream:
-            return yaml.safe_load(stream)
-    except OSError as error:
-        raise SettingsError(f"{what} {path}: cannot read: {error.strerror or error}") from None
-    except yaml.YAMLError as error:
-        where = ""
-        mark = getattr(error, "problem_mark", None)
-        if mark is not None:
-            where = f" at line {mark.line + 1}, column {mark.column + 1}"
-        problem = getattr(error, "problem", None) or str(error)
-        raise SettingsError(f"{what} {path}: not valid YAML{where}: {problem}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class _Layer:
-    """Raw values from one source, keyed by field name; `keys` says how each was spelled."""
-
-    label: str
-    values: dict[str, object]
-    keys: dict[str, str]
-
-
-def _filter_devices_values(raw: object, where: str) -> dict[str, object]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise SettingsError(f"{where}: expected a mapping with 'uuid' and 'index' lists")
-    values: dict[str, object] = {}
-    for key, value in raw.items():
-        name = str(key).lower()
-        if name == "uuid":
-            values["filter_uuids"] = [] if value is None else value
-        elif name == "index":
-            values["filter_indexes"] = [] if value is None else value
-        else:
-            raise SettingsError(f"{where}: unknown key {key!r} (known: uuid, index)")
-    return values
-
-
-def _config_file_layer(path: str, document: object) -> tuple[_Layer, list[object]]:
-    """Split a config file into its settings layer and its `nodeconfig` entries."""
-    label = f"config file {path}"
-    if document is None:
-        return _Layer(label, {}, {}), []
-    if not isinstance(document, Mapping):
-        raise SettingsError(f"{label}: expected a mapping at the top level")
-    values: dict[str, object] = {}
-    keys: dict[str, str] = {}
-    nvidia = document.get("nvidia")
-    if nvidia is not None:
-        if not isinstance(nvidia, Mapping):
-            raise SettingsError(f"{label}: 'nvidia' must be a mapping")
-        for key, value in nvidia.items():
-            field_name = _NVIDIA_KEYS.get(str(key).lower())
-            if field_name is not None and value is not None:
-                values[field_name] = value
-                keys[field_name] = f"nvidia.{key}"
-    node_entries: list[object] = []
-    for key, value in document.items():
-        name = str(key)
-        if name == "nvidia":
-            continue
-        if name == "nodeconfig":
-            if value is not None and not isinstance(value, list):
-                raise SettingsError(f"{label}: 'nodeconfig' must be a list")
-            node_entries = list(value or [])
-        elif name == "filter_devices":
-            for field_name, item in _filter_devices_values(value, f"{label}: {name}").items():
-                values[field_name] = item
-                keys[field_name] = name
-        elif name in _FLAT_KEYS:
-            values[name] = value
-            keys[name] = name
-        elif not isinstance(value, Mapping | list):
-            # Mappings and lists are other vendors' sections of HAMi's ConfigMap; a scalar we
-            # do not know is most likely a typo.
-            known = ", ".join(sorted(_FLAT_KEYS))
-            raise SettingsError(f"{label}: unknown setting {name!r} (known: {known})")
-    return _Layer(label, values, keys), node_entries
-
-
-def _node_layer(entries: Sequence[object], node_name: str, source: str) -> _Layer | None:
-    """The override layer for `node_name` from HAMi `nodeconfig` entries, if one names it."""
-    label = f"nodeconfig entry for {node_name!r} in {source}"
-    for position, entry in enumerate(entries):
-        if not isinstance(entry, Mapping):
-            raise SettingsError(f"{source}: nodeconfig[{position}] must be a mapping")
-        if str(entry.get("name", "")) != node_name:
-            continue
-        values: dict[str, object] = {}
-        keys: dict[str, str] = {}
-        for key, value in entry.items():
-            name = str(key).lower()
-            if value is None or name in _NODE_KEYS_IGNORED:
-                continue
-            if name in _NODE_KEYS_CHECKED:
-                expected = _NODE_KEYS_CHECKED[name]
-                if str(value).lower() != expected:
-                    raise SettingsError(
-                        f"{label}: {key}={value!r} is not supported (only {expected!r})"
-                    )
-            elif name == "filterdevices":
-                for field_name, item in _filter_devices_values(value, f"{label}: {key}").items():
-                    values[field_name] = item
-                    keys[field_name] = str(key)
-            elif name in _NODE_KEYS:
-                values[_NODE_KEYS[name]] = value
-                keys[_NODE_KEYS[name]] = str(key)
-            else:
-                logger.warning("%s: ignoring unknown key %r", label, key)
-        return _Layer(label, values, keys)
-    return None
-
-
-def _node_config_entries(path: str) -> list[object]:
-    document = _read_yaml(path, "node config file")
-    if document is None:
-        return []
-    if not isinstance(document, Mapping):
-        raise SettingsError(f"node config file {path}: expected a mapping at the top level")
-    entries = document.get("nodeconfig")
-    if entries is None:
-        return []
-    if not isinstance(entries, list):
-        raise SettingsError(f"node config file {path}: 'nodeconfig' must be a list")
-    return entries
 
 
 # --- health-check Xid lists -----------------------------------------------------------------
@@ -569,13 +322,6 @@ def _health_fields(
 # --- resolution -------------------------------------------------------------------------------
 
 
-def _first(*candidates: tuple[object, str]) -> tuple[object, str] | None:
-    for value, label in candidates:
-        if value is not None:
-            return value, label
-    return None
-
-
 def _default_socket_name(resource_name: str) -> str:
     # HAMi names the socket nvidia-<resource suffix>: nvidia.com/gpu -> nvidia-gpu.sock.
     return f"nvidia-{resource_name.rsplit('/', 1)[-1]}.sock"
@@ -584,111 +330,59 @@ def _default_socket_name(resource_name: str) -> str:
 def resolve_settings(args: argparse.Namespace, env: Mapping[str, str]) -> DevicePluginSettings:
     """Merge flags > env > per-node override > config file > defaults, then validate.
 
-    `args` comes from a parser set up by `add_arguments`. Raises SettingsError naming the
+    `args` comes from a parser set up by `add_arguments`. Raises ConfigError naming the
     flag, env variable or file key whose value is wrong.
     """
-
-    def flag_value(flag: str) -> object:
-        return getattr(args, _dest(flag), None)
-
-    def env_value(name: str | None) -> str | None:
-        return env.get(name) if name else None
-
-    config_file = _first(
-        (flag_value(_CONFIG_FILE[0]), _CONFIG_FILE[0]),
-        (env_value(_CONFIG_FILE[1]), _CONFIG_FILE[1]),
-    )
-    layers: list[_Layer] = []
+    flags = flag_layer(args, _FLAGS)
+    environment = env_layer(env, _ENV)
+    config_path = resolve("config_file", parse_optional_str, [environment, flags])
+    file_layers: list[Layer] = []
     node_entries: list[object] = []
-    config_path: str | None = None
-    if config_file is not None and str(config_file[0]):
-        config_path = str(config_file[0])
-        file_layer, node_entries = _config_file_layer(
-            config_path, _read_yaml(config_path, "config file")
-        )
-        layers.append(file_layer)
-
-    env_layer = _Layer("environment", {}, {})
-    flag_layer = _Layer("command line", {}, {})
-    for option in _OPTIONS:
-        raw_env = env_value(option.env)
-        # An empty variable (a chart's `value: ""`) counts as unset.
-        if raw_env and option.env is not None:
-            env_layer.values[option.field] = raw_env
-            env_layer.keys[option.field] = option.env
-        raw_flag = flag_value(option.flag)
-        if raw_flag is not None:
-            flag_layer.values[option.field] = raw_flag
-            flag_layer.keys[option.field] = option.flag
+    if config_path is not None:
+        file_layer, node_entries = config_file_layer(config_path, _FLAT_KEYS)
+        file_layers.append(file_layer)
 
     # The node name picks the override entry, so it is resolved from the other layers first.
-    node_name = _resolve_field("node_name", [*layers, env_layer, flag_layer])
+    node_name = resolve("node_name", parse_optional_str, [*file_layers, environment, flags])
     if not node_name:
-        raise SettingsError("node name is required: set --node-name or NODE_NAME")
-    node_layers: list[_Layer] = []
+        raise ConfigError("node name is required: set --node-name or NODE_NAME")
+    node_layers: list[Layer] = []
     if config_path is not None:
-        found = _node_layer(node_entries, node_name, f"config file {config_path}")
+        found = node_layer(node_entries, node_name, f"config file {config_path}")
         if found is not None:
             node_layers.append(found)
-    node_file = _first(
-        (flag_value(_NODE_CONFIG_FILE[0]), _NODE_CONFIG_FILE[0]),
-        (env_value(_NODE_CONFIG_FILE[1]), _NODE_CONFIG_FILE[1]),
-    )
-    if node_file is not None and str(node_file[0]):
-        path = str(node_file[0])
-        found = _node_layer(_node_config_entries(path), node_name, f"node config file {path}")
+    node_path = resolve("node_config_file", parse_optional_str, [environment, flags])
+    if node_path is not None:
+        source = f"node config file {node_path}"
+        found = node_layer(node_config_entries(node_path), node_name, source)
         if found is not None:
             node_layers.append(found)
 
-    ordered = [*layers, *node_layers, env_layer, flag_layer]
+    ordered = [*file_layers, *node_layers, environment, flags]
     values: dict[str, Any] = {"node_name": node_name}
     for option in _OPTIONS:
         if option.field == "node_name":
             continue
-        resolved = _resolve_field(option.field, ordered)
+        resolved = resolve(option.field, option.parse, ordered)
         if resolved is not None:
             values[option.field] = resolved
     if "socket_name" not in values:
         values["socket_name"] = _default_socket_name(values.get("resource_name", RESOURCE_GPU))
 
-    health_raw: list[str | None] = []
-    health_labels: list[str] = []
-    for flag, env_name, file_key in (_DISABLE_HEALTHCHECKS, _ENABLE_HEALTHCHECKS):
-        file_value = layers[0].values.get(file_key) if layers else None
-        chosen = _first(
-            (flag_value(flag), flag),
-            (env_value(env_name), env_name),
-            (file_value, f"config file {config_path}: {file_key}"),
-        )
-        health_raw.append(None if chosen is None else str(chosen[0]))
-        health_labels.append("" if chosen is None else chosen[1])
+    health_layers = [*file_layers, environment, flags]
+    disable = pick("disable_healthchecks", health_layers) or (None, "")
+    enable = pick("enable_healthchecks", health_layers) or (None, "")
     values.update(
-        _health_fields(health_raw[0], health_raw[1], (health_labels[0], health_labels[1]))
+        _health_fields(
+            None if disable[0] is None else str(disable[0]),
+            None if enable[0] is None else str(enable[0]),
+            (disable[1], enable[1]),
+        )
     )
 
     settings = DevicePluginSettings(**values)
     _validate(settings)
     return settings
-
-
-def _resolve_field(field_name: str, ordered_layers: Sequence[_Layer]) -> Any:
-    """Parse the value of one field from the highest layer that sets it (None if none does)."""
-    for layer in reversed(ordered_layers):
-        if field_name in layer.values:
-            raw = layer.values[field_name]
-            if raw is None:
-                return None
-            try:
-                return _OPTIONS_BY_FIELD[field_name].parse(raw)
-            except ValueError as error:
-                where = layer.keys.get(field_name, field_name)
-                label = (
-                    where
-                    if layer.label in ("environment", "command line")
-                    else (f"{layer.label}: {where}")
-                )
-                raise SettingsError(f"{label}: {error}") from None
-    return None
 
 
 def _validate(settings: DevicePluginSettings) -> None:
@@ -727,4 +421,4 @@ def _validate(settings: DevicePluginSettings) -> None:
     if any(index < 0 for index in settings.filter_indexes):
         problems.append("filtered device indexes must be >= 0")
     if problems:
-        raise SettingsError("; ".join(problems))
+        raise ConfigError("; ".join(problems))

@@ -49,18 +49,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import random
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
 
-from hami_plugin.kube.client import Conflict, KubeError, LeaseRecord, NotFound, ObjectList
+from hami_plugin.kube.api import LeaseApi
+from hami_plugin.kube.errors import Conflict, KubeError, NotFound
+from hami_plugin.kube.records import LeaseRecord
 
 __all__ = [
     "DEFAULT_LEASE_DURATION_SECONDS",
@@ -74,8 +74,7 @@ __all__ = [
     "ROLE_LEADER",
     "ElectionConfig",
     "LeaderElector",
-    "LeaseApi",
-    "identity_from_env",
+    "holder_identity",
 ]
 
 logger = logging.getLogger(__name__)
@@ -99,36 +98,12 @@ ROLE_FOLLOWER = "follower"
 _RELEASED_LEASE_SECONDS = 1  # what client-go's release() writes
 
 
-class LeaseApi(Protocol):
-    """The API calls the elector makes; `hami_plugin.kube.client.KubeClient` provides them."""
-
-    def get_lease(self, namespace: str, name: str) -> LeaseRecord: ...
-
-    def create_lease(self, record: LeaseRecord) -> LeaseRecord: ...
-
-    def update_lease(self, record: LeaseRecord) -> LeaseRecord: ...
-
-    def deadline(self, seconds: float) -> contextlib.AbstractContextManager[None]: ...
-
-    def patch_pod_metadata(
-        self,
-        namespace: str,
-        name: str,
-        annotations: Mapping[str, str | None],
-        labels: Mapping[str, str | None] | None = None,
-    ) -> object: ...
-
-    def list_objects(self, path: str, *, label_selector: str | None = None) -> ObjectList: ...
-
-
-def identity_from_env(environ: Mapping[str, str] | None = None, hostname: str | None = None) -> str:
-    """This replica's holder identity: `$POD_NAME` (unique among running pods, and a restarted
-    container takes its own lease back at once), else `<hostname>_<random UUID>` as
+def holder_identity(pod_name: str, hostname: str | None = None) -> str:
+    """This replica's holder identity: its pod's name (unique among running pods, and a
+    restarted container takes its own lease back at once), else `<hostname>_<random UUID>` as
     kube-scheduler builds it."""
-    environ = os.environ if environ is None else environ
-    pod = environ.get("POD_NAME", "").strip()
-    if pod:
-        return pod
+    if pod_name:
+        return pod_name
     return f"{hostname or socket.gethostname()}_{uuid.uuid4()}"
 
 
@@ -172,28 +147,28 @@ class ElectionConfig:
             )
 
     @classmethod
-    def from_env(
+    def from_flags(
         cls,
         name: str = "",
         namespace: str = "",
-        environ: Mapping[str, str] | None = None,
         *,
+        pod_namespace: str = "",
+        pod_name: str = "",
         lease_duration_seconds: int = DEFAULT_LEASE_DURATION_SECONDS,
         renew_deadline_seconds: float = DEFAULT_RENEW_DEADLINE_SECONDS,
         retry_period_seconds: float = DEFAULT_RETRY_PERIOD_SECONDS,
     ) -> ElectionConfig:
         """The configuration for flags `--leader-elect-resource-name`/`-namespace` ("" : the
-        default): the namespace falls back to `$POD_NAMESPACE`, then `DEFAULT_LEASE_NAMESPACE`;
-        the identity is `identity_from_env`; the pod labelled is `$POD_NAMESPACE/$POD_NAME`
-        when both are set. Raises ValueError as the constructor does."""
-        environ = os.environ if environ is None else environ
-        pod_namespace = environ.get("POD_NAMESPACE", "").strip()
-        pod_name = environ.get("POD_NAME", "").strip()
+        default) in this replica's pod (`pod_namespace`/`pod_name`, resolved once from
+        `$POD_NAMESPACE`/`$POD_NAME` by the settings; "" outside a pod): the namespace falls
+        back to `pod_namespace`, then `DEFAULT_LEASE_NAMESPACE`; the identity is
+        `holder_identity(pod_name)`; the pod labelled is that pod when both are known. Raises
+        ValueError as the constructor does."""
         labelled = bool(pod_namespace and pod_name)
         return cls(
             namespace=namespace or pod_namespace or DEFAULT_LEASE_NAMESPACE,
             name=name or DEFAULT_LEASE_NAME,
-            identity=identity_from_env(environ),
+            identity=holder_identity(pod_name),
             lease_duration_seconds=lease_duration_seconds,
             renew_deadline_seconds=renew_deadline_seconds,
             retry_period_seconds=retry_period_seconds,

@@ -1,10 +1,13 @@
 """`hami scheduler`'s configuration: flags (HAMi's names), environment and the device config
 file, resolved and validated once at start (precedence: flag > environment > file > default).
+Nothing reads the environment after `resolve_config`: the pod's own name and namespace (for
+leader election) and `$KUBECONFIG` are resolved here too.
 
-Durations are Go durations (`5m`, `28s`, `1m30s`), as HAMi's flags take them. HAMi's underscore
+Booleans and durations are Go's (`--leader-elect=true`, `5m`, `28s`, `1m30s`), as HAMi's pflag
+flags take them (`hami_plugin.config.values`). HAMi's underscore
 spellings `--http_bind`, `--cert_file`, `--key_file` are accepted as aliases of the kebab-case
 flags. `--device-config-file` is HAMi's device ConfigMap (`device-config.yaml`); its `nvidia:`
-section gives the request defaults and resource names (reference 3.12).
+section gives the request defaults and resource names (`docs/hami-reference.md` 3.12).
 """
 
 from __future__ import annotations
@@ -17,19 +20,27 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-import yaml
-
+from hami_plugin.config import (
+    ConfigError,
+    add_bool_flag,
+    env_layer,
+    flag_layer,
+    parse_bool,
+    parse_duration,
+    parse_optional_str,
+    parse_setting,
+    read_yaml,
+    resolve,
+)
 from hami_plugin.protocol.codec import (
     AnnotationError,
     parse_gpu_policy,
     parse_node_policy,
 )
-from hami_plugin.protocol.govalues import parse_go_duration
 from hami_plugin.scheduler.settings import ResourceNames, SchedulerSettings
 from hami_plugin.scheduler.webhook import GpuCorePolicy, WebhookSettings
 
 __all__ = [
-    "ConfigError",
     "SchedulerConfig",
     "add_arguments",
     "parse_host_port",
@@ -40,16 +51,18 @@ __all__ = [
 DEFAULT_HTTP_BIND = "127.0.0.1:8080"
 DEFAULT_HTTPS_BIND = "0.0.0.0:443"
 ENV_NODE_LOCK_EXPIRE = "HAMI_NODELOCK_EXPIRE"
+ENV_POD_NAME = "POD_NAME"
+ENV_POD_NAMESPACE = "POD_NAMESPACE"
 LOG_LEVELS = ("debug", "info", "warning", "error")
-
-
-class ConfigError(ValueError):
-    """A flag, variable or file that cannot be used; the message names it."""
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """Everything `hami scheduler` runs with. Durations in seconds unless typed."""
+    """Everything `hami scheduler` runs with. Durations in seconds unless typed.
+
+    `pod_namespace`/`pod_name` are this replica's pod (`$POD_NAMESPACE`/`$POD_NAME` from the
+    downward API; "" outside a pod): the leader election's default namespace and identity.
+    """
 
     kubeconfig: str | None = None
     http_host: str = "127.0.0.1"
@@ -73,6 +86,8 @@ class SchedulerConfig:
     metrics_bind_address: str = ":9395"
     max_body_bytes: int = 1024 * 1024
     log_level: str = "info"
+    pod_namespace: str = ""
+    pod_name: str = ""
 
     @property
     def tls(self) -> bool:
@@ -102,14 +117,22 @@ def parse_host_port(text: str) -> tuple[str, int]:
     return host or "0.0.0.0", port
 
 
-def _duration(text: str, flag: str, *, allow_zero: bool = False) -> timedelta:
-    try:
-        value = parse_go_duration(text)
-    except ValueError as error:
-        raise ConfigError(f"{flag}: {error}") from None
-    if value < timedelta(0) or (value == timedelta(0) and not allow_zero):
-        raise ConfigError(f"{flag}: {text!r} must be positive")
+def _positive_duration(raw: object) -> timedelta:
+    value = parse_duration(raw)
+    if value <= timedelta(0):
+        raise ValueError(f"{raw!r} must be positive")
     return value
+
+
+def _duration_or_zero(raw: object) -> timedelta:
+    value = parse_duration(raw)
+    if value < timedelta(0):
+        raise ValueError(f"{raw!r} must not be negative")
+    return value
+
+
+def _duration(text: object, flag: str) -> timedelta:
+    return parse_setting(flag, text, _positive_duration)
 
 
 def _election_timings(args: argparse.Namespace) -> tuple[int, float, float]:
@@ -168,11 +191,7 @@ _NVIDIA_KEYS: dict[str, type] = {
 def read_device_config(path: str) -> dict[str, Any]:
     """The `nvidia:` keys the scheduler uses from HAMi's device config YAML (other keys and
     vendors are ignored). Raises ConfigError naming the file and the key."""
-    try:
-        with open(path, encoding="utf-8") as stream:
-            document = yaml.safe_load(stream)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        raise ConfigError(f"--device-config-file {path}: {error}") from None
+    document = read_yaml(path, "--device-config-file")
     if document is None:
         return {}
     if not isinstance(document, Mapping):
@@ -201,7 +220,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--kubeconfig",
         metavar="PATH",
-        help="kubeconfig file ($KUBECONFIG, else in-cluster)",
+        help="kubeconfig file (env KUBECONFIG, else in-cluster)",
     )
     add(
         "--http-bind",
@@ -258,7 +277,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="how long a filter booking that no bind follows holds its GPUs (30s)",
     )
-    add("--leader-elect", action="store_true", help="elect one active replica through a Lease")
+    add_bool_flag(
+        parser,
+        "--leader-elect",
+        default="false",
+        help="elect one active replica through a Lease (false)",
+    )
     add(
         "--leader-elect-resource-name",
         default="",
@@ -269,7 +293,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--leader-elect-resource-namespace",
         default="",
         metavar="NS",
-        help="the Lease's namespace ($POD_NAMESPACE, else kube-system)",
+        help=f"the Lease's namespace (env {ENV_POD_NAMESPACE}, else kube-system)",
     )
     add(
         "--leader-elect-lease-duration",
@@ -306,10 +330,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="HAMi's device config YAML; its nvidia: section sets defaults and resource names",
     )
-    add(
+    add_bool_flag(
+        parser,
         "--force-overwrite-default-scheduler",
         default="true",
-        metavar="BOOL",
         help="the webhook also takes pods of default-scheduler (true)",
     )
     add(
@@ -322,13 +346,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--log-level", default="info", choices=LOG_LEVELS, help="log level (info)")
 
 
-def _bool(text: str, flag: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "t", "true", "yes"):
-        return True
-    if lowered in ("0", "f", "false", "no"):
-        return False
-    raise ConfigError(f"{flag}: {text!r} is not a boolean")
+# The settings a flag or the environment may set (flag > environment).
+_FLAGS = {"node_lock_timeout": "--node-lock-timeout", "kubeconfig": "--kubeconfig"}
+_ENV = {"node_lock_timeout": ENV_NODE_LOCK_EXPIRE, "kubeconfig": "KUBECONFIG"}
 
 
 def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> SchedulerConfig:
@@ -344,13 +364,11 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
         gpu_policy = parse_gpu_policy(args.gpu_scheduler_policy, key="--gpu-scheduler-policy")
     except AnnotationError as error:
         raise ConfigError(str(error)) from None
-    if args.node_lock_timeout is not None:
-        lock_timeout = _duration(args.node_lock_timeout, "--node-lock-timeout")
-    elif env.get(ENV_NODE_LOCK_EXPIRE):
-        lock_timeout = _duration(env[ENV_NODE_LOCK_EXPIRE], ENV_NODE_LOCK_EXPIRE)
-    else:
-        lock_timeout = timedelta(minutes=5)
-    retry = _duration(args.node_lock_retry_timeout, "--node-lock-retry-timeout", allow_zero=True)
+    layers = [env_layer(env, _ENV), flag_layer(args, _FLAGS)]
+    lock_timeout = resolve("node_lock_timeout", _positive_duration, layers) or timedelta(minutes=5)
+    retry = parse_setting(
+        "--node-lock-retry-timeout", args.node_lock_retry_timeout, _duration_or_zero
+    )
     allocation = _duration(args.allocation_timeout, "--allocation-timeout")
     ttl = _duration(args.filter_booking_ttl, "--filter-booking-ttl")
     lease, renew, retry_period = _election_timings(args)
@@ -376,8 +394,10 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
         )
         webhook = WebhookSettings(
             scheduler_name=args.scheduler_name,
-            force_overwrite_default_scheduler=_bool(
-                args.force_overwrite_default_scheduler, "--force-overwrite-default-scheduler"
+            force_overwrite_default_scheduler=parse_setting(
+                "--force-overwrite-default-scheduler",
+                args.force_overwrite_default_scheduler,
+                parse_bool,
             ),
             default_gpu_num=device.get("defaultGPUNum", 1),
             overwrite_env=device.get("overwriteEnv", False),
@@ -388,7 +408,7 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
     except ValueError as error:
         raise ConfigError(f"device config: {error}") from None
     return SchedulerConfig(
-        kubeconfig=args.kubeconfig,
+        kubeconfig=resolve("kubeconfig", parse_optional_str, layers),
         http_host=host,
         http_port=port,
         cert_file=cert,
@@ -400,7 +420,7 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
         node_lock_retry_timeout_seconds=retry.total_seconds(),
         allocation_timeout_seconds=allocation.total_seconds(),
         filter_booking_ttl_seconds=ttl.total_seconds(),
-        leader_elect=args.leader_elect,
+        leader_elect=parse_setting("--leader-elect", args.leader_elect, parse_bool),
         leader_elect_resource_name=args.leader_elect_resource_name,
         leader_elect_resource_namespace=args.leader_elect_resource_namespace,
         leader_elect_lease_duration_seconds=lease,
@@ -410,4 +430,6 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
         metrics_bind_address=args.metrics_bind_address,
         max_body_bytes=args.max_body_bytes,
         log_level=args.log_level,
+        pod_namespace=env.get(ENV_POD_NAMESPACE, "").strip(),
+        pod_name=env.get(ENV_POD_NAME, "").strip(),
     )

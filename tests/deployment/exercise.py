@@ -10,13 +10,11 @@ changes which calls a daemon makes (leader election, the Lease's name) is exerci
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import tempfile
 import threading
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -42,8 +40,9 @@ from tests.deployment.manifests import (
 )
 from tests.deployment.rbac import Access, access_of
 from tests.deviceplugin import pods as dp_pods
-from tests.extender.cluster import FAST_RETRY, running_scheduler, wait_until
+from tests.extender.cluster import FAST_RETRY, running_scheduler
 from tests.extender.helpers import gpu_node, gpu_pod
+from tests.processes import wait_until
 
 POD_NAME = "hami-scheduler-5d8c9-abcde"
 
@@ -190,21 +189,6 @@ def device_plugin_requests(objects: Sequence[Obj], directory: Path) -> list[Reco
 # --- the scheduler ------------------------------------------------------------------------------
 
 
-@contextmanager
-def _patched_env(env: Mapping[str, str]) -> Iterator[None]:
-    """`env` in os.environ for the block (the elector reads POD_NAME/POD_NAMESPACE there)."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def scheduler_requests(objects: Sequence[Obj], directory: Path) -> list[RecordedRequest]:
     """Run `hami scheduler` as the Deployment configures it (leader election included):
     watches, the webhook, filter with and without a fit, bind on a node with HAMi's node lock
@@ -231,16 +215,13 @@ def scheduler_requests(objects: Sequence[Obj], directory: Path) -> list[Recorded
         api.add_object(gpu_node("hami-node", 1, split=2))  # HAMi's plugin: node lock
         api.add_object(gpu_node("our-node", 1, split=2, protocol=True))  # in-flight protocol
         api.add_object(gpu_node("stale-lock", 1, annotations={ANNOTATION_NODE_LOCK: stale}))
-        with (
-            _patched_env(env),
-            running_scheduler(
-                api,
-                config,
-                clock=clock,
-                node_lock_retry_timeout_seconds=5.0,
-                allocation_timeout_seconds=120,
-            ) as scheduler,
-        ):
+        with running_scheduler(
+            api,
+            config,
+            clock=clock,
+            node_lock_retry_timeout_seconds=5.0,
+            allocation_timeout_seconds=120,
+        ) as scheduler:
             wait_until(
                 lambda: (
                     (api.get_pod(namespace, POD_NAME) or {})["metadata"]["labels"].get(

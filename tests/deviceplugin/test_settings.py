@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from hami_plugin.config import ConfigError
 from hami_plugin.deviceplugin.settings import (
     DEFAULT_IGNORED_XIDS,
     DevicePluginSettings,
-    SettingsError,
     add_arguments,
     resolve_settings,
 )
@@ -40,7 +40,7 @@ def test_defaults_need_only_a_node_name() -> None:
 
 
 def test_node_name_is_required() -> None:
-    with pytest.raises(SettingsError, match=r"node name is required: set --node-name or NODE_NAME"):
+    with pytest.raises(ConfigError, match=r"node name is required: set --node-name or NODE_NAME"):
         resolve([])
 
 
@@ -62,11 +62,11 @@ def test_every_flag_has_an_env_variable() -> None:
         "HEALTH_WAIT_MS": "100",
         "REGISTER_INTERVAL_SECONDS": "5",
         "LIBCUDA_LOG_LEVEL": "4",
-        "DISABLE_CORE_LIMIT": "yes",
+        "DISABLE_CORE_LIMIT": "t",
         "PRECONFIGURED_DEVICE_MEMORY": "1024",
         "FILTER_DEVICE_UUIDS": "GPU-a, GPU-b",
         "FILTER_DEVICE_INDEXES": "1,2",
-        "ENABLE_PREFERRED_ALLOCATION": "off",
+        "ENABLE_PREFERRED_ALLOCATION": "False",
     }
     settings = resolve([], env)
     assert settings == DevicePluginSettings(
@@ -99,7 +99,7 @@ def test_empty_env_variables_count_as_unset() -> None:
     settings = resolve([], {"NODE_NAME": "n", "DEVICE_SPLIT_COUNT": "", "KUBECONFIG": ""})
     assert settings.split_count == 10
     assert settings.kubeconfig is None
-    with pytest.raises(SettingsError, match="node name is required"):
+    with pytest.raises(ConfigError, match="node name is required"):
         resolve([], {"NODE_NAME": ""})
 
 
@@ -193,7 +193,8 @@ def test_nvidia_keys_match_case_insensitively(tmp_path: Path) -> None:
         ([], {"DEVICE_MEMORY_SCALING": "-1"}, "device memory scaling must be > 0"),
         ([], {"DEVICE_MEMORY_SCALING": "lots"}, "DEVICE_MEMORY_SCALING: expected a number"),
         (["--device-cores-scaling", "0"], {}, "device cores scaling must be > 0"),
-        (["--fail-on-init-error", "maybe"], {}, "--fail-on-init-error: expected true or false"),
+        (["--fail-on-init-error", "maybe"], {}, '--fail-on-init-error: invalid boolean "maybe"'),
+        ([], {"FAIL_ON_INIT_ERROR": "on"}, 'FAIL_ON_INIT_ERROR: invalid boolean "on"'),
         (["--nvml", "cuda"], {}, "--nvml must be 'nvml' or 'fake'"),
         (["--nvml", "fake"], {}, "--nvml fake needs --fake-gpus FILE"),
         (["--resource-name", "gpu"], {}, "resource name must look like <domain>/<name>"),
@@ -205,14 +206,14 @@ def test_nvidia_keys_match_case_insensitively(tmp_path: Path) -> None:
 def test_invalid_values_name_their_source(
     argv: list[str], env: dict[str, str], message: str
 ) -> None:
-    with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         resolve(["--node-name", "n", *argv], env)
 
 
 def test_bad_value_in_config_file_names_file_and_key(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("nvidia:\n  deviceSplitCount: many\n")
-    with pytest.raises(SettingsError) as caught:
+    with pytest.raises(ConfigError) as caught:
         resolve(["--node-name", "n", "--config-file", str(config)])
     assert str(caught.value) == (
         f"config file {config}: nvidia.deviceSplitCount: expected an integer, got 'many'"
@@ -222,14 +223,14 @@ def test_bad_value_in_config_file_names_file_and_key(tmp_path: Path) -> None:
 def test_bad_value_in_node_entry_names_the_entry(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("nodeconfig:\n  - name: n\n    devicesplitcount: true\n")
-    with pytest.raises(SettingsError, match=r"nodeconfig entry for 'n' .*devicesplitcount"):
+    with pytest.raises(ConfigError, match=r"nodeconfig entry for 'n' .*devicesplitcount"):
         resolve(["--node-name", "n", "--config-file", str(config)])
 
 
 def test_unsupported_operating_mode_for_this_node_is_an_error(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("nodeconfig:\n  - {name: n, operatingmode: mig}\n  - {name: m}\n")
-    with pytest.raises(SettingsError, match=r"operatingmode='mig' is not supported"):
+    with pytest.raises(ConfigError, match=r"operatingmode='mig' is not supported"):
         resolve(["--node-name", "n", "--config-file", str(config)])
     assert resolve(["--node-name", "m", "--config-file", str(config)]).split_count == 10
 
@@ -247,14 +248,14 @@ def test_unsupported_operating_mode_for_this_node_is_an_error(tmp_path: Path) ->
 def test_bad_config_files_give_one_clear_error(tmp_path: Path, content: str, message: str) -> None:
     config = tmp_path / "config.yaml"
     config.write_text(content)
-    with pytest.raises(SettingsError, match=message) as caught:
+    with pytest.raises(ConfigError, match=message) as caught:
         resolve(["--node-name", "n", "--config-file", str(config)])
     assert str(config) in str(caught.value)
 
 
 def test_missing_config_file(tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
-    with pytest.raises(SettingsError, match=rf"config file {missing}: cannot read"):
+    with pytest.raises(ConfigError, match=rf"config file {missing}: cannot read"):
         resolve(["--node-name", "n", "--config-file", str(missing)])
 
 
@@ -309,3 +310,18 @@ def test_healthcheck_flag_beats_env() -> None:
     )
     assert settings.healthchecks_disabled is False
     assert 48 in settings.ignored_xids
+
+
+def test_the_resync_interval_is_a_go_duration(tmp_path: Path) -> None:
+    flagged = resolve(["--node-name", "n", "--vgpu-resync-interval", "1m30s"])
+    assert flagged.vgpu_resync_interval_seconds == 90.0
+    # HAMi reads HAMI_RESYNC_INTERVAL with time.ParseDuration, which wants a unit.
+    with pytest.raises(ConfigError, match=r"HAMI_RESYNC_INTERVAL: invalid duration '45'"):
+        resolve(["--node-name", "n"], {"HAMI_RESYNC_INTERVAL": "45"})
+    with pytest.raises(ConfigError, match=r"--vgpu-resync-interval: expected a duration that is"):
+        resolve(["--node-name", "n", "--vgpu-resync-interval=-1m"])
+    # In the config file a YAML number is seconds: the key says so.
+    config = tmp_path / "config.yaml"
+    config.write_text("vgpu_resync_interval_seconds: 45\n")
+    from_file = resolve(["--node-name", "n", "--config-file", str(config)])
+    assert from_file.vgpu_resync_interval_seconds == 45.0

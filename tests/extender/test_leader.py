@@ -23,9 +23,10 @@ from hami_plugin.extender.leader import (
     DEFAULT_LEASE_NAMESPACE,
     ElectionConfig,
     LeaderElector,
-    identity_from_env,
+    holder_identity,
 )
-from hami_plugin.kube.client import Conflict, LeaseRecord, NotFound, ObjectList, Retryable
+from hami_plugin.kube.errors import Conflict, NotFound, Retryable
+from hami_plugin.kube.records import LeaseRecord, ObjectList
 
 NAMESPACE = "hami-system"
 NAME = "hami-scheduler-extender"
@@ -472,14 +473,14 @@ def test_run_stops_leading_then_releases_on_stop(store: _Leases) -> None:
 
 
 def test_identity_is_the_pod_name_else_hostname_and_a_random_suffix() -> None:
-    assert identity_from_env({"POD_NAME": "hami-scheduler-7f9c"}) == "hami-scheduler-7f9c"
-    first = identity_from_env({}, hostname="box")
-    second = identity_from_env({}, hostname="box")
+    assert holder_identity("hami-scheduler-7f9c") == "hami-scheduler-7f9c"
+    first = holder_identity("", hostname="box")
+    second = holder_identity("", hostname="box")
     assert first.startswith("box_") and second.startswith("box_") and first != second
 
 
-def test_config_from_env_defaults() -> None:
-    config = ElectionConfig.from_env(environ={})
+def test_config_from_flags_defaults() -> None:
+    config = ElectionConfig.from_flags()
     assert (config.namespace, config.name) == (DEFAULT_LEASE_NAMESPACE, DEFAULT_LEASE_NAME)
     assert (config.pod_namespace, config.pod_name) == ("", "")
     assert (
@@ -488,11 +489,11 @@ def test_config_from_env_defaults() -> None:
         config.retry_period_seconds,
     ) == (15, 10.0, 2.0)
 
-    in_pod = ElectionConfig.from_env(environ={"POD_NAMESPACE": "hami", "POD_NAME": "s-1"})
+    in_pod = ElectionConfig.from_flags(pod_namespace="hami", pod_name="s-1")
     assert (in_pod.namespace, in_pod.identity) == ("hami", "s-1")
     assert (in_pod.pod_namespace, in_pod.pod_name) == ("hami", "s-1")
 
-    flags = ElectionConfig.from_env("mine", "elsewhere", {"POD_NAMESPACE": "hami"})
+    flags = ElectionConfig.from_flags("mine", "elsewhere", pod_namespace="hami")
     assert (flags.namespace, flags.name) == ("elsewhere", "mine")
     assert flags.pod_name == ""  # no POD_NAME: no pod to label
 

@@ -1,0 +1,55 @@
+"""The settings layer both daemons use: one grammar per kind of value, and flag > environment >
+file precedence, resolved and validated once at start.
+
+`values` holds the grammars (Go's booleans and durations, numbers, lists) and `ConfigError`;
+`sources` the layers a daemon stacks and resolves. Each daemon keeps its own table of settings
+(`deviceplugin.settings`, `extender.settings`); nothing reads the environment after them.
+"""
+
+from hami_plugin.config.sources import (
+    Layer,
+    add_bool_flag,
+    env_layer,
+    flag_dest,
+    flag_layer,
+    parse_setting,
+    pick,
+    read_yaml,
+    resolve,
+)
+from hami_plugin.config.values import (
+    BOOL_SPELLINGS,
+    ConfigError,
+    parse_bool,
+    parse_duration,
+    parse_float,
+    parse_int,
+    parse_int_set,
+    parse_optional_str,
+    parse_str,
+    parse_str_set,
+    split_list,
+)
+
+__all__ = [
+    "BOOL_SPELLINGS",
+    "ConfigError",
+    "Layer",
+    "add_bool_flag",
+    "env_layer",
+    "flag_dest",
+    "flag_layer",
+    "parse_bool",
+    "parse_duration",
+    "parse_float",
+    "parse_int",
+    "parse_int_set",
+    "parse_optional_str",
+    "parse_setting",
+    "parse_str",
+    "parse_str_set",
+    "pick",
+    "read_yaml",
+    "resolve",
+    "split_list",
+]
