@@ -2,7 +2,7 @@
 
 Routes (HAMi v2.10 `pkg/scheduler/routes/route.go`, reference 3.8):
 
-* `POST /filter`, `POST /bind`: the extender v1 JSON (`hami_plugin.scheduler.extender_api`),
+* `POST /filter`, `POST /bind`: the extender v1 JSON (`hami_plugin.extender.wire`),
   always HTTP 200 with `Error` set on a problem (malformed JSON, a body over the cap, a pod
   missing, "not the leader" on a follower), as HAMi answers; an empty body is HTTP 400;
 * `POST /webhook`: the AdmissionReview (`hami_plugin.scheduler.webhook`), answered on every
@@ -37,23 +37,27 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.extender.bind import Binder
-from hami_plugin.extender.state import FilterAnswer, PodEvent, SchedulerState
-from hami_plugin.scheduler.extender_api import (
+from hami_plugin.extender.events import PodEvent
+from hami_plugin.extender.filtering import FilterAnswer
+from hami_plugin.extender.state import SchedulerState
+from hami_plugin.extender.wire import (
     MAX_BODY_BYTES,
     ExtenderArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
     HttpReply,
+    admission_reply,
     binding_reply,
     decode_binding_request,
     decode_filter_request,
     filter_reply,
 )
+from hami_plugin.protocol.objects import ObjectError, read_pod
 from hami_plugin.scheduler.webhook import (
     WEBHOOK_MAX_BODY_BYTES,
     WebhookSettings,
-    admission_reply,
     review_admission_body,
 )
 
@@ -126,15 +130,16 @@ class ExtenderApp:
         return _text(200, "ok") if why is None else _text(503, why)
 
     def filter(self, body: bytes) -> HttpReply:
-        started = time.monotonic()
+        clock = self._state.clock
+        started = clock.monotonic()
         decoded = decode_filter_request(body, max_bytes=self.max_body_bytes)
         if isinstance(decoded, HttpReply):
-            self._state.observer.filter_done(time.monotonic() - started, "error")
+            self._state.observer.filter_done(clock.monotonic() - started, "error")
             return decoded
         answer = self._filter(decoded)
         for event in answer.events:
             self._record_event(event)
-        self._state.observer.filter_done(time.monotonic() - started, answer.outcome)
+        self._state.observer.filter_done(clock.monotonic() - started, answer.outcome)
         return filter_reply(
             ExtenderFilterResult(
                 nodes=tuple(answer.nodes) if answer.nodes is not None else None,
@@ -149,12 +154,18 @@ class ExtenderApp:
             return FilterAnswer(error=NOT_LEADER, outcome="error")
         if not self._state.synced:
             # HAMi waits for its first registration pass (route.go: WaitForCacheSync)
-            deadline = time.monotonic() + self._sync_wait
+            clock = self._state.clock
+            deadline = clock.monotonic() + self._sync_wait
             for synced in (self._state.pods_synced, self._state.nodes_synced):
-                synced.wait(max(0.0, deadline - time.monotonic()))
+                while not synced.is_set() and (left := deadline - clock.monotonic()) > 0:
+                    synced.wait(min(left, 1.0))
             if not self._state.synced:
                 return FilterAnswer(error="scheduler cache not synced yet", outcome="error")
-        return self._state.filter(args.pod, args.node_names, args.nodes)
+        try:
+            pod = read_pod(args.pod)
+        except ObjectError as error:
+            return FilterAnswer(error=f"invalid pod: {error}", outcome="error")
+        return self._state.filter(pod, args.node_names, args.nodes)
 
     def bind(self, body: bytes) -> HttpReply:
         decoded = decode_binding_request(body, max_bytes=self.max_body_bytes)
@@ -176,13 +187,14 @@ class ExtenderApp:
 class TlsFiles:
     """A certificate and key served over TLS, reloaded when either file changes."""
 
-    def __init__(self, cert_file: str, key_file: str) -> None:
+    def __init__(self, cert_file: str, key_file: str, *, clock: Clock | None = None) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
+        self._clock: Clock = clock or SystemClock()
         self._lock = threading.Lock()
         self._signature = self._stat()
         self._context = self._load()
-        self._checked = time.monotonic()
+        self._checked = self._clock.monotonic()
 
     def _stat(self) -> tuple[tuple[int, int, int], ...]:
         result = []
@@ -201,7 +213,7 @@ class TlsFiles:
         """The current context; reloads the files when they changed (a bad new pair is
         logged and the old one kept)."""
         with self._lock:
-            now = time.monotonic()
+            now = self._clock.monotonic()
             if now - self._checked < _TLS_RECHECK_SECONDS:
                 return self._context
             self._checked = now
@@ -262,6 +274,7 @@ class _Server(ThreadingHTTPServer):
 
     def drain(self, timeout: float) -> bool:
         """Close idle connections, wait for busy ones to finish; True when all are done."""
+        # real time, not the daemon's clock: a manual clock must not hold up a shutdown
         deadline = time.monotonic() + timeout
         with self._connections_lock:
             while self._connections:

@@ -7,21 +7,27 @@ Section numbers refer to shared/docs/hami-reference.md.
 
 from __future__ import annotations
 
-import json
+import functools
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from hami_plugin.protocol.gojson import (
+    GoJsonError,
+    fold_keys,
+    fold_name,
+    go_json_string,
+    is_json_string,
+    unmarshal_go_json,
+)
 from hami_plugin.protocol.govalues import (
     GO_INT,
     GO_TRUE,
     excerpt,
-    format_rfc3339,
     go_quote,
     parse_go_bool,
     parse_go_int,
-    parse_rfc3339,
 )
 from hami_plugin.protocol.model import (
     ANNOTATION_DEVICE_CORDON,
@@ -29,7 +35,6 @@ from hami_plugin.protocol.model import (
     ANNOTATION_DEVICES_TO_ALLOCATE,
     ANNOTATION_GPU_SCHEDULER_POLICY,
     ANNOTATION_NODE_HANDSHAKE,
-    ANNOTATION_NODE_LOCK,
     ANNOTATION_NODE_REGISTER,
     ANNOTATION_NODE_SCHEDULER_POLICY,
     ANNOTATION_NOUSE_GPUTYPE,
@@ -48,7 +53,6 @@ from hami_plugin.protocol.model import (
     HandshakeState,
     MigPlacement,
     MigProfile,
-    NodeLock,
     NodePolicy,
     PodDevices,
     PodGpuOptions,
@@ -76,7 +80,8 @@ class AnnotationError(ValueError):
         self.detail = detail
 
 
-def _check_size(key: str, value: str) -> None:
+def check_annotation_size(key: str, value: str) -> None:
+    """Raise AnnotationError when `value` is larger than any annotation can be."""
     # Cheap first: only a long value needs encoding to count its bytes.
     if len(value) > MAX_ANNOTATION_BYTES // 4:
         size = len(value.encode("utf-8", "surrogatepass"))
@@ -119,7 +124,7 @@ def decode_container_devices(
     value: str, key: str = ANNOTATION_DEVICES_TO_ALLOCATE
 ) -> ContainerDevices:
     """Decode one container's devices (reference 1.4.2). Pieces without `,` are skipped."""
-    _check_size(key, value)
+    check_annotation_size(key, value)
     return _decode_container(value, key)
 
 
@@ -147,25 +152,11 @@ def decode_pod_devices(value: str, key: str = ANNOTATION_DEVICES_TO_ALLOCATE) ->
 
     So `"A:;"` decodes to `((A,), ())`: HAMi keeps empty entries to preserve container indexes.
     """
-    _check_size(key, value)
+    check_annotation_size(key, value)
     return tuple(_decode_container(piece, key) for piece in value.split(";"))
 
 
 # --- node register annotation (section 1.5) -----------------------------------------------
-
-
-def _go_json_string(text: str) -> str:
-    """Go's encoding/json string form: UTF-8 kept, <, >, & and U+2028/9 escaped."""
-    encoded = json.dumps(text, ensure_ascii=False)
-    for char, escape in (
-        ("<", "\\u003c"),
-        (">", "\\u003e"),
-        ("&", "\\u0026"),
-        ("\u2028", "\\u2028"),
-        ("\u2029", "\\u2029"),
-    ):
-        encoded = encoded.replace(char, escape)
-    return encoded
 
 
 def _encode_mig_profile(profile: MigProfile) -> str:
@@ -173,7 +164,7 @@ def _encode_mig_profile(profile: MigProfile) -> str:
         f'{{"start":{placement.start},"size":{placement.size}}}' for placement in profile.placements
     )
     return (
-        f'{{"name":{_go_json_string(profile.name)},"memoryMB":{profile.memory_mib},'
+        f'{{"name":{go_json_string(profile.name)},"memoryMB":{profile.memory_mib},'
         f'"core":{profile.cores},"sliceCount":{profile.slice_count},'
         f'"placements":[{placements}]}}'
     )
@@ -194,7 +185,7 @@ def _encode_gpu_device(device: GpuDevice) -> str:
     for name, field_value in values:
         if field_value in ("", 0):
             continue  # Go omitempty
-        encoded = _go_json_string(field_value) if isinstance(field_value, str) else str(field_value)
+        encoded = go_json_string(field_value) if isinstance(field_value, str) else str(field_value)
         members.append(f'"{name}":{encoded}')
     if device.mig_profiles:
         profiles = ",".join(_encode_mig_profile(profile) for profile in device.mig_profiles)
@@ -239,19 +230,19 @@ def decode_node_devices(value: str) -> tuple[GpuDevice, ...]:
     "no gpu found on node".
     """
     key = ANNOTATION_NODE_REGISTER
-    _check_size(key, value)
+    check_annotation_size(key, value)
     if value.lstrip(" \t\r\n").startswith("["):
         return _decode_node_json(value)
     return _decode_node_comma(value)
 
 
-def _go_json_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # Go matches struct keys case-insensitively and the last duplicate wins.
-    return {name.lower(): item for name, item in pairs}
+_field_key = functools.cache(fold_name)
+"""The folded form of a field name of DeviceInfo or MigProfile: only ever called with this
+module's own names, so the cache stays small."""
 
 
 def _json_int(key: str, obj: Mapping[str, Any], name: str, low: int, high: int) -> int:
-    raw = obj.get(name.lower())
+    raw = obj.get(_field_key(name))
     if raw is None:
         return 0
     if isinstance(raw, bool) or not isinstance(raw, int):
@@ -262,16 +253,16 @@ def _json_int(key: str, obj: Mapping[str, Any], name: str, low: int, high: int) 
 
 
 def _json_str(key: str, obj: Mapping[str, Any], name: str) -> str:
-    raw = obj.get(name.lower())
+    raw = obj.get(_field_key(name))
     if raw is None:
         return ""
-    if not isinstance(raw, str):
+    if not is_json_string(raw):
         raise AnnotationError(key, f"cannot unmarshal {excerpt(repr(raw))} into field {name}")
     return raw
 
 
 def _json_list(key: str, obj: Mapping[str, Any], name: str) -> list[Any]:
-    raw = obj.get(name.lower())
+    raw = obj.get(_field_key(name))
     if raw is None:
         return []
     if not isinstance(raw, list):
@@ -280,9 +271,11 @@ def _json_list(key: str, obj: Mapping[str, Any], name: str) -> list[Any]:
 
 
 def _json_object(key: str, raw: Any, what: str) -> Mapping[str, Any]:
+    """The object's members by folded key: Go matches keys to struct fields that way, and
+    the last duplicate wins."""
     if not isinstance(raw, dict):
         raise AnnotationError(key, f"{what} must be a JSON object, got {excerpt(repr(raw))}")
-    return raw
+    return fold_keys(raw)
 
 
 def _decode_mig_profile(key: str, raw: Any) -> MigProfile:
@@ -308,8 +301,8 @@ def _decode_mig_profile(key: str, raw: Any) -> MigProfile:
 def _decode_node_json(value: str) -> tuple[GpuDevice, ...]:
     key = ANNOTATION_NODE_REGISTER
     try:
-        parsed = json.loads(value, object_pairs_hook=_go_json_pairs)
-    except (ValueError, RecursionError) as error:
+        parsed = unmarshal_go_json(value)
+    except GoJsonError as error:
         raise AnnotationError(key, f"invalid JSON: {error}") from None
     if parsed is None or parsed == []:
         raise AnnotationError(key, "no gpu found on node")
@@ -318,7 +311,7 @@ def _decode_node_json(value: str) -> tuple[GpuDevice, ...]:
     devices = []
     for raw in parsed:
         obj = _json_object(key, raw, "a device")
-        health = obj.get("health")
+        health = obj.get(_field_key("health"))
         if health is not None and not isinstance(health, bool):
             raise AnnotationError(key, f"cannot unmarshal {excerpt(repr(health))} into health")
         devices.append(
@@ -408,33 +401,7 @@ def _decode_node_comma(value: str) -> tuple[GpuDevice, ...]:
     return tuple(devices)
 
 
-# --- node lock (section 1.7) and handshake (section 1.6) ----------------------------------
-
-
-def parse_node_lock(value: str) -> NodeLock:
-    """`<RFC3339>,<namespace>,<pod>` or the legacy `<RFC3339>` alone."""
-    key = ANNOTATION_NODE_LOCK
-    _check_size(key, value)
-    parts = value.split(",")
-    if len(parts) not in (1, 3):
-        raise AnnotationError(
-            key, f"malformed lock annotation: expected 3 parts, got {len(parts)} from {value}"
-        )
-    try:
-        when = parse_rfc3339(parts[0])
-    except ValueError as error:
-        raise AnnotationError(key, str(error)) from None
-    if len(parts) == 1:
-        return NodeLock(when)
-    return NodeLock(when, parts[1], parts[2])
-
-
-def format_node_lock(lock: NodeLock) -> str:
-    """The value HAMi's scheduler writes; a legacy lock (no owner) is the time alone."""
-    text = format_rfc3339(lock.time)
-    if lock.namespace is None or lock.pod_name is None:
-        return text
-    return f"{text},{lock.namespace},{lock.pod_name}"
+# --- handshake (section 1.6) --------------------------------------------------------------
 
 
 def _parse_handshake_time(text: str) -> datetime | None:
@@ -453,7 +420,7 @@ def parse_handshake(value: str) -> Handshake:
 
     Times are naive: HAMi writes the scheduler's local wall-clock time without a zone.
     """
-    _check_size(ANNOTATION_NODE_HANDSHAKE, value)
+    check_annotation_size(ANNOTATION_NODE_HANDSHAKE, value)
     if "Requesting" in value:
         _, underscore, rest = value.partition("_")
         when = _parse_handshake_time(rest) if underscore else None
@@ -486,7 +453,7 @@ def parse_gpu_policy(text: str, key: str = ANNOTATION_GPU_SCHEDULER_POLICY) -> G
 
 
 def _parse_gpu_policy_text(text: str, key: str) -> GpuPolicy:
-    _check_size(key, text)
+    check_annotation_size(key, text)
     names: list[GpuPolicyName] = []
     for item in text.split(","):
         item = item.strip()
@@ -509,7 +476,7 @@ def _parse_gpu_policy_text(text: str, key: str) -> GpuPolicy:
 
 def parse_node_policy(text: str, key: str = ANNOTATION_NODE_SCHEDULER_POLICY) -> NodePolicy:
     """`binpack` or `spread`; anything else is an error (HAMi silently uses binpack)."""
-    _check_size(key, text)
+    check_annotation_size(key, text)
     try:
         return NodePolicy(text.strip())
     except ValueError:
@@ -531,7 +498,7 @@ def parse_scoring_weights(
     text: str, key: str = ANNOTATION_DEVICE_SCORING_WEIGHTS
 ) -> ScoringWeights:
     """`slot=<int>,core=<int>,memory=<int>` in any order, HAMi v2.10's messages on error."""
-    _check_size(key, text)
+    check_annotation_size(key, text)
     entries = text.split(",")
     if len(entries) != 3:
         raise AnnotationError(key, "expected slot, core, and memory weights")
@@ -559,7 +526,7 @@ def parse_scoring_weights(
 
 def parse_device_cordon(value: str) -> frozenset[str]:
     """`hami.io/device-cordon`: comma list of GPU UUIDs, whitespace trimmed, empties skipped."""
-    _check_size(ANNOTATION_DEVICE_CORDON, value)
+    check_annotation_size(ANNOTATION_DEVICE_CORDON, value)
     return frozenset(_trimmed_items(value))
 
 
@@ -586,7 +553,7 @@ def parse_pod_gpu_options(annotations: Mapping[str, str]) -> PodGpuOptions:
     def get(key: str) -> str | None:
         value = annotations.get(key)
         if value is not None:
-            _check_size(key, value)
+            check_annotation_size(key, value)
         return value
 
     use_types = get(ANNOTATION_USE_GPUTYPE)

@@ -36,10 +36,11 @@ Differences, on purpose:
 Not here: `hami.io/webhook: ignore` on a namespace or pod is honoured by the webhook
 configuration's selectors (the chart's namespaceSelector/objectSelector), never sent to us.
 
-How controller-runtime (HAMi's webhook server) answers, and so does `admission_reply`: always
-HTTP 200 with an AdmissionReview; a denial carries `status.code` 403 and reason `Forbidden`,
-an error carries `status.code` 500 (400 for an unreadable request) and `allowed: false`.
-kube-apiserver rejects the pod with the message in both cases. (An HTTP 500 would instead be
+How controller-runtime (HAMi's webhook server) answers, and so does the extender's
+`admission_reply` (`hami_plugin.extender.wire`): always HTTP 200 with an AdmissionReview; a
+denial carries `status.code` 403 and reason `Forbidden`, an error carries `status.code` 500
+(400 for an unreadable request) and `allowed: false`. kube-apiserver rejects the pod with the
+message in both cases. (An HTTP 500 would instead be
 a failed call, which the chart's `failurePolicy: Ignore` turns into admitting the pod.)
 """
 
@@ -53,6 +54,12 @@ from dataclasses import dataclass, field
 from decimal import ROUND_UP
 from typing import Any
 
+from hami_plugin.protocol.gojson import (
+    JSON_CONTENT_TYPE,
+    GoJsonError,
+    decode_go_json,
+    encode_go_json,
+)
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -64,13 +71,6 @@ from hami_plugin.protocol.model import (
     LABEL_VGPU_NODE,
 )
 from hami_plugin.protocol.quantity import QuantityError, parse_quantity
-from hami_plugin.scheduler.extender_api import (
-    JSON_CONTENT_TYPE,
-    ExtenderRequestError,
-    HttpReply,
-    decode_go_json,
-    encode_go_json,
-)
 from hami_plugin.scheduler.settings import ResourceNames
 
 __all__ = [
@@ -88,7 +88,6 @@ __all__ = [
     "GpuCorePolicy",
     "PodAdmission",
     "WebhookSettings",
-    "admission_reply",
     "admit_pod",
     "render_admission_review",
     "review_admission",
@@ -628,7 +627,7 @@ def review_admission_body(
         return _outcome(ADMISSION_V1, "", _errored(400, message))
     try:
         review = decode_go_json(body)
-    except ExtenderRequestError as error:
+    except GoJsonError as error:
         return _outcome(ADMISSION_V1, "", _errored(400, str(error)))
     return review_admission(review, settings)
 
@@ -636,8 +635,3 @@ def review_admission_body(
 def render_admission_review(review: Mapping[str, Any]) -> bytes:
     """The review as Go's `json.Encoder` writes it: compact, Go's escaping, a newline."""
     return encode_go_json(review) + b"\n"
-
-
-def admission_reply(outcome: AdmissionOutcome) -> HttpReply:
-    """HTTP 200 with the AdmissionReview, whatever the verdict (see the module docstring)."""
-    return HttpReply(200, render_admission_review(outcome.review))

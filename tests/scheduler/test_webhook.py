@@ -13,13 +13,14 @@ from __future__ import annotations
 import base64
 import copy
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hami_plugin.scheduler.extender_api import HttpReply
+from hami_plugin.extender.wire import HttpReply, admission_reply
 from hami_plugin.scheduler.settings import ResourceNames
 from hami_plugin.scheduler.webhook import (
     ADMISSION_V1,
@@ -31,7 +32,6 @@ from hami_plugin.scheduler.webhook import (
     GpuCorePolicy,
     PodAdmission,
     WebhookSettings,
-    admission_reply,
     admit_pod,
     render_admission_review,
     review_admission,
@@ -226,6 +226,16 @@ def test_scheduler_name_rules(scheduler: str, settings: WebhookSettings, ours_: 
 # --- MutateAdmission (device.go 347-450, reference 2 "Webhook mutation") ---------------------
 
 
+def steps(*changes: Callable[[dict[str, Any]], object]) -> Callable[[dict[str, Any]], None]:
+    """One expected mutation made of several edits, applied in order."""
+
+    def change(p: dict[str, Any]) -> None:
+        for edit in changes:
+            edit(p)
+
+    return change
+
+
 def _cores(index: int = 0, kind: str = "containers") -> Any:
     def change(p: dict[str, Any]) -> None:
         set_limit(p, index, CORES, "100", kind)
@@ -254,18 +264,19 @@ def _cores(index: int = 0, kind: str = "containers") -> Any:
          WebhookSettings(resources=ResourceNames(memory="")), _cores()),
         # item 4: memory/cores/percentage limits without a count get default_gpu_num
         (pod(container(limits={MEM: "1000"})), DEFAULTS,
-         lambda p: (set_limit(p, 0, GPU, "1"), ours(p))),
+         steps(lambda p: set_limit(p, 0, GPU, "1"), ours)),
         (pod(container(limits={CORES: "30"})), WebhookSettings(default_gpu_num=2),
-         lambda p: (set_limit(p, 0, GPU, "2"), ours(p))),
+         steps(lambda p: set_limit(p, 0, GPU, "2"), ours)),
         (pod(container(limits={PCT: "100"})), DEFAULTS,
-         lambda p: (set_limit(p, 0, GPU, "1"), set_limit(p, 0, CORES, "100"), ours(p))),
+         steps(lambda p: set_limit(p, 0, GPU, "1"), lambda p: set_limit(p, 0, CORES, "100"),
+               ours)),
         # BinarySI rendering of the default count: 1000 is 1k, 2048 is 2Ki
         (pod(container(limits={MEM: "1"})), WebhookSettings(default_gpu_num=1000),
-         lambda p: (set_limit(p, 0, GPU, "1k"), ours(p))),
+         steps(lambda p: set_limit(p, 0, GPU, "1k"), ours)),
         (pod(container(limits={MEM: "1"})), WebhookSettings(default_gpu_num=2048),
-         lambda p: (set_limit(p, 0, GPU, "2Ki"), ours(p))),
+         steps(lambda p: set_limit(p, 0, GPU, "2Ki"), ours)),
         (pod(container(limits={MEM: "1"})), WebhookSettings(default_gpu_num=1536),
-         lambda p: (set_limit(p, 0, GPU, "1536"), ours(p))),
+         steps(lambda p: set_limit(p, 0, GPU, "1536"), ours)),
         # ... but only from limits, and only with default_gpu_num > 0
         (pod(container(requests={MEM: "1000"})), DEFAULTS, lambda p: None),
         (pod(container(limits={MEM: "1000"})), WebhookSettings(default_gpu_num=0),
@@ -274,22 +285,22 @@ def _cores(index: int = 0, kind: str = "containers") -> Any:
         (pod(container(requests={GPU: "1", MEM: "1000"})), DEFAULTS, lambda p: None),
         # item 2: limits[priority] -> CUDA_TASK_PRIORITY=Value() (rounded up)
         (pod(container(limits={GPU: "1", CORES: "10", PRIORITY: "1"})), DEFAULTS,
-         lambda p: (add_env(p, 0, "CUDA_TASK_PRIORITY", "1"), ours(p))),
+         steps(lambda p: add_env(p, 0, "CUDA_TASK_PRIORITY", "1"), ours)),
         (pod(container(limits={GPU: "1", CORES: "10", PRIORITY: "1500m"},
                        env=[{"name": "A", "value": "a"}])), DEFAULTS,
-         lambda p: (add_env(p, 0, "CUDA_TASK_PRIORITY", "2"), ours(p))),
+         steps(lambda p: add_env(p, 0, "CUDA_TASK_PRIORITY", "2"), ours)),
         (pod(container(limits={PRIORITY: "0"})), DEFAULTS,
          lambda p: add_env(p, 0, "CUDA_TASK_PRIORITY", "0")),
         (pod(container(requests={PRIORITY: "1"})), DEFAULTS, lambda p: None),
         # item 3: a core policy other than default, on every container, GPU or not
         (pod(container(limits={GPU: "1", CORES: "10"}), container("b")),
          WebhookSettings(gpu_core_policy=GpuCorePolicy.FORCE),
-         lambda p: (add_env(p, 0, "GPU_CORE_UTILIZATION_POLICY", "force"),
-                    add_env(p, 1, "GPU_CORE_UTILIZATION_POLICY", "force"), ours(p))),
+         steps(lambda p: add_env(p, 0, "GPU_CORE_UTILIZATION_POLICY", "force"),
+               lambda p: add_env(p, 1, "GPU_CORE_UTILIZATION_POLICY", "force"), ours)),
         # item 6: runtimeClassName for a GPU pod that has none
         (pod(container(limits={GPU: "1", CORES: "10"})),
          WebhookSettings(runtime_class_name="nvidia"),
-         lambda p: (p["spec"].update(runtimeClassName="nvidia"), ours(p))),
+         steps(lambda p: p["spec"].update(runtimeClassName="nvidia"), ours)),
         (pod(container(limits={GPU: "1", CORES: "10"}), runtimeClassName="kata"),
          WebhookSettings(runtime_class_name="nvidia"), ours),
         (pod(container(limits={GPU: "1", CORES: "10"}), runtimeClassName=""),
@@ -298,20 +309,20 @@ def _cores(index: int = 0, kind: str = "containers") -> Any:
         # item 7: overwriteEnv hides the GPUs from containers that asked for none
         (pod(container(limits={GPU: "1", CORES: "10"}), container("b", env=[])),
          WebhookSettings(overwrite_env=True),
-         lambda p: (add_env(p, 1, "NVIDIA_VISIBLE_DEVICES", "none"), ours(p))),
+         steps(lambda p: add_env(p, 1, "NVIDIA_VISIBLE_DEVICES", "none"), ours)),
         # env order: priority, policy, visible devices (device.go 352-385)
         (pod(container(limits={PRIORITY: "3"})),
          WebhookSettings(overwrite_env=True, gpu_core_policy=GpuCorePolicy.DISABLE),
-         lambda p: (add_env(p, 0, "CUDA_TASK_PRIORITY", "3"),
-                    add_env(p, 0, "GPU_CORE_UTILIZATION_POLICY", "disable"),
-                    add_env(p, 0, "NVIDIA_VISIBLE_DEVICES", "none"))),
+         steps(lambda p: add_env(p, 0, "CUDA_TASK_PRIORITY", "3"),
+               lambda p: add_env(p, 0, "GPU_CORE_UTILIZATION_POLICY", "disable"),
+               lambda p: add_env(p, 0, "NVIDIA_VISIBLE_DEVICES", "none"))),
         # init containers go through the same mutation (webhook.go 74-85)
         (pod(container(), init=(container("i", limits={GPU: "1"}),)), DEFAULTS,
          _cores(0, "initContainers")),
         # other resource names, escaped in the JSON pointer (`/` -> ~1, `~` -> ~0)
         (pod(container(limits={"x.io/g~pu": "1"})),
          WebhookSettings(resources=ResourceNames(count="x.io/g~pu", cores="x.io/c/ores")),
-         lambda p: (set_limit(p, 0, "x.io/c/ores", "100"), ours(p))),
+         steps(lambda p: set_limit(p, 0, "x.io/c/ores", "100"), ours)),
     ],
 )  # fmt: skip
 def test_mutation(original: dict[str, Any], settings: WebhookSettings, change: Any) -> None:
@@ -537,7 +548,7 @@ def test_settings_are_validated() -> None:
 
 # --- properties -----------------------------------------------------------------------------
 
-_junk = st.sampled_from([None, 5, 1.5, True, "x", [], {}, [None]])
+_junk: st.SearchStrategy[object] = st.sampled_from([None, 5, 1.5, True, "x", [], {}, [None]])
 _quantities = st.sampled_from(["1", "0", "2", "100", "50", "101", "-1", "0.5", "1k", "2Ki", "1e30"])
 _resource_names = st.sampled_from([GPU, MEM, PCT, CORES, PRIORITY, "cpu"])
 _resource_lists = st.dictionaries(_resource_names, _quantities, max_size=3)
