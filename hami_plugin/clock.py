@@ -1,8 +1,12 @@
-"""The daemon's two clocks, injectable so tests can move time.
+"""The daemon's two clocks, injected wherever time is read so tests can move time.
 
 `now()` is wall-clock time (written into `hami.io/bind-time`, compared with lock and bind
-times); `monotonic()` measures intervals (booking expiry). Waiting itself (condition
-variables, sleeps) always uses real time.
+times); `monotonic()` measures intervals: booking expiry, allocation ages, rate limits, the
+durations the metrics report and the deadlines that end a wait. Only the waiting itself
+(condition variables, events, sleeps, socket timeouts) takes real seconds; a wait that ends at
+a deadline wakes at least once a second to read the clock again, so advancing a `ManualClock`
+ends it. The one exception is the HTTP server's shutdown drain, bounded in real time so that a
+manual clock cannot hold up a shutdown.
 """
 
 from __future__ import annotations

@@ -19,8 +19,7 @@ import os
 import shutil
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,7 +32,9 @@ from kubernetes import client as k8s
 
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
-from hami_plugin.kube.client import Conflict, KubeClient, RetryPolicy
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.kube.errors import Conflict
+from hami_plugin.kube.retry import RetryPolicy
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
@@ -49,8 +50,9 @@ from hami_plugin.protocol.model import (
     LABEL_VGPU_NODE,
     BindPhase,
     ContainerDevice,
-    NodeLock,
 )
+from hami_plugin.protocol.nodelock import lock_value
+from hami_plugin.protocol.objects import PodInfo, read_node, read_pod
 from hami_plugin.scheduler.filter import FilterResult, assume, decide
 from hami_plugin.scheduler.fit import NODE_UNREGISTERED
 from hami_plugin.scheduler.ledger import Ledger
@@ -58,6 +60,7 @@ from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.usage import DeviceTally
 from hami_plugin.testing.apiserver import FakeApiServer, make_container
 from hami_plugin.testing.kubelet import DeviceState, FakeKubelet
+from tests.processes import wait_until
 
 NODE = "gpu-node-1"
 CPU_NODE = "cpu-node"
@@ -87,14 +90,6 @@ def gpu_of(device_id: str) -> str:
     return head
 
 
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(0.02)
-
-
 @dataclass
 class Cluster:
     apiserver: FakeApiServer
@@ -105,17 +100,21 @@ class Cluster:
     hook_path: str
     vgpulock_path: str
 
-    def pod(self, name: str) -> Any:
-        """The pod as the `kubernetes` client reads it (a V1Pod, as an informer would hold)."""
-        return self.core.read_namespaced_pod(name, NAMESPACE)
+    def pod(self, name: str) -> PodInfo:
+        """The pod as the extender's informer holds it (read from a LIST)."""
+        listed = self.extender.list_objects(
+            f"/api/v1/namespaces/{NAMESPACE}/pods", field_selector=f"metadata.name={name}"
+        )
+        (pod,) = listed.items
+        return read_pod(pod)
 
     def scheduler_view(self) -> Ledger:
         """A fresh ledger from a LIST of nodes and pods, as the extender's informers start."""
         ledger = Ledger()
-        for node in self.core.list_node().items:
-            ledger.update_node(node)
-        for pod in self.core.list_pod_for_all_namespaces().items:
-            ledger.update_pod(pod)
+        for node in self.extender.list_objects("/api/v1/nodes").items:
+            ledger.update_node(read_node(node))
+        for pod in self.extender.list_objects("/api/v1/pods").items:
+            ledger.update_pod(read_pod(pod))
         return ledger
 
     def stored_pod(self, name: str) -> dict[str, Any]:
@@ -166,7 +165,6 @@ def cluster(apiserver: FakeApiServer, tmp_path: Path) -> Iterator[Cluster]:
         hook_path=hook,
         register_interval_seconds=0.3,
     )
-    baseline = {t.ident for t in threading.enumerate()}
     daemon_kube = KubeClient(apiserver.api_client(), RETRY)
     extender = KubeClient(apiserver.api_client(), RETRY)
     api_client = apiserver.api_client()
@@ -188,6 +186,7 @@ def cluster(apiserver: FakeApiServer, tmp_path: Path) -> Iterator[Cluster]:
                 in (apiserver.get_node(NODE) or {})["metadata"].get("annotations", {})
             ),
             "the daemon writes the register annotation",
+            timeout=5.0,
         )
         core = k8s.CoreV1Api(api_client)
         yield Cluster(apiserver, kubelet, core, extender, listed, hook, vgpulock)
@@ -203,12 +202,6 @@ def cluster(apiserver: FakeApiServer, tmp_path: Path) -> Iterator[Cluster]:
         shutil.rmtree(sock_dir, ignore_errors=True)
     assert exit_codes == [0]
     assert not socket_left
-    leaked = [
-        t.name
-        for t in threading.enumerate()
-        if t.ident not in baseline and "process_request" not in t.name  # the double's handlers
-    ]
-    assert leaked == []
 
 
 # --- what the extender's Filter and Bind will do ---------------------------------------------
@@ -224,7 +217,7 @@ def filter_and_bind(cluster: Cluster, name: str, result: FilterResult, now: date
     )
     # Bind, reference 3.9: lock the node (merge patch with its resourceVersion, retried on a
     # lost race as HAMi's Set is), mark the pod allocating, create the Binding.
-    lock = codec.format_node_lock(NodeLock(now.astimezone(), NAMESPACE, name))
+    lock = lock_value(now.astimezone(), NAMESPACE, name)
     for _attempt in range(5):
         node = kube.get_node(result.node)
         assert ANNOTATION_NODE_LOCK not in node.annotations, "node lock contention"

@@ -12,7 +12,7 @@ Steps for `ExtenderBindingArgs{PodName, PodNamespace, PodUID, Node}`:
      `inflight.must_wait_for` finds no in-flight pod that kubelet's Allocate could confuse with
      this one, then count it in flight. No node lock, so a burst binds concurrently;
    * any other node (HAMi's device plugin): HAMi's node lock `hami.io/mutex.lock` through the
-     API (GET node, decide with `scheduler.nodelock`, merge patch with the node's
+     API (GET node, decide with `protocol.nodelock`, merge patch with the node's
      resourceVersion; a stale lock is replaced in that same patch). A lock held by a live pod
      is waited for (woken by the node watch), HAMi only waits for pod-group members.
    Both waits end after `--node-lock-retry-timeout` (28 s, below kube-scheduler's 30 s).
@@ -40,21 +40,15 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Protocol
 
-from hami_plugin.extender.state import BindPlan, PodEvent, SchedulerState
-from hami_plugin.kube.client import (
-    Conflict,
-    KubeError,
-    NodeRecord,
-    NotFound,
-    ObjectList,
-    PodRecord,
-)
+from hami_plugin.extender.bookings import BindPlan, BindRefusal
+from hami_plugin.extender.events import PodEvent
+from hami_plugin.extender.filtering import annotation_error_message
+from hami_plugin.extender.state import SchedulerState
+from hami_plugin.kube.api import BindApi
+from hami_plugin.kube.errors import Conflict, KubeError, NotFound
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -73,8 +67,9 @@ from hami_plugin.protocol.nodelock import (
     releasable_by,
 )
 from hami_plugin.protocol.objects import ObjectError, PodInfo, read_pod
+from hami_plugin.scheduler.fit import render_failure
 
-__all__ = ["BindApi", "Binder", "release_node_lock"]
+__all__ = ["Binder", "refusal_message", "release_node_lock"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,43 +79,16 @@ _API_BUDGET_SECONDS = 10.0
 """Time the API calls after the wait (patch, Binding) may take together."""
 
 
-class BindApi(Protocol):
-    """The API calls of bind and recovery (`hami_plugin.kube.client.KubeClient` provides them)."""
-
-    def get_node(self, name: str) -> NodeRecord: ...
-
-    def patch_node_annotations(
-        self,
-        name: str,
-        annotations: Mapping[str, str | None],
-        resource_version: str | None = None,
-    ) -> NodeRecord: ...
-
-    def patch_pod_metadata(
-        self,
-        namespace: str,
-        name: str,
-        annotations: Mapping[str, str | None],
-        labels: Mapping[str, str | None] | None = None,
-        resource_version: str | None = None,
-    ) -> PodRecord: ...
-
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
-
-    def list_objects(
-        self,
-        path: str,
-        *,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        page_size: int = 500,
-    ) -> ObjectList: ...
-
-    def deadline(self, seconds: float) -> AbstractContextManager[None]: ...
-
-
 class BindError(Exception):
     """A bind step failed; the message is the answer's `Error`."""
+
+
+def refusal_message(refusal: BindRefusal) -> str:
+    """The answer's `Error` for a pod `plan_bind` refused."""
+    if refusal.annotation_error is not None:
+        return annotation_error_message(refusal.annotation_error, refusal.pod)
+    why = render_failure(refusal.failure) if refusal.failure is not None else "does not fit"
+    return f"pod {refusal.pod.key} does not fit on node {refusal.node}: {why}"
 
 
 def fetch_pod(api: BindApi, namespace: str, name: str) -> PodInfo | None:
@@ -193,6 +161,7 @@ class Binder:
         stop: threading.Event | None = None,
     ) -> None:
         self._state = state
+        self._clock = state.clock
         self._api = api
         self._record_event = record_event
         self._lock_timeout = node_lock_timeout
@@ -202,12 +171,12 @@ class Binder:
     def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         """Bind the pod; returns "" on success, else the error text (HAMi answers it as
         `ExtenderBindingResult.Error`). Never raises for bad input or API failures."""
-        started = time.monotonic()
+        started = self._clock.monotonic()
         error = ""
         try:
             error = self._bind(namespace, name, uid, node, started)
         finally:
-            self._state.observer.bind_done(time.monotonic() - started, not error)
+            self._state.observer.bind_done(self._clock.monotonic() - started, not error)
         return error
 
     def _event(self, pod: PodInfo, reason: str, message: str, event_type: str) -> None:
@@ -226,12 +195,13 @@ class Binder:
             message = f"pod {pod.key} is already bound to node {pod.node_name}"
             return message
         plan = self._state.plan_bind(pod, node)
-        if isinstance(plan, str):
-            logger.warning("bind pod %s to node %s: %s", pod.key, node, plan)
-            self._event(pod, "BindingFailed", plan, "Warning")
-            return plan
+        if isinstance(plan, BindRefusal):
+            message = refusal_message(plan)
+            logger.warning("bind pod %s to node %s: %s", pod.key, node, message)
+            self._event(pod, "BindingFailed", message, "Warning")
+            return message
         lock_taken = False
-        patched: PodRecord | None = None
+        patched: PodInfo | None = None
         try:
             deadline = started + self._retry_timeout
             if plan.protocol:
@@ -287,9 +257,9 @@ class Binder:
     # --- step 3 ---------------------------------------------------------------------------------
 
     def _wait_in_flight(self, plan: BindPlan, deadline: float) -> None:
-        began = time.monotonic()
+        began = self._clock.monotonic()
         blocker = self._state.claim_in_flight(plan, deadline, self._stop)
-        waited = time.monotonic() - began
+        waited = self._clock.monotonic() - began
         if waited > 0.001:
             self._state.observer.bind_waited(waited)
         if blocker is not None:
@@ -298,7 +268,7 @@ class Binder:
     def _lock_node(self, plan: BindPlan, deadline: float) -> None:
         """Take HAMi's node lock for the pod (reference 1.7), waiting while another live pod
         holds it. Raises BindError with HAMi's contention message when the wait ends."""
-        began = time.monotonic()
+        began = self._clock.monotonic()
         waited = False
         try:
             while True:
@@ -306,7 +276,7 @@ class Binder:
                     refusal = self._try_lock(plan)
                 if refusal is None:
                     return
-                left = deadline - time.monotonic()
+                left = deadline - self._clock.monotonic()
                 if left <= 0 or self._stop.is_set():
                     raise BindError(refusal)
                 waited = True
@@ -314,7 +284,7 @@ class Binder:
                 self._state.wait_for_change(min(left, 1.0))
         finally:
             if waited:
-                self._state.observer.bind_waited(time.monotonic() - began)
+                self._state.observer.bind_waited(self._clock.monotonic() - began)
 
     def _try_lock(self, plan: BindPlan) -> str | None:
         """One attempt: None when the pod holds the lock now, else why not."""
@@ -325,7 +295,7 @@ class Binder:
             except NotFound as error:
                 raise BindError(f"failed to get node {plan.node}: {error}") from error
             value = record.annotations.get(ANNOTATION_NODE_LOCK)
-            now = self._state.clock.now()
+            now = self._clock.now()
             decision = decide_lock(
                 plan.node, value, now, self._lock_timeout, pod.namespace, pod.name
             )
@@ -372,7 +342,7 @@ class Binder:
 
     # --- step 4 ---------------------------------------------------------------------------------
 
-    def _patch_pod(self, plan: BindPlan) -> PodRecord:
+    def _patch_pod(self, plan: BindPlan) -> PodInfo:
         pod = plan.pod
         version = pod.resource_version or None
         for _ in range(_CONFLICT_RETRIES):
@@ -397,7 +367,7 @@ class Binder:
 
     # --- rollback -------------------------------------------------------------------------------
 
-    def _rollback(self, plan: BindPlan, patched: PodRecord | None, lock_taken: bool) -> bool:
+    def _rollback(self, plan: BindPlan, patched: PodInfo | None, lock_taken: bool) -> bool:
         """Undo what the failed bind wrote. Returns True when the pod turns out to be bound to
         the node after all (the Binding applied, its answer was lost): nothing is undone."""
         pod = plan.pod
@@ -416,7 +386,7 @@ class Binder:
         self._state.bind_failed(plan)
         return False
 
-    def _revert_patch(self, plan: BindPlan, patched: PodRecord) -> bool:
+    def _revert_patch(self, plan: BindPlan, patched: PodInfo) -> bool:
         pod = plan.pod
         revert: dict[str, str | None] = {
             ANNOTATION_VGPU_NODE: None,

@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from hami_plugin.config import ConfigError
 from hami_plugin.extender.settings import (
-    ConfigError,
     SchedulerConfig,
     add_arguments,
     resolve_config,
@@ -209,7 +209,11 @@ class SchedulerDaemon:
                 self.readiness,
                 max_body_bytes=config.max_body_bytes,
             )
-            tls = TlsFiles(config.cert_file, config.key_file) if config.tls else None
+            tls = (
+                TlsFiles(config.cert_file, config.key_file, clock=self.state.clock)
+                if config.tls
+                else None
+            )
             server = ExtenderServer(config.http_host, config.http_port, app, tls=tls)
             self._server = server
             selector = ",".join(f"{k}={v}" for k, v in config.node_label_selector.items())
@@ -281,9 +285,11 @@ class SchedulerDaemon:
 
         config = self.config
         try:
-            election = ElectionConfig.from_env(
+            election = ElectionConfig.from_flags(
                 name=config.leader_elect_resource_name,
                 namespace=config.leader_elect_resource_namespace,
+                pod_namespace=config.pod_namespace,
+                pod_name=config.pod_name,
                 lease_duration_seconds=config.leader_elect_lease_duration_seconds,
                 renew_deadline_seconds=config.leader_elect_renew_deadline_seconds,
                 retry_period_seconds=config.leader_elect_retry_period_seconds,
@@ -295,6 +301,7 @@ class SchedulerDaemon:
             election,
             on_started_leading=self._started_leading,
             on_stopped_leading=self._stopped_leading,
+            clock=self.state.clock,
         )
 
     def _started_leading(self) -> None:
@@ -356,7 +363,7 @@ class SchedulerDaemon:
 
     def run(self) -> int:
         """Start, serve until `stop()`, shut down. Returns the exit status."""
-        from hami_plugin.kube.client import KubeError
+        from hami_plugin.kube.errors import KubeError
 
         try:
             self.start()

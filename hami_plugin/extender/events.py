@@ -11,29 +11,28 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Protocol
+from dataclasses import dataclass
 
-from hami_plugin.extender.state import PodEvent
-from hami_plugin.kube.client import ObjectRef
+from hami_plugin.kube.api import EventApi
+from hami_plugin.kube.records import ObjectRef
 
-__all__ = ["EventApi", "EventRecorder"]
+__all__ = ["EventRecorder", "PodEvent"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CAPACITY = 1000
 
 
-class EventApi(Protocol):
-    """The one call the recorder makes (`hami_plugin.kube.client.KubeClient` provides it)."""
+@dataclass(frozen=True, slots=True)
+class PodEvent:
+    """A Kubernetes Event to record about a pod (sent asynchronously by the caller)."""
 
-    def create_event(
-        self,
-        ref: ObjectRef,
-        reason: str,
-        message: str,
-        event_type: str = "Normal",
-        component: str = "hami-scheduler",
-    ) -> None: ...
+    namespace: str
+    name: str
+    uid: str
+    reason: str
+    message: str
+    event_type: str = "Normal"
 
 
 class EventRecorder:

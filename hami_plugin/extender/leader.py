@@ -52,12 +52,12 @@ import logging
 import random
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.kube.api import LeaseApi
 from hami_plugin.kube.errors import Conflict, KubeError, NotFound
 from hami_plugin.kube.records import LeaseRecord
@@ -191,10 +191,6 @@ def _spec(record: LeaseRecord | None) -> tuple[object, ...] | None:
     )
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 def _noop() -> None:
     return None
 
@@ -215,16 +211,14 @@ class LeaderElector:
         *,
         on_started_leading: Callable[[], None] = _noop,
         on_stopped_leading: Callable[[], None] = _noop,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], datetime] = _utc_now,
+        clock: Clock | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self._api = api
         self._config = config
         self._on_started = on_started_leading
         self._on_stopped = on_stopped_leading
-        self._clock = clock
-        self._wall_clock = wall_clock
+        self._clock: Clock = clock or SystemClock()
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._observed: LeaseRecord | None = None
@@ -237,6 +231,10 @@ class LeaderElector:
             if config.pod_namespace and config.pod_name
             else None
         )
+
+    def _wall_now(self) -> datetime:
+        # Lease times are written in UTC, whatever the clock's time zone
+        return self._clock.now().astimezone(UTC)
 
     # --- reading (any thread) -----------------------------------------------------------------
 
@@ -252,7 +250,7 @@ class LeaderElector:
         """True while this replica leads and its last renewal is younger than the renew
         deadline (so False at once when the election thread is stuck)."""
         with self._lock:
-            return self._leading and self._clock() < (
+            return self._leading and self._clock.monotonic() < (
                 self._renewed_at + self._config.renew_deadline_seconds
             )
 
@@ -301,7 +299,7 @@ class LeaderElector:
                 self._start_leading()
                 return config.retry_period_seconds
             return self._jittered(config.retry_period_seconds)
-        left = self._renewed_at + config.renew_deadline_seconds - self._clock()
+        left = self._renewed_at + config.renew_deadline_seconds - self._clock.monotonic()
         if left <= 0:
             self._step_down(
                 f"lease not renewed within the {config.renew_deadline_seconds:g} s renew deadline"
@@ -313,7 +311,7 @@ class LeaderElector:
         if holder != self.identity:
             self._step_down(f"lease now held by {holder or 'nobody'}")
             return self._jittered(config.retry_period_seconds)
-        left = self._renewed_at + config.renew_deadline_seconds - self._clock()
+        left = self._renewed_at + config.renew_deadline_seconds - self._clock.monotonic()
         return max(0.0, min(config.retry_period_seconds, left))
 
     def release(self) -> bool:
@@ -326,9 +324,9 @@ class LeaderElector:
             with self._api.deadline(config.renew_deadline_seconds):
                 current = self._api.get_lease(config.namespace, config.name)
                 if current.holder_identity != self.identity:
-                    self._observe(current, self._clock())
+                    self._observe(current, self._clock.monotonic())
                     return True
-                now = self._wall_clock()
+                now = self._wall_now()
                 released = dataclasses.replace(
                     current,
                     holder_identity="",
@@ -340,7 +338,7 @@ class LeaderElector:
         except KubeError as exc:
             logger.warning("leader election: lease %s not released: %s", self._describe(), exc)
             return False
-        self._observe(written, self._clock())
+        self._observe(written, self._clock.monotonic())
         logger.info("leader election: %s released lease %s", self.identity, self._describe())
         return True
 
@@ -350,8 +348,8 @@ class LeaderElector:
         """Acquire or renew the lease once; True when we hold it afterwards. API failures are
         logged and count as False."""
         config = self._config
-        now = self._clock()
-        stamp = self._wall_clock()
+        now = self._clock.monotonic()
+        stamp = self._wall_now()
         wanted = LeaseRecord(
             namespace=config.namespace,
             name=config.name,
@@ -381,7 +379,7 @@ class LeaderElector:
             logger.warning("leader election: cannot read lease %s: %s", self._describe(), exc)
             return False
         # 3. Someone else's unexpired lease stays theirs.
-        self._observe(current, self._clock())
+        self._observe(current, self._clock.monotonic())
         holder = current.holder_identity
         if holder and holder != self.identity and self._valid(now):
             self._log_holder(holder)
@@ -412,7 +410,7 @@ class LeaderElector:
     def _write(
         self, send: Callable[[LeaseRecord], LeaseRecord], record: LeaseRecord, quiet: bool = False
     ) -> bool:
-        sent_at = self._clock()
+        sent_at = self._clock.monotonic()
         try:
             written = send(record)
         except Conflict as exc:
@@ -425,7 +423,7 @@ class LeaderElector:
             return False
         with self._lock:
             self._observed = written
-            self._observed_at = self._clock()
+            self._observed_at = self._clock.monotonic()
             if written.holder_identity == self.identity:
                 self._renewed_at = sent_at
         return written.holder_identity == self.identity

@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from datetime import timedelta
 
-from hami_plugin.extender.bind import BindApi, fetch_pod, release_node_lock
-from hami_plugin.extender.state import PodEvent, SchedulerState, StaleAllocation
-from hami_plugin.kube.client import Conflict, KubeError, NotFound
+from hami_plugin.extender.bind import fetch_pod, release_node_lock
+from hami_plugin.extender.events import PodEvent
+from hami_plugin.extender.inflight_tracker import StaleAllocation
+from hami_plugin.extender.state import SchedulerState
+from hami_plugin.kube.api import BindApi
+from hami_plugin.kube.errors import Conflict, KubeError, NotFound
 from hami_plugin.protocol.govalues import format_go_duration
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
@@ -39,7 +41,7 @@ from hami_plugin.protocol.model import (
     ANNOTATION_NODE_LOCK,
     BindPhase,
 )
-from hami_plugin.protocol.nodelock import LockAction, stale_lock
+from hami_plugin.protocol.nodelock import LockAction, TakeoverReason, stale_lock
 
 __all__ = ["Recovery"]
 
@@ -66,6 +68,7 @@ class Recovery:
         handshake_interval_seconds: float = 10.0,
     ) -> None:
         self._state = state
+        self._clock = state.clock
         self._api = api
         self._record_event = record_event
         self._is_leader = is_leader
@@ -77,13 +80,15 @@ class Recovery:
         self._handshakes_written: dict[str, float] = {}
 
     def run(self, stop: threading.Event) -> None:
-        """Loop until `stop`; one failed pass is logged and the next one runs as planned."""
-        next_sweep = next_health = time.monotonic()
+        """Loop until `stop`; one failed pass is logged and the next one runs as planned.
+
+        It wakes every second (real time) and runs what is due on the state's clock."""
+        next_sweep = next_health = self._clock.monotonic()
         while not stop.is_set():
             self._state.work.wait(_TICK_SECONDS)
             if stop.is_set():
                 return
-            now = time.monotonic()
+            now = self._clock.monotonic()
             try:
                 self._state.expire_bookings()
                 if self._state.work.is_set():
@@ -117,11 +122,11 @@ class Recovery:
         pending = self._state.take_lock_releases()
         if not self._is_leader():
             return
-        for (node, key), _ in pending.items():
-            namespace, _, name = key.partition("/")
+        for release in pending:
+            node, key = release.node, f"{release.namespace}/{release.name}"
             try:
                 with self._api.deadline(_API_BUDGET_SECONDS):
-                    if release_node_lock(self._api, node, namespace, name):
+                    if release_node_lock(self._api, node, release.namespace, release.name):
                         logger.info("node %s: lock of deleted pod %s released", node, key)
             except KubeError as error:
                 logger.warning("node %s: lock of deleted pod %s not released: %s", node, key, error)
@@ -130,7 +135,7 @@ class Recovery:
 
     def fail_stale_allocations(self) -> None:
         """Mark pods stuck in `allocating` failed, free their lock and booking."""
-        now = self._state.clock.now()
+        now = self._clock.now()
         for stale in self._state.stale_allocations(now, self._allocation_timeout):
             try:
                 with self._api.deadline(_API_BUDGET_SECONDS):
@@ -188,7 +193,7 @@ class Recovery:
 
     def release_stale_locks(self) -> None:
         """Release node locks that expired or whose owner pod is gone."""
-        now = self._state.clock.now()
+        now = self._clock.now()
         for node in self._state.locked_nodes():
             value = node.annotations.get(ANNOTATION_NODE_LOCK, "")
             decision = stale_lock(node.name, value, now, self._lock_timeout)
@@ -203,7 +208,7 @@ class Recovery:
                         decision = stale_lock(node.name, value, now, self._lock_timeout, exists)
                     if decision.action is not LockAction.TAKE_OVER or decision.reason is None:
                         continue
-                    if decision.reason.value not in ("lock_expired", "owner_gone"):
+                    if decision.reason is TakeoverReason.MALFORMED:
                         continue  # an unreadable lock: the next bind there takes it over
                     if release_node_lock(self._api, node.name, "", "", expected=value):
                         logger.warning("%s", decision.message)
@@ -215,7 +220,7 @@ class Recovery:
 
     def write_handshakes(self) -> None:
         """Write the handshakes HAMi's CheckHealth asked for, rate-limited per node."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         for node, value in self._state.take_handshakes().items():
             last = self._handshakes_written.get(node)
             if last is not None and now - last < self._handshake_interval:

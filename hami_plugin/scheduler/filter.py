@@ -41,7 +41,7 @@ from hami_plugin.protocol.model import (
     NodePolicy,
     PodDevices,
 )
-from hami_plugin.protocol.objects import PodInfo, read_pod
+from hami_plugin.protocol.objects import PodInfo
 from hami_plugin.scheduler.fit import (
     NODE_UNREGISTERED,
     FitContext,
@@ -80,7 +80,8 @@ class FilterResult:
     placements: Mapping[str, PodDevices] = field(default_factory=dict)
     node_policy: NodePolicy | None = None
     gpu_policy: GpuPolicy | None = None
-    error: str | None = None
+    error: AnnotationError | None = None
+    """The pod's GPU annotation that cannot be read (its key and detail); rendered at the edge."""
     fitted: int = 0
     """How many nodes were fitted (registered candidates tried)."""
 
@@ -157,27 +158,29 @@ def _candidates(
 
 def decide(
     ledger: Ledger,
-    pod: PodInfo | object,
+    pod: PodInfo,
     candidates: Iterable[str] | None,
     now: datetime,
     settings: SchedulerSettings,
     *,
     exhaustive: bool = False,
     cache: FitCache | None = None,
+    requests: PodRequests | None = None,
 ) -> FilterResult:
     """Choose a node for the pod among `candidates` (None: every registered node).
 
-    Raises ObjectError when the pod object cannot be read; an invalid GPU annotation on the
-    pod is reported in `FilterResult.error` instead (it is the pod's fault, not the caller's).
+    `requests` are the pod's `pod_requests` when the caller has them already (read once per
+    call). An invalid GPU annotation on the pod is reported in `FilterResult.error` (it is the
+    pod's fault, not the caller's); nothing is raised.
     """
-    info = read_pod(pod)
-    requests = pod_requests(info, settings)
+    if requests is None:
+        requests = pod_requests(pod, settings)
     if not requests.wants_gpu:
         return FilterResult(node=None, requests=requests)
     try:
-        options = parse_pod_gpu_options(info.annotations)
+        options = parse_pod_gpu_options(pod.annotations)
     except AnnotationError as error:
-        return FilterResult(node=None, requests=requests, error=str(error))
+        return FilterResult(node=None, requests=requests, error=error)
     node_policy = options.node_policy or settings.node_policy
     gpu_policy = options.gpu_policy or settings.gpu_policy
     context = FitContext.for_pod(

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any
 
 from hami_plugin.protocol import codec
@@ -72,22 +73,19 @@ def gpu_pod(
     limits = {"nvidia.com/gpu": str(gpus)}
     if memory is not None:
         limits["nvidia.com/gpumem"] = str(memory)
-    pod = make_pod(
+    return make_pod(
         name,
         namespace,
         annotations=annotations,
         containers=[make_container(f"c{index}", limits=limits) for index in range(containers)],
+        uid=uid or f"uid-{namespace}-{name}",
+        creation_timestamp=created,
+        resource_version="1",
     )
-    pod["metadata"]["uid"] = uid or f"uid-{namespace}-{name}"
-    pod["metadata"]["creationTimestamp"] = created
-    pod["metadata"]["resourceVersion"] = "1"
-    return pod
 
 
 def cpu_pod(name: str, namespace: str = "default") -> dict[str, Any]:
-    pod = make_pod(name, namespace)
-    pod["metadata"]["uid"] = f"uid-{namespace}-{name}"
-    return pod
+    return make_pod(name, namespace, uid=f"uid-{namespace}-{name}")
 
 
 class RecordingObserver:
@@ -125,3 +123,18 @@ class RecordingObserver:
 
     def leader_changed(self, is_leader: bool) -> None:
         self._add("leader_changed", is_leader)
+
+
+class SplitClock:
+    """A `hami_plugin.clock.Clock` from two callables: the leader tests' fake seconds and a
+    wall time of their choosing (derived from them, or skewed)."""
+
+    def __init__(self, monotonic: Callable[[], float], wall: Callable[[], datetime]) -> None:
+        self._monotonic = monotonic
+        self._wall = wall
+
+    def now(self) -> datetime:
+        return self._wall()
+
+    def monotonic(self) -> float:
+        return self._monotonic()

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from hami_plugin.extender.state import BookingPhase
-from hami_plugin.kube.client import KubeClient, RetryPolicy
+from hami_plugin.extender.bookings import BookingPhase
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.kube.retry import RetryPolicy
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -23,8 +24,9 @@ from hami_plugin.protocol.model import (
     LABEL_VGPU_NODE,
 )
 from hami_plugin.testing.apiserver import FakeApiServer
-from tests.extender.cluster import Scheduler, running_scheduler, wait_until
+from tests.extender.cluster import Scheduler, running_scheduler
 from tests.extender.helpers import gpu_node, gpu_pod
+from tests.processes import wait_until
 
 POD_PATH = "/api/v1/namespaces/default/pods/{}"
 BINDING_PATH = "/api/v1/namespaces/default/pods/{}/binding"
@@ -37,7 +39,7 @@ BOOKING_KEYS = (
 )
 
 
-def annotations(api: FakeApiServer, name: str) -> dict[str, str]:
+def pod_annotations(api: FakeApiServer, name: str) -> dict[str, str]:
     pod = api.get_pod("default", name)
     assert pod is not None
     return dict(pod["metadata"].get("annotations") or {})
@@ -102,7 +104,7 @@ def test_protocol_node_takes_no_lock(apiserver: FakeApiServer) -> None:
         assert scheduler.schedule(pod, ["n1"]) == "n1"
         assert apiserver.requests_matching("PATCH", "/api/v1/nodes/n1") == []
         assert node_lock(apiserver, "n1") is None
-        assert annotations(apiserver, "a")[ANNOTATION_BIND_PHASE] == "allocating"
+        assert pod_annotations(apiserver, "a")[ANNOTATION_BIND_PHASE] == "allocating"
 
 
 def test_binding_failure_rolls_everything_back(apiserver: FakeApiServer) -> None:
@@ -113,7 +115,7 @@ def test_binding_failure_rolls_everything_back(apiserver: FakeApiServer) -> None
         apiserver.inject_fault("POST", BINDING_PATH.format("a"), times=None, status=500)
         error = scheduler.bind(pod, "n1")
         assert "HTTP 500" in error
-        kept = annotations(apiserver, "a")
+        kept = pod_annotations(apiserver, "a")
         assert not set(BOOKING_KEYS) & set(kept)
         assert kept[ANNOTATION_BIND_PHASE] == "failed"
         stored = apiserver.get_pod("default", "a")
@@ -153,7 +155,7 @@ def test_an_unexpected_error_in_a_bind_frees_its_booking(
         assert status == 500  # logged with its traceback, answered as a server error
         assert scheduler.state.bookings() == {}  # not left claimed for ever
         assert used_slots(scheduler, "n1") == 0
-        assert not set(BOOKING_KEYS) & set(annotations(apiserver, "a"))
+        assert not set(BOOKING_KEYS) & set(pod_annotations(apiserver, "a"))
         monkeypatch.undo()
         assert scheduler.schedule(pod, ["n1"]) == "n1"
 
@@ -166,7 +168,7 @@ def test_patch_failure_releases_the_lock(apiserver: FakeApiServer) -> None:
         apiserver.inject_fault("PATCH", POD_PATH.format("a"), times=None, status=500)
         assert "HTTP 500" in scheduler.bind(pod, "n1")
         assert node_lock(apiserver, "n1") is None
-        assert ANNOTATION_VGPU_NODE not in annotations(apiserver, "a")
+        assert ANNOTATION_VGPU_NODE not in pod_annotations(apiserver, "a")
         assert scheduler.state.bookings() == {}
         assert apiserver.requests_matching("POST", BINDING_PATH.format("a")) == []
 
@@ -197,7 +199,7 @@ def test_a_binding_whose_answer_is_lost_counts_as_done(apiserver: FakeApiServer)
         scheduler.filter(pod, ["n1"])
         apiserver.inject_fault("POST", BINDING_PATH.format("a"), hang_seconds=2.0)
         assert scheduler.bind(pod, "n1") == ""
-        assert annotations(apiserver, "a")[ANNOTATION_BIND_PHASE] == "allocating"
+        assert pod_annotations(apiserver, "a")[ANNOTATION_BIND_PHASE] == "allocating"
 
 
 def test_unknown_pod_recreated_pod_and_retried_bind(apiserver: FakeApiServer) -> None:

@@ -20,8 +20,9 @@ from hami_plugin.protocol.model import (
     ANNOTATION_VGPU_NODE,
 )
 from hami_plugin.testing.apiserver import FakeApiServer, make_container, make_pod
-from tests.extender.cluster import running_scheduler, wait_until
+from tests.extender.cluster import running_scheduler
 from tests.extender.helpers import cpu_pod, gpu_node, gpu_pod
+from tests.processes import wait_until
 
 
 def test_filter_fit_answers_only_the_chosen_node(apiserver: FakeApiServer) -> None:

@@ -1,10 +1,10 @@
 """Leader election: client-go's rules, step by step on a fake clock.
 
-The electors here talk to `_Leases`, an in-memory Lease store with the API server's
-optimistic-concurrency rules (create: Conflict when it exists; update: Conflict unless the
-resourceVersion is current), so that each test can pick its clock and interleave two electors'
-calls exactly. The same rules over HTTP, through `KubeClient` and the API server double, are in
-tests/extender/test_leader_wire.py.
+The electors here talk to `FakeKube` (hami_plugin.kube.fake), an in-memory store with the API
+server's optimistic-concurrency rules for leases (create: Conflict when it exists; update:
+Conflict unless the resourceVersion is current), so that each test can pick its clock and
+interleave two electors' calls exactly. The same rules over HTTP, through `KubeClient` and the
+API server double, are in tests/extender/test_leader_wire.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import random
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -25,8 +25,11 @@ from hami_plugin.extender.leader import (
     LeaderElector,
     holder_identity,
 )
-from hami_plugin.kube.errors import Conflict, NotFound, Retryable
+from hami_plugin.kube.errors import Retryable
+from hami_plugin.kube.fake import FakeKube
 from hami_plugin.kube.records import LeaseRecord, ObjectList
+from hami_plugin.protocol.objects import PodInfo
+from tests.extender.helpers import SplitClock
 
 NAMESPACE = "hami-system"
 NAME = "hami-scheduler-extender"
@@ -44,62 +47,12 @@ class FakeClock:
         self.now += seconds
 
 
-class _Leases:
-    """Leases in memory, with the API server's create/update conflict rules."""
-
-    def __init__(self) -> None:
-        self.leases: dict[tuple[str, str], LeaseRecord] = {}
-        self.version = 0
-        self.writes = 0
-
-    def get_lease(self, namespace: str, name: str) -> LeaseRecord:
-        record = self.leases.get((namespace, name))
-        if record is None:
-            raise NotFound(f"lease {namespace}/{name} not found", 404)
-        return record
-
-    def create_lease(self, record: LeaseRecord) -> LeaseRecord:
-        key = (record.namespace, record.name)
-        if key in self.leases:
-            raise Conflict(f"lease {key} already exists", 409)
-        return self._store(record)
-
-    def update_lease(self, record: LeaseRecord) -> LeaseRecord:
-        current = self.get_lease(record.namespace, record.name)
-        if record.resource_version != current.resource_version:
-            raise Conflict("the object has been modified", 409)
-        return self._store(record)
-
-    def _store(self, record: LeaseRecord) -> LeaseRecord:
-        self.version += 1
-        self.writes += 1
-        stored = dataclasses.replace(record, resource_version=str(self.version))
-        self.leases[(record.namespace, record.name)] = stored
-        return stored
-
-    @contextlib.contextmanager
-    def deadline(self, seconds: float) -> Iterator[None]:
-        yield
-
-    def patch_pod_metadata(
-        self,
-        namespace: str,
-        name: str,
-        annotations: Mapping[str, str | None],
-        labels: Mapping[str, str | None] | None = None,
-    ) -> object:
-        raise AssertionError("no pod labels without POD_NAME/POD_NAMESPACE")
-
-    def list_objects(self, path: str, *, label_selector: str | None = None) -> ObjectList:
-        raise AssertionError("no pod labels without POD_NAME/POD_NAMESPACE")
-
-
 class _View:
     """One elector's window on the shared store: it can be cut off (every call raises
     Retryable, as after the KubeClient's retries against an API server answering 500) or
     given a hook that runs before each write (to interleave another elector's calls)."""
 
-    def __init__(self, store: _Leases) -> None:
+    def __init__(self, store: FakeKube) -> None:
         self.store = store
         self.down = False
         self.before_write: Callable[[], object] | None = None
@@ -136,11 +89,21 @@ class _View:
         name: str,
         annotations: Mapping[str, str | None],
         labels: Mapping[str, str | None] | None = None,
-    ) -> object:
-        return self.store.patch_pod_metadata(namespace, name, annotations, labels)
+        resource_version: str | None = None,
+    ) -> PodInfo:
+        return self.store.patch_pod_metadata(namespace, name, annotations, labels, resource_version)
 
-    def list_objects(self, path: str, *, label_selector: str | None = None) -> ObjectList:
-        return self.store.list_objects(path, label_selector=label_selector)
+    def list_objects(
+        self,
+        path: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = 500,
+    ) -> ObjectList:
+        return self.store.list_objects(
+            path, label_selector=label_selector, field_selector=field_selector, page_size=page_size
+        )
 
 
 @dataclasses.dataclass
@@ -151,7 +114,7 @@ class Replica:
 
 
 def _replica(
-    store: _Leases,
+    store: FakeKube,
     clock: Callable[[], float],
     identity: str,
     *,
@@ -175,16 +138,20 @@ def _replica(
         config,
         on_started_leading=lambda: transitions.append("started"),
         on_stopped_leading=lambda: transitions.append("stopped"),
-        clock=clock,
-        wall_clock=wall_clock or (lambda: _EPOCH + timedelta(seconds=clock())),
+        clock=SplitClock(clock, wall_clock or (lambda: _EPOCH + timedelta(seconds=clock()))),
         rng=random.Random(7),
     )
     return Replica(elector, view, transitions)
 
 
 @pytest.fixture
-def store() -> _Leases:
-    return _Leases()
+def store() -> FakeKube:
+    kube = FakeKube()
+    # No replica here has POD_NAME/POD_NAMESPACE: none may label pods.
+    unlabelled = AssertionError("no pod labels without POD_NAME/POD_NAMESPACE")
+    kube.fail("patch_pod_metadata", unlabelled, times=None)
+    kube.fail("list_objects", unlabelled, times=None)
+    return kube
 
 
 @pytest.fixture
@@ -192,14 +159,14 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-def _lease(store: _Leases) -> LeaseRecord:
+def _lease(store: FakeKube) -> LeaseRecord:
     return store.get_lease(NAMESPACE, NAME)
 
 
 # --- acquiring ------------------------------------------------------------------------------
 
 
-def test_the_first_candidate_creates_the_lease_and_leads(store: _Leases, clock: FakeClock) -> None:
+def test_the_first_candidate_creates_the_lease_and_leads(store: FakeKube, clock: FakeClock) -> None:
     a = _replica(store, clock, "a")
     b = _replica(store, clock, "b")
 
@@ -219,7 +186,7 @@ def test_the_first_candidate_creates_the_lease_and_leads(store: _Leases, clock: 
     assert lease.acquire_time == lease.renew_time
 
 
-def test_a_renewing_leader_keeps_the_lease(store: _Leases, clock: FakeClock) -> None:
+def test_a_renewing_leader_keeps_the_lease(store: FakeKube, clock: FakeClock) -> None:
     a = _replica(store, clock, "a")
     b = _replica(store, clock, "b")
     a.elector.tick()
@@ -235,7 +202,7 @@ def test_a_renewing_leader_keeps_the_lease(store: _Leases, clock: FakeClock) -> 
 
 
 def test_a_follower_takes_over_a_lease_duration_after_it_last_saw_it_change(
-    store: _Leases, clock: FakeClock
+    store: FakeKube, clock: FakeClock
 ) -> None:
     # The dead leader stamped renewTime a year ahead of everyone: the follower never compares
     # timestamps with its clock, it times the lease from when it saw the record change.
@@ -261,7 +228,7 @@ def test_a_follower_takes_over_a_lease_duration_after_it_last_saw_it_change(
 
 
 def test_a_leader_that_cannot_renew_steps_down_before_anyone_can_take_over(
-    store: _Leases, clock: FakeClock
+    store: FakeKube, clock: FakeClock
 ) -> None:
     a = _replica(store, clock, "a")
     b = _replica(store, clock, "b")
@@ -294,7 +261,7 @@ def test_a_leader_that_cannot_renew_steps_down_before_anyone_can_take_over(
 
 
 def test_is_leader_turns_false_at_the_renew_deadline_even_without_a_tick(
-    store: _Leases, clock: FakeClock
+    store: FakeKube, clock: FakeClock
 ) -> None:
     a = _replica(store, clock, "a")
     a.elector.tick()
@@ -308,7 +275,7 @@ def test_is_leader_turns_false_at_the_renew_deadline_even_without_a_tick(
 
 
 def test_a_leader_steps_down_at_once_when_another_identity_holds_the_lease(
-    store: _Leases, clock: FakeClock
+    store: FakeKube, clock: FakeClock
 ) -> None:
     a = _replica(store, clock, "a")
     a.elector.tick()
@@ -323,7 +290,7 @@ def test_a_leader_steps_down_at_once_when_another_identity_holds_the_lease(
     assert a.elector.holder() == "intruder"
 
 
-def test_a_stepped_down_leader_campaigns_again(store: _Leases, clock: FakeClock) -> None:
+def test_a_stepped_down_leader_campaigns_again(store: FakeKube, clock: FakeClock) -> None:
     a = _replica(store, clock, "a")
     a.elector.tick()
     a.view.down = True
@@ -342,7 +309,7 @@ def test_a_stepped_down_leader_campaigns_again(store: _Leases, clock: FakeClock)
 # --- races ----------------------------------------------------------------------------------
 
 
-def test_two_candidates_creating_the_lease_one_wins(store: _Leases, clock: FakeClock) -> None:
+def test_two_candidates_creating_the_lease_one_wins(store: FakeKube, clock: FakeClock) -> None:
     a = _replica(store, clock, "a")
     b = _replica(store, clock, "b")
     # b reads "not found", then a creates the lease before b's create arrives.
@@ -355,7 +322,7 @@ def test_two_candidates_creating_the_lease_one_wins(store: _Leases, clock: FakeC
 
 
 def test_two_candidates_taking_over_an_expired_lease_one_wins(
-    store: _Leases, clock: FakeClock
+    store: FakeKube, clock: FakeClock
 ) -> None:
     dead = _replica(store, clock, "dead")
     a = _replica(store, clock, "a")
@@ -375,7 +342,7 @@ def test_two_candidates_taking_over_an_expired_lease_one_wins(
 
 
 def test_a_renewal_with_a_stale_version_reads_the_lease_and_renews(
-    store: _Leases, clock: FakeClock
+    store: FakeKube, clock: FakeClock
 ) -> None:
     a = _replica(store, clock, "a")
     a.elector.tick()
@@ -395,7 +362,7 @@ def test_a_renewal_with_a_stale_version_reads_the_lease_and_renews(
 
 
 def test_release_empties_the_holder_and_the_next_candidate_takes_over_at_once(
-    store: _Leases, clock: FakeClock
+    store: FakeKube, clock: FakeClock
 ) -> None:
     a = _replica(store, clock, "a")
     b = _replica(store, clock, "b")
@@ -415,7 +382,7 @@ def test_release_empties_the_holder_and_the_next_candidate_takes_over_at_once(
     assert _lease(store).lease_transitions == 1
 
 
-def test_release_leaves_a_lease_someone_else_holds(store: _Leases, clock: FakeClock) -> None:
+def test_release_leaves_a_lease_someone_else_holds(store: FakeKube, clock: FakeClock) -> None:
     a = _replica(store, clock, "a")
     b = _replica(store, clock, "b")
     a.elector.tick()
@@ -429,7 +396,7 @@ def test_release_leaves_a_lease_someone_else_holds(store: _Leases, clock: FakeCl
     assert _lease(store).holder_identity == "b"
 
 
-def test_run_stops_leading_then_releases_on_stop(store: _Leases) -> None:
+def test_run_stops_leading_then_releases_on_stop(store: FakeKube) -> None:
     order: list[str] = []
     view = _View(store)
     original = view.update_lease
@@ -513,12 +480,17 @@ def test_config_refuses_timings_client_go_refuses(
         ElectionConfig(NAMESPACE, NAME, "a", lease, renew, retry)
 
 
-def test_callback_errors_do_not_stop_the_election(store: _Leases, clock: FakeClock) -> None:
+def test_callback_errors_do_not_stop_the_election(store: FakeKube, clock: FakeClock) -> None:
     def broken() -> None:
         raise RuntimeError("bug in a callback")
 
     config = ElectionConfig(NAMESPACE, NAME, "a")
-    elector = LeaderElector(store, config, on_started_leading=broken, clock=clock)
+    elector = LeaderElector(
+        store,
+        config,
+        on_started_leading=broken,
+        clock=SplitClock(clock, lambda: _EPOCH + timedelta(seconds=clock())),
+    )
     elector.tick()
     assert elector.is_leader()
     clock.advance(2.0)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -24,8 +23,13 @@ from hami_plugin.extender.leader import (
     ElectionConfig,
     LeaderElector,
 )
-from hami_plugin.kube.client import KubeClient, LeaseRecord, Retryable, RetryPolicy
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.kube.errors import Retryable
+from hami_plugin.kube.records import LeaseRecord
+from hami_plugin.kube.retry import RetryPolicy
 from hami_plugin.testing.apiserver import FakeApiServer
+from tests.extender.helpers import SplitClock
+from tests.processes import wait_until
 
 NAMESPACE = "hami-system"
 NAME = "hami-scheduler-extender"
@@ -65,7 +69,8 @@ def replicas(apiserver: FakeApiServer) -> Iterator[Callable[..., Replica]]:
         settings = ElectionConfig(NAMESPACE, NAME, identity, **config)
         extra: dict[str, Any] = {}
         if clock is not None:
-            extra = {"clock": clock, "wall_clock": lambda: _EPOCH + timedelta(seconds=clock())}
+            ticks = clock
+            extra = {"clock": SplitClock(ticks, lambda: _EPOCH + timedelta(seconds=ticks()))}
         elector = LeaderElector(
             client,
             settings,
@@ -207,13 +212,6 @@ def _running(elector: LeaderElector) -> Iterator[threading.Event]:
         assert not thread.is_alive()
 
 
-def _wait(predicate: Callable[[], object], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.02)
-
-
 FAST: dict[str, Any] = {
     "lease_duration_seconds": 2,
     "renew_deadline_seconds": 1.0,
@@ -226,7 +224,7 @@ def test_a_clean_stop_releases_the_lease(
 ) -> None:
     a = replicas("a", **FAST)
     with _running(a.elector):
-        _wait(a.elector.is_leader, "a leads")
+        wait_until(a.elector.is_leader, "a leads", timeout=15.0)
     spec = _lease(apiserver)["spec"]
     assert (spec["holderIdentity"], spec["leaseDurationSeconds"]) == ("", 1)
     assert a.transitions == ["started", "stopped"]
@@ -276,15 +274,31 @@ def test_labels_follow_the_role_and_a_lost_leaders_pod_is_relabelled(
     a, b = electors
     try:
         with _running(a):
-            _wait(a.is_leader, "a leads")
+            wait_until(a.is_leader, "a leads", timeout=15.0)
             with _running(b):
-                _wait(lambda: role("scheduler-a") == ROLE_LEADER, "a's pod is labelled leader")
-                _wait(lambda: role("scheduler-b") == ROLE_FOLLOWER, "b's pod: follower")
+                wait_until(
+                    lambda: role("scheduler-a") == ROLE_LEADER,
+                    "a's pod is labelled leader",
+                    timeout=15.0,
+                )
+                wait_until(
+                    lambda: role("scheduler-b") == ROLE_FOLLOWER, "b's pod: follower", timeout=15.0
+                )
                 a_api.severed = True  # a can no longer renew, nor fix its own label
-                _wait(b.is_leader, "b takes over once a's lease expired on b's clock")
+                wait_until(
+                    b.is_leader, "b takes over once a's lease expired on b's clock", timeout=15.0
+                )
                 assert not a.is_leader()
-                _wait(lambda: role("scheduler-b") == ROLE_LEADER, "b's pod is labelled leader")
-                _wait(lambda: role("scheduler-a") == ROLE_FOLLOWER, "a's stale label is fixed")
+                wait_until(
+                    lambda: role("scheduler-b") == ROLE_LEADER,
+                    "b's pod is labelled leader",
+                    timeout=15.0,
+                )
+                wait_until(
+                    lambda: role("scheduler-a") == ROLE_FOLLOWER,
+                    "a's stale label is fixed",
+                    timeout=15.0,
+                )
         assert _lease(apiserver)["spec"]["leaseTransitions"] == 1
     finally:
         for client in clients:

@@ -45,7 +45,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hami_plugin.clock import ManualClock
-from hami_plugin.extender.state import BindPlan, SchedulerState
+from hami_plugin.extender.bookings import BindPlan, BindRefusal
+from hami_plugin.extender.state import SchedulerState
 from hami_plugin.kube.informer import InformerHandler
 from hami_plugin.protocol.codec import decode_pod_devices, encode_node_devices
 from hami_plugin.protocol.model import (
@@ -210,13 +211,13 @@ class _StateUnderTest:
     # --- kube-scheduler -----------------------------------------------------------------------
 
     def filter(self, pod: Mapping[str, Any]) -> str | None:
-        answer = self.state.filter(pod, list(NODES))
+        answer = self.state.filter(read_pod(pod), list(NODES))
         assert not answer.error, answer.error
         return answer.node_names[0] if answer.node_names else None
 
     def plan_bind(self, pod: Mapping[str, Any], node: str) -> BindPlan | None:
         plan = self.state.plan_bind(read_pod(pod), node)
-        return None if isinstance(plan, str) else plan
+        return None if isinstance(plan, BindRefusal) else plan
 
     def expire_filter_bookings(self) -> None:
         self.clock.advance(BOOKING_TTL_SECONDS + 1)

@@ -14,8 +14,9 @@ from hami_plugin.protocol.model import (
     ANNOTATION_NODE_LOCK,
 )
 from hami_plugin.testing.apiserver import FakeApiServer
-from tests.extender.cluster import running_scheduler, wait_until
+from tests.extender.cluster import running_scheduler
 from tests.extender.helpers import gpu_node, gpu_pod
+from tests.processes import wait_until
 
 
 def lock_of(api: FakeApiServer, node: str) -> str | None:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import threading
-import time
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from hami_plugin.clock import ManualClock
-from hami_plugin.extender.state import BindPlan, BookingPhase, SchedulerState
+from hami_plugin.extender.bind import refusal_message
+from hami_plugin.extender.bookings import BindPlan, BindRefusal, BookingPhase
+from hami_plugin.extender.nodes import LockRelease
+from hami_plugin.extender.state import SchedulerState
 from hami_plugin.protocol.codec import encode_pod_devices
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
@@ -80,13 +82,13 @@ def bound_plan(state: SchedulerState, pod: dict[str, Any], node: str) -> BindPla
 
 def test_filter_books_the_chosen_node_in_memory(state: SchedulerState) -> None:
     add_node(state, gpu_node("n1", 1, split=1))
-    answer = state.filter(gpu_pod("a"), ["n1"])
+    answer = state.filter(read_pod(gpu_pod("a")), ["n1"])
     assert answer.node_names == ["n1"]
     assert answer.failed_nodes is None
     assert answer.outcome == "fit"
     assert state.bookings() == {"default/a": ("n1", BookingPhase.FILTERED)}
     # the one slot is booked: the next pod does not fit
-    second = state.filter(gpu_pod("b"), ["n1"])
+    second = state.filter(read_pod(gpu_pod("b")), ["n1"])
     assert second.node_names is None
     assert second.failed_nodes == {"n1": "1/1 CardTimeSlicingExhausted"}
     assert second.outcome == "no_fit"
@@ -94,7 +96,7 @@ def test_filter_books_the_chosen_node_in_memory(state: SchedulerState) -> None:
 
 
 def test_no_gpu_pod_passes_every_node_untouched(state: SchedulerState) -> None:
-    answer = state.filter(cpu_pod("web"), ["n1", "n2"])
+    answer = state.filter(read_pod(cpu_pod("web")), ["n1", "n2"])
     assert answer.node_names == ["n1", "n2"]
     assert answer.outcome == "no_gpu"
     assert state.bookings() == {}
@@ -102,7 +104,7 @@ def test_no_gpu_pod_passes_every_node_untouched(state: SchedulerState) -> None:
 
 def test_unregistered_nodes_and_hamis_reasons(state: SchedulerState) -> None:
     add_node(state, gpu_node("small", 1, memory=500))
-    answer = state.filter(gpu_pod("a", memory=1000), ["small", "cpu-only"])
+    answer = state.filter(read_pod(gpu_pod("a", memory=1000)), ["small", "cpu-only"])
     assert answer.failed_nodes == {
         "small": "1/1 CardInsufficientMemory",
         "cpu-only": "node unregistered",
@@ -118,7 +120,7 @@ def test_unregistered_nodes_and_hamis_reasons(state: SchedulerState) -> None:
 def test_invalid_annotation_is_hamis_error(state: SchedulerState) -> None:
     add_node(state, gpu_node("n1"))
     pod = gpu_pod("a", annotations={ANNOTATION_DEVICE_SCORING_WEIGHTS: "slot=x"})
-    answer = state.filter(pod, ["n1"])
+    answer = state.filter(read_pod(pod), ["n1"])
     assert answer.error == (
         'calcScore failed invalid hami.io/device-scoring-weights annotation "slot=x": '
         "expected slot, core, and memory weights for pod a"
@@ -131,21 +133,21 @@ def test_booking_expires_and_is_counted(
     state: SchedulerState, clock: ManualClock, observer: RecordingObserver
 ) -> None:
     add_node(state, gpu_node("n1", 1, split=1))
-    assert state.filter(gpu_pod("a"), ["n1"]).node_names == ["n1"]
+    assert state.filter(read_pod(gpu_pod("a")), ["n1"]).node_names == ["n1"]
     clock.advance(29)
     assert state.expire_bookings() == 0
     clock.advance(2)
     assert state.expire_bookings() == 1
     assert observer.named("booking_expired") == [None]
     assert used_slots(state, "n1") == 0
-    assert state.filter(gpu_pod("b"), ["n1"]).node_names == ["n1"]
+    assert state.filter(read_pod(gpu_pod("b")), ["n1"]).node_names == ["n1"]
 
 
 def test_refilter_drops_the_previous_booking(state: SchedulerState) -> None:
     add_node(state, gpu_node("n1", 1, split=1))
     add_node(state, gpu_node("n2", 1, split=1))
-    assert state.filter(gpu_pod("a"), ["n1"]).node_names == ["n1"]
-    assert state.filter(gpu_pod("a"), ["n2"]).node_names == ["n2"]
+    assert state.filter(read_pod(gpu_pod("a")), ["n1"]).node_names == ["n1"]
+    assert state.filter(read_pod(gpu_pod("a")), ["n2"]).node_names == ["n2"]
     assert used_slots(state, "n1") == 0
     assert used_slots(state, "n2") == 1
 
@@ -153,7 +155,7 @@ def test_refilter_drops_the_previous_booking(state: SchedulerState) -> None:
 def test_pod_event_without_annotations_keeps_the_booking(state: SchedulerState) -> None:
     add_node(state, gpu_node("n1", 1, split=1))
     pod = gpu_pod("a")
-    state.filter(pod, ["n1"])
+    state.filter(read_pod(pod), ["n1"])
     add_pod(state, pod)  # e.g. a status update between filter and bind
     assert used_slots(state, "n1") == 1
     assert state.booking_phase("default", "a") is BookingPhase.FILTERED
@@ -163,7 +165,7 @@ def test_bind_patch_event_replaces_the_booking_never_double(state: SchedulerStat
     add_node(state, gpu_node("n1", 1, split=2))
     pod = gpu_pod("a")
     add_pod(state, pod)
-    state.filter(pod, ["n1"])
+    state.filter(read_pod(pod), ["n1"])
     plan = bound_plan(state, pod, "n1")
     assert state.booking_phase("default", "a") is BookingPhase.BINDING
     state.bind_succeeded(plan)
@@ -181,7 +183,7 @@ def test_bind_patch_event_replaces_the_booking_never_double(state: SchedulerStat
 def test_failed_pending_pod_is_not_counted(state: SchedulerState) -> None:
     add_node(state, gpu_node("n1", 1, split=1))
     pod = gpu_pod("a")
-    state.filter(pod, ["n1"])
+    state.filter(read_pod(pod), ["n1"])
     plan = bound_plan(state, pod, "n1")
     state.bind_succeeded(plan)
     shown = patched(pod, plan)
@@ -195,7 +197,7 @@ def test_failed_pending_pod_is_not_counted(state: SchedulerState) -> None:
 def test_bind_failure_frees_the_booking(state: SchedulerState) -> None:
     add_node(state, gpu_node("n1", 1, split=1))
     pod = gpu_pod("a")
-    state.filter(pod, ["n1"])
+    state.filter(read_pod(pod), ["n1"])
     plan = bound_plan(state, pod, "n1")
     state.bind_failed(plan)
     assert used_slots(state, "n1") == 0
@@ -209,14 +211,32 @@ def test_bind_without_booking_decides_again(state: SchedulerState) -> None:
     assert plan.annotations[ANNOTATION_VGPU_NODE] == "n1"
     assert plan.needs_lock and not plan.protocol
     refused = state.plan_bind(read_pod(gpu_pod("b")), "n1")
-    assert refused == "pod default/b does not fit on node n1: 1/1 CardTimeSlicingExhausted"
+    assert isinstance(refused, BindRefusal) and refused.annotation_error is None
+    assert refusal_message(refused) == (
+        "pod default/b does not fit on node n1: 1/1 CardTimeSlicingExhausted"
+    )
+
+
+def test_bind_refusal_keeps_the_annotation_error_as_data(state: SchedulerState) -> None:
+    add_node(state, gpu_node("n1"))
+    pod = gpu_pod("a", annotations={ANNOTATION_DEVICE_SCORING_WEIGHTS: "slot=x"})
+    refused = state.plan_bind(read_pod(pod), "n1")
+    assert isinstance(refused, BindRefusal) and refused.failure is None
+    assert refused.annotation_error is not None
+    assert refused.annotation_error.key == ANNOTATION_DEVICE_SCORING_WEIGHTS
+    # rendered only at the edge, as the filter renders it
+    assert refusal_message(refused) == (
+        'calcScore failed invalid hami.io/device-scoring-weights annotation "slot=x": '
+        "expected slot, core, and memory weights for pod a"
+    )
+    assert state.bookings() == {}
 
 
 def test_deleted_pod_frees_booking_and_queues_its_lock(state: SchedulerState) -> None:
     lock = f"{START:%Y-%m-%dT%H:%M:%SZ},default,a"
     add_node(state, gpu_node("n1", 1, split=1, annotations={ANNOTATION_NODE_LOCK: lock}))
     pod = gpu_pod("a")
-    state.filter(pod, ["n1"])
+    state.filter(read_pod(pod), ["n1"])
     plan = bound_plan(state, pod, "n1")
     state.bind_succeeded(plan)
     info = add_pod(state, patched(pod, plan, bound=True))
@@ -224,13 +244,15 @@ def test_deleted_pod_frees_booking_and_queues_its_lock(state: SchedulerState) ->
     assert used_slots(state, "n1") == 0
     assert state.bookings() == {}
     assert state.work.is_set()
-    assert state.take_lock_releases() == {("n1", "default/a"): lock}
+    assert state.take_lock_releases() == [LockRelease("n1", "default", "a", lock)]
 
 
 def test_simulation_answers_the_node_object_and_books_nothing(state: SchedulerState) -> None:
     full = gpu_node("full", 1, memory=500)
     roomy = gpu_node("roomy", 2)
-    answer = state.filter(gpu_pod("a"), None, nodes=[full, roomy, {"metadata": {"name": "cpu"}}])
+    answer = state.filter(
+        read_pod(gpu_pod("a")), None, nodes=[full, roomy, {"metadata": {"name": "cpu"}}]
+    )
     assert answer.nodes == [roomy]
     assert answer.node_names is None
     assert answer.failed_nodes == {"full": "1/1 CardInsufficientMemory", "cpu": "node unregistered"}
@@ -264,7 +286,7 @@ def test_unhealthy_node_loses_its_gpus_and_handshake(
 def test_stale_allocations(state: SchedulerState, clock: ManualClock) -> None:
     add_node(state, gpu_node("n1", 1, split=2))
     pod = gpu_pod("a")
-    state.filter(pod, ["n1"])
+    state.filter(read_pod(pod), ["n1"])
     plan = bound_plan(state, pod, "n1")
     state.bind_succeeded(plan)
     add_pod(state, patched(pod, plan, bound=True))
@@ -277,37 +299,41 @@ def test_stale_allocations(state: SchedulerState, clock: ManualClock) -> None:
 # --- in flight ----------------------------------------------------------------------------------
 
 
-def test_protocol_binds_wait_only_for_confusable_pods(state: SchedulerState) -> None:
+def test_protocol_binds_wait_only_for_confusable_pods(
+    state: SchedulerState, clock: ManualClock
+) -> None:
     add_node(state, gpu_node("n1", 4, protocol=True))
     one = gpu_pod("one", created="2026-01-01T00:00:00Z")
     two = gpu_pod("two", created="2026-01-01T00:00:00Z")
     pair = gpu_pod("pair", gpus=2, created="2026-01-01T00:00:00Z")
     for pod in (one, two, pair):
-        state.filter(pod, ["n1"])
+        state.filter(read_pod(pod), ["n1"])
     plan_one = bound_plan(state, one, "n1")
     assert plan_one.protocol and not plan_one.needs_lock
-    assert state.claim_in_flight(plan_one, time.monotonic()) is None
+    assert state.claim_in_flight(plan_one, clock.monotonic()) is None
     # same count, same creation second: kubelet could take one for the other
     plan_two = bound_plan(state, two, "n1")
-    blocker = state.claim_in_flight(plan_two, time.monotonic())
+    blocker = state.claim_in_flight(plan_two, clock.monotonic())
     assert blocker is not None and "default/one" in blocker
     # another count cannot be confused
     plan_pair = bound_plan(state, pair, "n1")
-    assert state.claim_in_flight(plan_pair, time.monotonic()) is None
+    assert state.claim_in_flight(plan_pair, clock.monotonic()) is None
 
 
-def test_waiting_bind_wakes_when_the_blocker_finishes(state: SchedulerState) -> None:
+def test_waiting_bind_wakes_when_the_blocker_finishes(
+    state: SchedulerState, clock: ManualClock
+) -> None:
     add_node(state, gpu_node("n1", 4, protocol=True))
     one, two = gpu_pod("one"), gpu_pod("two")
     for pod in (one, two):
-        state.filter(pod, ["n1"])
+        state.filter(read_pod(pod), ["n1"])
     plan_one = bound_plan(state, one, "n1")
-    assert state.claim_in_flight(plan_one, time.monotonic()) is None
+    assert state.claim_in_flight(plan_one, clock.monotonic()) is None
     state.bind_succeeded(plan_one)
     plan_two = bound_plan(state, two, "n1")
     result: list[str | None] = []
     waiter = threading.Thread(
-        target=lambda: result.append(state.claim_in_flight(plan_two, time.monotonic() + 30))
+        target=lambda: result.append(state.claim_in_flight(plan_two, clock.monotonic() + 30))
     )
     waiter.start()
     shown = patched(one, plan_one, bound=True)
@@ -321,7 +347,9 @@ def test_waiting_bind_wakes_when_the_blocker_finishes(state: SchedulerState) -> 
     assert set(state.in_flight("n1")) == {"default/one", "default/two"}
 
 
-def test_unreadable_in_flight_pod_blocks_its_node(state: SchedulerState) -> None:
+def test_unreadable_in_flight_pod_blocks_its_node(
+    state: SchedulerState, clock: ManualClock
+) -> None:
     add_node(state, gpu_node("n1", 4, protocol=True))
     broken = gpu_pod(
         "broken",
@@ -335,12 +363,12 @@ def test_unreadable_in_flight_pod_blocks_its_node(state: SchedulerState) -> None
     )
     add_pod(state, broken)
     pod = gpu_pod("a")
-    state.filter(pod, ["n1"])
+    state.filter(read_pod(pod), ["n1"])
     plan = bound_plan(state, pod, "n1")
-    blocker = state.claim_in_flight(plan, time.monotonic())
+    blocker = state.claim_in_flight(plan, clock.monotonic())
     assert blocker is not None and "no readable booking" in blocker
     state.pod_deleted(read_pod(broken))
-    assert state.claim_in_flight(plan, time.monotonic()) is None
+    assert state.claim_in_flight(plan, clock.monotonic()) is None
 
 
 # --- pods re-created under the same name, lost watch events -------------------------------------
@@ -358,14 +386,14 @@ def test_a_predecessors_late_events_never_free_its_successors_booking(
     add_pod(state, old)
     new = _with_uid(gpu_pod("web-0"), "uid-new")
     # kube-scheduler saw the successor before our watch saw the predecessor go
-    assert state.filter(new, ["n1"]).node_names == ["n1"]
+    assert state.filter(read_pod(new), ["n1"]).node_names == ["n1"]
     plan = bound_plan(state, new, "n1")
     state.bind_succeeded(plan)
     add_pod(state, old)  # a late MODIFIED of the predecessor
     state.pod_deleted(read_pod(old))  # and its DELETED
     assert used_slots(state, "n1") == 1
     assert state.booking_phase("default", "web-0") is BookingPhase.BOUND
-    assert state.filter(gpu_pod("other"), ["n1"]).node_names is None
+    assert state.filter(read_pod(gpu_pod("other")), ["n1"]).node_names is None
     # the successor's own events take over
     add_pod(state, patched(new, plan, bound=True))
     assert state.bookings() == {}
@@ -376,7 +404,7 @@ def test_a_seen_pods_booking_goes_when_a_successor_shows_up(state: SchedulerStat
     add_node(state, gpu_node("n1", 1, split=1))
     old = _with_uid(gpu_pod("web-0"), "uid-old")
     add_pod(state, old)
-    assert state.filter(old, ["n1"]).node_names == ["n1"]
+    assert state.filter(read_pod(old), ["n1"]).node_names == ["n1"]
     add_pod(state, _with_uid(gpu_pod("web-0"), "uid-new"))  # old deleted, DELETED lost
     assert state.bookings() == {}
     assert used_slots(state, "n1") == 0
@@ -388,7 +416,7 @@ def test_a_bound_pod_missing_from_a_relist_is_freed_after_the_ttl(
     add_node(state, gpu_node("n1", 2, split=1))
     gone, late = gpu_pod("gone"), gpu_pod("late")
     for pod in (gone, late):
-        state.filter(pod, ["n1"])
+        state.filter(read_pod(pod), ["n1"])
         state.bind_succeeded(bound_plan(state, pod, "n1"))
     state.pods_relisted()  # neither is in the list
     clock.advance(10)

@@ -11,13 +11,15 @@ from hypothesis import strategies as st
 
 from hami_plugin.protocol.codec import parse_pod_gpu_options
 from hami_plugin.protocol.model import NodePolicy
-from hami_plugin.protocol.objects import read_pod
+from hami_plugin.protocol.objects import PodInfo, read_pod
 from hami_plugin.scheduler.filter import FilterResult, assume, decide
 from hami_plugin.scheduler.fit import FitContext, FitFailure, fit_pod, render_failure
 from hami_plugin.scheduler.ledger import Ledger
 from hami_plugin.scheduler.requests import pod_requests
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.usage import DeviceTally
+from hami_plugin.testing.apiserver import make_container
+from hami_plugin.testing.apiserver import make_pod as make_pod_object
 
 from .helpers import gpu
 
@@ -28,16 +30,11 @@ SPREAD = SchedulerSettings(node_policy=NodePolicy.SPREAD)
 
 def make_pod(
     *containers: dict[str, Any] | None, annotations: dict[str, str] | None = None, name: str = "p"
-) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "namespace": "ns", "annotations": annotations or {}},
-        "spec": {
-            "containers": [
-                {"name": f"c{i}", "resources": {"limits": limits}} if limits else {"name": f"c{i}"}
-                for i, limits in enumerate(containers)
-            ]
-        },
-    }
+) -> PodInfo:
+    """A pod as the decision takes it: read from its API object, whose containers ask
+    `containers` (limits; None: no resources)."""
+    entries = [make_container(f"c{i}", limits=limits) for i, limits in enumerate(containers)]
+    return read_pod(make_pod_object(name, "ns", annotations=annotations, containers=entries))
 
 
 def gpus(count: int, memory: int = 8000, cores: int = 10) -> dict[str, Any]:
@@ -155,7 +152,9 @@ def test_invalid_annotations_are_an_error_for_the_pod(
         cluster({"n1": 0}), make_pod(gpus(1), annotations=annotations), None, NOW, BINPACK
     )
     assert result.node is None
-    assert result.error is not None and message in result.error
+    # the reason stays data: the annotation's key and what is wrong with its value
+    assert result.error is not None and result.error.key in annotations
+    assert message in result.error.detail
 
 
 def test_unregistered_and_unfit_nodes() -> None:
@@ -212,7 +211,7 @@ def test_init_containers_in_the_annotation_order() -> None:
             "containers": [{"name": "c0", "resources": {"limits": gpus(1, 700)}}, {"name": "c1"}],
         },
     }
-    result = decide(ledger, pod, None, NOW, BINPACK)
+    result = decide(ledger, read_pod(pod), None, NOW, BINPACK)
     assert result.annotations["hami.io/vgpu-devices-allocated"] == (
         ";G,NVIDIA,500,10:;G,NVIDIA,700,10:;;"
     )
@@ -270,9 +269,8 @@ pod_specs = st.builds(
 candidate_lists = st.none() | st.lists(st.sampled_from([*NAMES, "gone"]), max_size=8)
 
 
-def _fitting(ledger: Ledger, pod: dict[str, Any], names: list[str] | None) -> dict[str, float]:
+def _fitting(ledger: Ledger, info: PodInfo, names: list[str] | None) -> dict[str, float]:
     """Every fitting candidate and its score, by plain HAMi fitting of each node."""
-    info = read_pod(pod)
     requests = pod_requests(info, BINPACK)
     options = parse_pod_gpu_options(info.annotations)
     context = FitContext.for_pod(options, BINPACK.gpu_policy)
@@ -288,7 +286,7 @@ def _fitting(ledger: Ledger, pod: dict[str, Any], names: list[str] | None) -> di
 
 @given(ledgers(), pod_specs, candidate_lists, st.sampled_from([BINPACK, SPREAD]))
 def test_the_chosen_node_is_the_best_fitting_one(
-    ledger: Ledger, pod: dict[str, Any], names: list[str] | None, settings: SchedulerSettings
+    ledger: Ledger, pod: PodInfo, names: list[str] | None, settings: SchedulerSettings
 ) -> None:
     result = decide(ledger, pod, names, NOW, settings)
     fitting = _fitting(ledger, pod, names)
@@ -306,7 +304,7 @@ def test_the_chosen_node_is_the_best_fitting_one(
 
 @given(ledgers(), pod_specs, candidate_lists, st.sampled_from([BINPACK, SPREAD]))
 def test_decisions_are_deterministic(
-    ledger: Ledger, pod: dict[str, Any], names: list[str] | None, settings: SchedulerSettings
+    ledger: Ledger, pod: PodInfo, names: list[str] | None, settings: SchedulerSettings
 ) -> None:
     first = decide(ledger, pod, names, NOW, settings)
     again = decide(ledger, pod, names, NOW, settings)
@@ -326,7 +324,7 @@ def test_fit_cache_refits_only_changed_nodes(monkeypatch: pytest.MonkeyPatch) ->
     from hami_plugin.scheduler import filter as filter_module
 
     calls: list[str] = []
-    real_fit_pod = filter_module.fit_pod
+    real_fit_pod = fit_pod
 
     def counting(usage: Any, *args: Any) -> Any:
         calls.append(usage.name)
@@ -369,7 +367,7 @@ def test_fit_cache_refits_only_changed_nodes(monkeypatch: pytest.MonkeyPatch) ->
 )
 def test_the_fit_cache_never_changes_a_decision(
     ledger: Ledger,
-    stream: list[tuple[dict[str, Any], bool, SchedulerSettings, list[str] | None, str | None]],
+    stream: list[tuple[PodInfo, bool, SchedulerSettings, list[str] | None, str | None]],
 ) -> None:
     from hami_plugin.scheduler.filter import FitCache
 

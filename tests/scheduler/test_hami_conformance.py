@@ -31,7 +31,7 @@ from hami_plugin.protocol.model import (
     NodePolicy,
     ScoringWeights,
 )
-from hami_plugin.protocol.objects import ContainerSpec
+from hami_plugin.protocol.objects import ContainerSpec, read_node, read_pod
 from hami_plugin.scheduler.filter import assume, decide
 from hami_plugin.scheduler.fit import (
     FitContext,
@@ -51,6 +51,8 @@ from hami_plugin.scheduler.requests import (
 from hami_plugin.scheduler.score import device_score, node_score
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.usage import NodeUsage
+from hami_plugin.testing.apiserver import make_container
+from hami_plugin.testing.apiserver import make_pod as make_pod_object
 
 from .helpers import context, gpu, node
 
@@ -116,18 +118,15 @@ def make_pod(
     init: tuple[dict[str, Any] | None, ...] = (),
     annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    def spec(prefix: str, items: tuple[dict[str, Any] | None, ...]) -> list[dict[str, Any]]:
-        return [
-            {"name": f"{prefix}{i}", "resources": {"limits": limits}}
-            if limits
-            else {"name": f"{prefix}{i}"}
-            for i, limits in enumerate(items)
-        ]
-
-    return {
-        "metadata": {"name": "p", "namespace": "ns", "annotations": annotations or {}},
-        "spec": {"initContainers": spec("i", init), "containers": spec("c", containers)},
-    }
+    """Pod `ns/p` whose containers (`c0`, ...) and init containers (`i0`, ...) ask these
+    limits (None: no resources)."""
+    return make_pod_object(
+        "p",
+        "ns",
+        annotations=annotations,
+        containers=[make_container(f"c{i}", limits=limits) for i, limits in enumerate(containers)],
+        init_containers=[make_container(f"i{i}", limits=limits) for i, limits in enumerate(init)],
+    )
 
 
 def node_object(name: str, devices: list[GpuDevice], **annotations: str) -> dict[str, Any]:
@@ -218,7 +217,7 @@ def test_2_1_a_fractional_count_asks_no_gpu(count: str) -> None:
 def test_2_1_a_count_of_1k_fails_as_node_insufficient_device() -> None:
     ledger = Ledger()
     ledger.set_node("n1", [gpu("A"), gpu("B", 1)])
-    result = decide(ledger, make_pod({GPU: "1k"}), None, NOW, DEFAULTS)
+    result = decide(ledger, read_pod(make_pod({GPU: "1k"})), None, NOW, DEFAULTS)
     assert {name: render_failure(f) for name, f in result.failed_nodes.items()} == {
         "n1": "NodeInsufficientDevice"
     }
@@ -302,7 +301,7 @@ def test_2_5_cores(cores: str | None, expected: int) -> None:
 
 def test_2_init_containers_come_first() -> None:
     pod = make_pod({GPU: "1", MEM: "10"}, None, init=({GPU: "1", MEM: "20"}, None))
-    requests = pod_requests(pod, DEFAULTS)
+    requests = pod_requests(read_pod(pod), DEFAULTS)
     assert requests.init_count == 2
     assert [r.memory_mib if r else None for r in requests.containers] == [20, None, 10, None]
 
@@ -323,7 +322,7 @@ def test_2_6_memory_booked_per_gpu_is_integer_division_of_each_card() -> None:
 @pytest.fixture
 def ledger() -> Ledger:
     ledger = Ledger()
-    ledger.update_node(node_object("n1", [gpu("A", 0), gpu("B", 1)]))
+    ledger.update_node(read_node(node_object("n1", [gpu("A", 0), gpu("B", 1)])))
     return ledger
 
 
@@ -336,36 +335,38 @@ ALLOCATED = (
 
 
 def test_3_3_collapsed_usage_init_peak_against_app_sum(ledger: Ledger) -> None:
-    ledger.update_pod(pod_object("p", ALLOCATED, init=2, apps=2))
+    ledger.update_pod(read_pod(pod_object("p", ALLOCATED, init=2, apps=2)))
     # A: slots max(1, 2, 1) = 2, memory max(3000, 1200), cores max(20, 10); B: init only, 1 slot
     assert usage_of(ledger) == ((2, 1), (3000, 100), (20, 1))
 
 
 def test_3_3_finished_init_containers_shrink_usage_for_good(ledger: Ledger) -> None:
-    ledger.update_pod(pod_object("p", ALLOCATED, init=2, apps=2, init_done=True))
+    ledger.update_pod(read_pod(pod_object("p", ALLOCATED, init=2, apps=2, init_done=True)))
     assert usage_of(ledger) == ((2, 0), (1200, 0), (10, 0))
-    ledger.update_pod(pod_object("p", ALLOCATED, init=2, apps=2))  # statuses gone again
+    ledger.update_pod(read_pod(pod_object("p", ALLOCATED, init=2, apps=2)))  # statuses gone again
     assert usage_of(ledger) == ((2, 0), (1200, 0), (10, 0))
 
 
 def test_3_3_failed_and_succeeded_release_terminating_keeps(ledger: Ledger) -> None:
-    ledger.update_pod(pod_object("p1", "A,NVIDIA,1000,10:;"))
-    ledger.update_pod(pod_object("p2", "B,NVIDIA,2000,20:;", deleting=True))
+    ledger.update_pod(read_pod(pod_object("p1", "A,NVIDIA,1000,10:;")))
+    ledger.update_pod(read_pod(pod_object("p2", "B,NVIDIA,2000,20:;", deleting=True)))
     assert usage_of(ledger) == ((1, 1), (1000, 2000), (10, 20))
-    ledger.update_pod(pod_object("p1", "A,NVIDIA,1000,10:;", phase="Failed"))
-    ledger.update_pod(pod_object("p2", "B,NVIDIA,2000,20:;", phase="Succeeded", deleting=True))
+    ledger.update_pod(read_pod(pod_object("p1", "A,NVIDIA,1000,10:;", phase="Failed")))
+    ledger.update_pod(
+        read_pod(pod_object("p2", "B,NVIDIA,2000,20:;", phase="Succeeded", deleting=True))
+    )
     assert usage_of(ledger) == ((0, 0), (0, 0), (0, 0))
 
 
 def test_3_3_a_gpu_not_on_the_node_is_ignored(ledger: Ledger) -> None:
-    ledger.update_pod(pod_object("p", "Z,NVIDIA,1000,10:A,NVIDIA,5,1:;"))
+    ledger.update_pod(read_pod(pod_object("p", "Z,NVIDIA,1000,10:A,NVIDIA,5,1:;")))
     assert usage_of(ledger) == ((1, 0), (5, 0), (1, 0))
 
 
 def test_3_3_only_pods_with_a_vgpu_node_are_tracked(ledger: Ledger) -> None:
     pod = pod_object("p", "A,NVIDIA,1000,10:;")
     del pod["metadata"]["annotations"]["hami.io/vgpu-node"]
-    ledger.update_pod(pod)
+    ledger.update_pod(read_pod(pod))
     assert usage_of(ledger) == ((0, 0), (0, 0), (0, 0))
 
 
@@ -375,7 +376,7 @@ def test_3_3_only_pods_with_a_vgpu_node_are_tracked(ledger: Ledger) -> None:
 def test_3_4_1_a_pod_without_gpu_passes_everywhere() -> None:
     ledger = Ledger()
     ledger.set_node("n1", [gpu("A")])
-    result = decide(ledger, make_pod(None, {"cpu": "1"}), ["n1", "ghost"], NOW, DEFAULTS)
+    result = decide(ledger, read_pod(make_pod(None, {"cpu": "1"})), ["n1", "ghost"], NOW, DEFAULTS)
     assert (result.node, dict(result.failed_nodes), dict(result.annotations)) == (None, {}, {})
     assert not result.requests.wants_gpu
 
@@ -383,7 +384,7 @@ def test_3_4_1_a_pod_without_gpu_passes_everywhere() -> None:
 def test_3_4_3_unregistered_names_fail_with_a_bare_string() -> None:
     ledger = Ledger()
     ledger.set_node("n1", [gpu("A")])
-    result = decide(ledger, make_pod({GPU: "2"}), ["n1", "ghost"], NOW, DEFAULTS)
+    result = decide(ledger, read_pod(make_pod({GPU: "2"})), ["n1", "ghost"], NOW, DEFAULTS)
     assert {name: render_failure(f) for name, f in result.failed_nodes.items()} == {
         "ghost": "node unregistered",
         "n1": "NodeInsufficientDevice",
@@ -397,10 +398,14 @@ def test_3_4_6_node_policy_uses_the_score_before_the_pod() -> None:
     ledger.set_node("big", [gpu("B0", 0, memory=81920), gpu("B1", 1, memory=81920)])
     ledger.set_node("small", [gpu("S0", 0, memory=16384)])
     # big: 1 slot of 20, 10 of 200 cores, 8192 of 163840 MiB; small: empty
-    ledger.update_pod(pod_object("fill", "B0,NVIDIA,8192,10:;", node_name="big"))
+    ledger.update_pod(read_pod(pod_object("fill", "B0,NVIDIA,8192,10:;", node_name="big")))
     pod = make_pod({GPU: "1", MEM: "16000", CORES: "90"})
-    binpack = decide(ledger, pod, None, NOW, SchedulerSettings(node_policy=NodePolicy.BINPACK))
-    spread = decide(ledger, pod, None, NOW, SchedulerSettings(node_policy=NodePolicy.SPREAD))
+    binpack = decide(
+        ledger, read_pod(pod), None, NOW, SchedulerSettings(node_policy=NodePolicy.BINPACK)
+    )
+    spread = decide(
+        ledger, read_pod(pod), None, NOW, SchedulerSettings(node_policy=NodePolicy.SPREAD)
+    )
     assert (binpack.node, spread.node) == ("big", "small")
     big = ledger.node("big")
     assert big is not None
@@ -413,7 +418,7 @@ def test_3_4_5_every_failure_is_reported_when_no_node_fits() -> None:
     ledger.set_node("a", [gpu("A0", 0, healthy=False)])
     ledger.set_node("b", [gpu("B0", 0)], frozenset({"B0"}))
     ledger.set_node("c", [gpu("C0", 0, memory=1000)])
-    result = decide(ledger, make_pod({GPU: "1", MEM: "2000"}), None, NOW, DEFAULTS)
+    result = decide(ledger, read_pod(make_pod({GPU: "1", MEM: "2000"})), None, NOW, DEFAULTS)
     assert result.node is None
     assert {name: render_failure(f) for name, f in result.failed_nodes.items()} == {
         "a": "1/1 CardNotHealth",
@@ -770,13 +775,13 @@ def test_3_6_node_policy_is_spread_only_for_exactly_spread() -> None:
     ledger = Ledger()
     ledger.set_node("empty", [gpu("E0")])
     ledger.set_node("busy", [gpu("B0")])
-    ledger.update_pod(pod_object("fill", "B0,NVIDIA,8000,10:;", node_name="busy"))
+    ledger.update_pod(read_pod(pod_object("fill", "B0,NVIDIA,8000,10:;", node_name="busy")))
     spread = SchedulerSettings(node_policy=NodePolicy.SPREAD)
     key = "hami.io/node-scheduler-policy"
 
     def chosen(annotations: dict[str, str]) -> str | None:
         pod = make_pod({GPU: "1", MEM: "100"}, annotations=annotations)
-        return decide(ledger, pod, None, NOW, spread).node
+        return decide(ledger, read_pod(pod), None, NOW, spread).node
 
     assert chosen({}) == "empty"
     assert chosen({key: "spread"}) == "empty"
@@ -869,9 +874,9 @@ def test_3_7_app_containers_keep_the_order_the_previous_one_sorted() -> None:
 def test_3_7_the_decision_writes_the_same_devices() -> None:
     ledger = Ledger()
     ledger.set_node("n1", [gpu("D", 0), gpu("E", 1)])
-    ledger.update_pod(pod_object("fill", "E,NVIDIA,1000,10:;"))
+    ledger.update_pod(read_pod(pod_object("fill", "E,NVIDIA,1000,10:;")))
     limits = {GPU: "1", MEM: "1000", CORES: "10"}
-    result = decide(ledger, make_pod(limits, limits), None, NOW, DEFAULTS)
+    result = decide(ledger, read_pod(make_pod(limits, limits)), None, NOW, DEFAULTS)
     assert result.annotations["hami.io/vgpu-devices-allocated"] == (
         "D,NVIDIA,1000,10:;D,NVIDIA,1000,10:;"
     )

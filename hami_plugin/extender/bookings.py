@@ -1,0 +1,175 @@
+"""Filter bookings: the GPUs a filter answer holds in memory until the bind's patch is seen.
+
+Filter answers one node and books the pod's GPUs there in memory only (the annotations go out
+in bind's one patch). A booking is FILTERED until bind starts (it expires after the booking
+TTL, freed and counted), BINDING while a bind runs (never expires), BOUND once the Binding
+succeeded, until the watch delivers the pod as patched.
+
+A bind turns the booking into a `BindPlan` (what it writes), or a `BindRefusal` when there is
+no booking to bind and the pod does not fit again (`SchedulerState.plan_bind`).
+
+`Bookings` keeps them with their expiry queue and the relist check; it is not thread-safe:
+`SchedulerState` calls it under its lock, and does what dropping a booking implies for the
+ledger and the in-flight pods.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections import deque
+from collections.abc import Callable, ItemsView
+from dataclasses import dataclass
+
+from hami_plugin.protocol import inflight
+from hami_plugin.protocol.codec import AnnotationError
+from hami_plugin.protocol.objects import PodInfo
+from hami_plugin.scheduler.filter import FilterResult
+from hami_plugin.scheduler.fit import FitFailure
+
+__all__ = ["BindPlan", "BindRefusal", "Booking", "BookingPhase", "Bookings"]
+
+
+class BookingPhase(enum.Enum):
+    FILTERED = "filtered"
+    BINDING = "binding"
+    BOUND = "bound"
+
+
+@dataclass(frozen=True, slots=True)
+class Booking:
+    """One pod's booking; replaced (`dataclasses.replace`) as it moves through its phases."""
+
+    key: str
+    uid: str
+    node: str
+    result: FilterResult
+    phase: BookingPhase
+    expires: float
+    """Monotonic time a FILTERED booking is freed."""
+    bind_time: str = ""
+    """`hami.io/bind-time` of the bind patch (BINDING/BOUND), to recognise its watch event."""
+    seen: bool = False
+    """The watch has shown this pod (this UID). Until then, events of another UID under the
+    same name are a predecessor's, still being delivered, not a sign the booking is stale."""
+    token: int = 0
+    """Stays the same through `replace`: the expiry queue and the relist check recognise a
+    booking by it."""
+
+
+class Bookings:
+    """Pod key -> standing booking, the FILTERED expiry queue and the bookings a relist did not
+    show (see `mark_unshown`)."""
+
+    def __init__(self) -> None:
+        self._bookings: dict[str, Booking] = {}
+        self._expiries: deque[Booking] = deque()  # FILTERED bookings, oldest first
+        self._vanishing: dict[str, tuple[int, float]] = {}  # key -> (token, deadline)
+        self._tokens = itertools.count(1)
+
+    def get(self, key: str) -> Booking | None:
+        return self._bookings.get(key)
+
+    def items(self) -> ItemsView[str, Booking]:
+        return self._bookings.items()
+
+    def book(
+        self,
+        key: str,
+        uid: str,
+        node: str,
+        result: FilterResult,
+        *,
+        seen: bool,
+        expires: float | None = None,
+    ) -> Booking:
+        """A new FILTERED booking with a fresh token. With `expires` it is stored and queued
+        for expiry; without, the caller stores it (`put`) in the phase it moves it to."""
+        booking = Booking(
+            key=key,
+            uid=uid,
+            node=node,
+            result=result,
+            phase=BookingPhase.FILTERED,
+            expires=0.0 if expires is None else expires,
+            seen=seen,
+            token=next(self._tokens),
+        )
+        if expires is not None:
+            self._bookings[key] = booking
+            self._expiries.append(booking)
+        return booking
+
+    def put(self, booking: Booking) -> None:
+        """Store `booking` (a `replace` of the standing one, or one made by `book`)."""
+        self._bookings[booking.key] = booking
+
+    def pop(self, key: str) -> Booking | None:
+        return self._bookings.pop(key, None)
+
+    def expired(self, now: float) -> list[Booking]:
+        """The FILTERED bookings whose time is past at monotonic `now` (still stored: the
+        caller drops them)."""
+        # FILTERED bookings are made in time order with one TTL, so they expire in the order
+        # of `_expiries`; entries of bookings since replaced, bound or dropped are skipped.
+        expired = []
+        while self._expiries and self._expiries[0].expires <= now:
+            queued = self._expiries.popleft()
+            booking = self._bookings.get(queued.key)
+            if (
+                booking is not None
+                and booking.token == queued.token
+                and booking.phase is BookingPhase.FILTERED
+            ):
+                expired.append(booking)
+        return expired
+
+    def mark_unshown(self, deadline: float, shown: Callable[[Booking], bool]) -> None:
+        """After a relist: every bound or binding booking whose pod the list did not show is
+        checked again at `deadline` (`vanished`)."""
+        for key, booking in self._bookings.items():
+            if booking.phase is not BookingPhase.FILTERED and not shown(booking):
+                self._vanishing[key] = (booking.token, deadline)
+
+    def vanished(self, now: float, shown: Callable[[Booking], bool]) -> list[Booking]:
+        """The bookings marked by `mark_unshown` whose pod has still not shown up at `now`
+        (still stored: the caller drops them). A booking since replaced or shown is unmarked."""
+        gone = []
+        for key, (token, deadline) in list(self._vanishing.items()):
+            booking = self._bookings.get(key)
+            if booking is None or booking.token != token or shown(booking):
+                del self._vanishing[key]
+            elif deadline <= now:
+                del self._vanishing[key]
+                gone.append(booking)
+        return gone
+
+
+@dataclass(frozen=True, slots=True)
+class BindPlan:
+    """What a bind writes, decided under the lock from the pod's booking.
+
+    `annotations`/`labels` are the ONE pod patch; `in_flight` is the pod as the in-flight rules
+    see it once patched (protocol nodes only); `needs_lock`: take HAMi's node lock first.
+    """
+
+    pod: PodInfo
+    node: str
+    annotations: dict[str, str]
+    labels: dict[str, str]
+    protocol: bool
+    needs_lock: bool
+    in_flight: inflight.InFlightPod | None
+    rebooked: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BindRefusal:
+    """Why `plan_bind` has no plan: the pod's GPU annotation cannot be read
+    (`annotation_error`), or the pod does not fit on `node` (`failure`: the node's fit failure,
+    None when the decision named none, as for a pod that asks no GPU). The bind edge renders it."""
+
+    pod: PodInfo
+    node: str
+    annotation_error: AnnotationError | None = None
+    failure: FitFailure | None = None
