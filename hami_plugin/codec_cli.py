@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from hami_plugin.protocol import codec, govalues
+from hami_plugin.protocol import codec, govalues, nodelock
 from hami_plugin.protocol.model import (
     ANNOTATION_DEVICE_CORDON,
     ANNOTATION_DEVICE_SCORING_WEIGHTS,
@@ -38,7 +38,6 @@ from hami_plugin.protocol.model import (
     GpuDevice,
     MigPlacement,
     MigProfile,
-    NodeLock,
     PodDevices,
 )
 
@@ -105,7 +104,7 @@ def _decode_to_json(key: str, value: str) -> Any:
     if key == ANNOTATION_NODE_REGISTER:
         return [gpu_device_to_json(device) for device in codec.decode_node_devices(value)]
     if key == ANNOTATION_NODE_LOCK:
-        lock = codec.parse_node_lock(value)
+        lock = nodelock.parse_node_lock(value)
         return {
             "time": govalues.format_rfc3339(lock.time),
             "namespace": lock.namespace,
@@ -230,11 +229,11 @@ def _encode_from_json(key: str, data: Any) -> str:
     if key == ANNOTATION_NODE_REGISTER:
         return codec.encode_node_devices(gpu_devices_from_json(data))
     if key == ANNOTATION_NODE_LOCK:
-        lock = codec.parse_node_lock(_field(data, "time", str, "the lock"))
+        lock = nodelock.parse_node_lock(_field(data, "time", str, "the lock"))
         namespace, pod = data.get("namespace"), data.get("pod")
         if (namespace is None) != (pod is None):
             raise _InputError('the lock needs both "namespace" and "pod", or neither')
-        return codec.format_node_lock(NodeLock(lock.time, namespace, pod))
+        return nodelock.format_node_lock(nodelock.NodeLock(lock.time, namespace, pod))
     raise _InputError(f"cannot encode annotation key {key!r}")
 
 

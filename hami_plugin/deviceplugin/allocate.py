@@ -1,16 +1,15 @@
-"""What the device plugin answers to kubelet's Allocate and GetPreferredAllocation.
+"""Where Allocate is decided: what the device plugin answers to kubelet's Allocate.
 
-Pure decisions, no I/O: the gRPC edge (`deviceplugin.server`) fetches the pod and the node lock,
-calls these functions and carries out the result (host directories, annotation patches, events).
+Pure decisions, no I/O: the Allocate edge (`deviceplugin.allocator`) fetches the pod and the
+node lock, picks the pod (`deviceplugin.pending`), calls `decide_allocation` and carries out
+the result (host directories, annotation patches, events). GetPreferredAllocation is decided in
+`deviceplugin.preferred`.
 
-HAMi v2.10 behaviour being matched (reference 4.4 / 4.5):
-- the pending pod is the one the node lock names, else a Pending pod bound to this node whose
-  `hami.io/bind-phase` is `allocating`; where several such pods are in flight (our scheduler on
-  a node marked `hami-plugin.io/allocate-protocol`), `inflight.choose` tells them apart from
-  kubelet's device count (HAMi takes whatever the API list order gives);
+HAMi v2.10 behaviour being matched (docs/hami-reference.md 4.4):
 - each ContainerAllocateRequest consumes the next non-empty entry of
   `hami.io/vgpu-devices-to-allocate`; the number of devices must equal kubelet's;
-- the environment and the mounts are HAMi-core's, in HAMi's order.
+- the environment and the mounts are HAMi-core's, in HAMi's order, at the paths of
+  `protocol.hostpaths`.
 """
 
 from __future__ import annotations
@@ -18,73 +17,21 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Generic, Protocol, TypeVar
 
 from hami_plugin.deviceplugin.inventory import physical_uuid_of
-from hami_plugin.protocol import codec, govalues, inflight
+from hami_plugin.protocol import codec, govalues, hostpaths
 from hami_plugin.protocol.model import (
-    ANNOTATION_BIND_PHASE,
-    ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_TO_ALLOCATE,
-    ANNOTATION_VGPU_NODE,
-    BindPhase,
     ContainerDevice,
     ContainerDevices,
-    NodeLock,
     PodDevices,
 )
+from hami_plugin.protocol.objects import ContainerSpec, PodInfo
 
-POD_PHASE_PENDING = "Pending"
-VGPU_LOCK_CONTAINER_PATH = "/tmp/vgpulock"
-LD_SO_PRELOAD_CONTAINER_PATH = "/etc/ld.so.preload"
-LICENSE_CONTAINER_PATH = "/tmp/license"
-VGPU_VALIDATOR_CONTAINER_PATH = "/usr/bin/vgpuvalidator"
 ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
 
 
-# --- inputs ------------------------------------------------------------------------------------
-
-
-class ContainerLike(Protocol):
-    """The parts of a pod's container the decision reads (k8s.ContainerSpec fits)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def env(self) -> Mapping[str, str]: ...
-
-
-class PodLike(Protocol):
-    """The parts of a pod the decision reads (k8s.PodRecord fits)."""
-
-    @property
-    def namespace(self) -> str: ...
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def uid(self) -> str: ...
-
-    @property
-    def phase(self) -> str: ...
-
-    @property
-    def node_name(self) -> str: ...
-
-    @property
-    def creation_timestamp(self) -> datetime | None: ...
-
-    @property
-    def annotations(self) -> Mapping[str, str]: ...
-
-    @property
-    def init_containers(self) -> Sequence[ContainerLike]: ...
-
-    @property
-    def containers(self) -> Sequence[ContainerLike]: ...
+# --- configuration -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,23 +42,14 @@ class AllocateConfig:
     `<hook>/vgpu/libvgpu.so`; `license_present` says whether `<hook>/vgpu/license` exists.
     """
 
-    hook_path: str = "/usr/local"
+    hook_path: str = hostpaths.DEFAULT_HOOK_PATH
     memory_scaling: float = 1.0
     libcuda_log_level: str | None = None
     disable_core_limit: bool = False
     enable_preferred_allocation: bool = True
-    vgpulock_host_path: str = VGPU_LOCK_CONTAINER_PATH
+    vgpulock_host_path: str = hostpaths.VGPU_LOCK_HOST_PATH
     libvgpu_host_path: str | None = None
     license_present: bool = False
-
-    @property
-    def vgpu_dir(self) -> str:
-        """`<hook>/vgpu`, the directory HAMi-core lives in (same path in the container)."""
-        return self.hook_path.rstrip("/") + "/vgpu"
-
-    def container_dir(self, pod_uid: str, container_name: str) -> str:
-        """Host directory of one container's shared-region files."""
-        return f"{self.vgpu_dir}/containers/{pod_uid}_{container_name}"
 
 
 # --- outputs -----------------------------------------------------------------------------------
@@ -129,7 +67,7 @@ class FailureReason(enum.StrEnum):
     INVALID_POD = "InvalidPod"
 
 
-class AllocateFailure(Exception):  # noqa: N818 - the name the edge and the brief use
+class AllocateFailure(Exception):  # noqa: N818 - an answer to kubelet, not a bug
     """Allocate cannot be answered; `str(error)` says what was wrong, in words for the user.
 
     `pod_known` is False when no pod was found (then nothing is patched: HAMi returns the error
@@ -178,162 +116,6 @@ class AllocationDecision:
     complete: bool
 
 
-PodT = TypeVar("PodT", bound=PodLike)
-
-
-@dataclass(frozen=True, slots=True)
-class PendingPodChoice(Generic[PodT]):
-    """The pod Allocate works on. `lock_warning` explains a node lock that could not be used."""
-
-    pod: PodT
-    via_lock: bool
-    lock_warning: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class PreferredRequest:
-    """One ContainerPreferredAllocationRequest."""
-
-    available: Sequence[str]
-    must_include: Sequence[str] = ()
-    size: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class PreferredAnswer:
-    """The device IDs for one request; `fallback_note` is set when the hint could not be used."""
-
-    device_ids: tuple[str, ...]
-    fallback_note: str | None = None
-
-
-# --- pending pod ---------------------------------------------------------------------------------
-
-
-def _bind_time_key(pod: PodLike) -> tuple[int, int, str, str]:
-    text = pod.annotations.get(ANNOTATION_BIND_TIME, "")
-    try:
-        return (0, int(text), pod.namespace, pod.name)
-    except ValueError:
-        # An unreadable bind-time sorts after every readable one.
-        return (1, 0, pod.namespace, pod.name)
-
-
-def is_pending_on(pod: PodLike, node_name: str) -> bool:
-    """True when the pod waits for its devices on `node_name` (reference 4.4 step 1): bound
-    here, Pending, `hami.io/bind-phase: allocating`, with a bind-time and `hami.io/vgpu-node`.
-
-    A pod being deleted still qualifies: kubelet admits a pod it has not seen before even when
-    its deletionTimestamp is set (HandlePodAdditions only skips pods its pod workers already
-    terminate), so an Allocate may still be for it.
-    """
-    annotations = pod.annotations
-    return (
-        pod.phase == POD_PHASE_PENDING
-        and pod.node_name == node_name
-        and ANNOTATION_BIND_TIME in annotations
-        and annotations.get(ANNOTATION_BIND_PHASE) == BindPhase.ALLOCATING
-        and annotations.get(ANNOTATION_VGPU_NODE) == node_name
-    )
-
-
-def _choose_in_flight(
-    node_name: str, candidates: Sequence[PodT], device_count: int
-) -> tuple[PodT | None, str]:
-    """The candidate kubelet's call for `device_count` devices is for (`inflight.choose`).
-
-    A candidate without a usable booking (to-allocate missing, unreadable or all consumed) could
-    be any Allocate: it is taken instead whenever kubelet could be admitting it, that is when
-    nothing else matches or the match is a not-started pod created no earlier; it then fails on
-    its annotation, and the caller's kubelet call with it, rather than another pod's GPUs going
-    to it.
-    """
-    readable: dict[tuple[str, str], PodT] = {}
-    views = []
-    unusable: list[PodT] = []
-    for pod in candidates:
-        view = inflight.in_flight_pod(
-            pod.namespace, pod.name, pod.creation_timestamp, pod.annotations
-        )
-        if view is None or view.finished:
-            unusable.append(pod)
-        else:
-            readable[view.key] = pod
-            views.append(view)
-    choice = inflight.choose(views, device_count)
-    if unusable:
-        wildcard = min(
-            unusable,
-            key=lambda p: (inflight.created_seconds_of(p.creation_timestamp), p.namespace, p.name),
-        )
-        wildcard_created = inflight.created_seconds_of(wildcard.creation_timestamp)
-        if choice.pod is None or (
-            not choice.pod.started and wildcard_created <= choice.pod.created_seconds
-        ):
-            return wildcard, ""
-    if choice.pod is None:
-        return None, (
-            f"node {node_name}: cannot tell which pod an allocation of {device_count} device(s) "
-            f"is for: {choice.reason}"
-        )
-    return readable[choice.pod.key], ""
-
-
-def select_pending_pod(
-    node_name: str, lock_value: str | None, pods: Sequence[PodT], device_count: int
-) -> PendingPodChoice[PodT]:
-    """Choose the pod kubelet is admitting, from the node lock, the pods on the node and the
-    number of devices kubelet asks (`len(devices_ids)`, or `allocation_size`).
-
-    The pod the lock names wins when it is a Pending pod on this node (HAMi's scheduler). Else
-    the one pod pending on this node (`is_pending_on`), whatever the count: a wrong count then
-    fails it with "device number not matched", as in HAMi. Several (our scheduler's in-flight
-    protocol): `inflight.choose` over their bookings. A malformed lock does not block allocation
-    (HAMi fails every Allocate until the lock expires); the choice carries a warning instead.
-
-    Raises AllocateFailure(NO_PENDING_POD) when no pod qualifies, and (NO_MATCHING_POD) when
-    several do and none can be told to be the one; `pod_known` is False for both (nothing is
-    patched).
-    """
-    warning: str | None = None
-    lock: NodeLock | None = None
-    if lock_value:
-        try:
-            lock = codec.parse_node_lock(lock_value)
-        except ValueError as error:
-            warning = f"ignoring node lock: {error}"
-    if lock is not None:
-        # A legacy lock (time only) is owned by no pod.
-        for pod in pods:
-            if lock.owned_by(pod.namespace, pod.name) and pod.phase == POD_PHASE_PENDING:
-                return PendingPodChoice(pod=pod, via_lock=True)
-    candidates = sorted((p for p in pods if is_pending_on(p, node_name)), key=_bind_time_key)
-    if not candidates:
-        raise AllocateFailure(
-            FailureReason.NO_PENDING_POD,
-            f"no binding pod found on node {node_name}",
-            pod_known=False,
-        )
-    if len(candidates) == 1:
-        return PendingPodChoice(pod=candidates[0], via_lock=False, lock_warning=warning)
-    chosen, reason = _choose_in_flight(node_name, candidates, device_count)
-    if chosen is None:
-        raise AllocateFailure(FailureReason.NO_MATCHING_POD, reason, pod_known=False)
-    return PendingPodChoice(pod=chosen, via_lock=False, lock_warning=warning)
-
-
-def lock_releasable_by(lock_value: str | None, namespace: str, name: str) -> bool:
-    """True when the pod `namespace/name` may delete the node lock `lock_value` (HAMi's rule).
-
-    Decided on the text, as HAMi does, so that an unreadable lock cannot stay forever: a value
-    with commas belongs to the pod it ends with (`,<ns>,<name>`); one without commas (a legacy
-    timestamp, or garbage) has no owner, and whoever finishes releases it.
-    """
-    if not lock_value:
-        return False
-    return "," not in lock_value or lock_value.endswith(f",{namespace},{name}")
-
-
 # --- Allocate ------------------------------------------------------------------------------------
 
 
@@ -369,7 +151,7 @@ def check_device_ids(requests: Sequence[Sequence[str]], advertised: Collection[s
             seen.add(device_id)
 
 
-def decode_to_allocate(pod: PodLike) -> PodDevices:
+def decode_to_allocate(pod: PodInfo) -> PodDevices:
     """Decode the pod's `hami.io/vgpu-devices-to-allocate` (missing → no entries).
 
     Raises AllocateFailure(MALFORMED_ANNOTATION) naming the key and the bad part, also for a
@@ -394,8 +176,8 @@ def decode_to_allocate(pod: PodLike) -> PodDevices:
     return entries
 
 
-def _container_at(pod: PodLike, index: int) -> ContainerLike:
-    # v2.9+ indexes: init containers first, then app containers (reference 1.4.4).
+def _container_at(pod: PodInfo, index: int) -> ContainerSpec:
+    # v2.9+ indexes: init containers first, then app containers (docs/hami-reference.md 1.4.4).
     init = pod.init_containers
     if index < len(init):
         return init[index]
@@ -455,13 +237,16 @@ def _align_with_kubelet(
 def container_envs(
     devices: ContainerDevices, config: AllocateConfig, cache_id: str
 ) -> dict[str, str]:
-    """HAMi-core's environment for one container's devices (reference 4.4), in HAMi's order."""
+    """HAMi-core's environment for one container's devices, in HAMi's order
+    (docs/hami-reference.md 4.4)."""
     visible = list(dict.fromkeys(device.uuid for device in devices))
     envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(visible)}
     for position, device in enumerate(devices):
         envs[f"CUDA_DEVICE_MEMORY_LIMIT_{position}"] = f"{device.used_mem_mib}m"
     envs["CUDA_DEVICE_SM_LIMIT"] = str(devices[0].used_cores)
-    envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{config.vgpu_dir}/{cache_id}.cache"
+    envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = hostpaths.shared_cache_path(
+        config.hook_path, cache_id
+    )
     if config.memory_scaling > 1:
         envs["CUDA_OVERSUBSCRIBE"] = "true"
     if config.libcuda_log_level:
@@ -472,19 +257,20 @@ def container_envs(
 
 
 def container_mounts(
-    container: ContainerLike, host_dir: str, config: AllocateConfig
+    container: ContainerSpec, host_dir: str, config: AllocateConfig
 ) -> tuple[MountSpec, ...]:
-    """HAMi-core's mounts for one container, in HAMi's order (reference 4.4)."""
-    vgpu_dir = config.vgpu_dir
+    """HAMi-core's mounts for one container, in HAMi's order (docs/hami-reference.md 4.4)."""
+    hook = config.hook_path
+    library = hostpaths.libvgpu_path(hook)
     mounts = [
         MountSpec(
-            container_path=f"{vgpu_dir}/libvgpu.so",
-            host_path=config.libvgpu_host_path or f"{vgpu_dir}/libvgpu.so",
+            container_path=library,
+            host_path=config.libvgpu_host_path or library,
             read_only=True,
         ),
-        MountSpec(container_path=vgpu_dir, host_path=host_dir, read_only=False),
+        MountSpec(container_path=hostpaths.vgpu_dir(hook), host_path=host_dir, read_only=False),
         MountSpec(
-            container_path=VGPU_LOCK_CONTAINER_PATH,
+            container_path=hostpaths.VGPU_LOCK_CONTAINER_PATH,
             host_path=config.vgpulock_host_path,
             read_only=False,
         ),
@@ -492,23 +278,23 @@ def container_mounts(
     if not _go_parse_bool_true(container.env.get(ENV_DISABLE_CONTROL)):
         mounts.append(
             MountSpec(
-                container_path=LD_SO_PRELOAD_CONTAINER_PATH,
-                host_path=f"{vgpu_dir}/ld.so.preload",
+                container_path=hostpaths.LD_SO_PRELOAD_CONTAINER_PATH,
+                host_path=hostpaths.ld_so_preload_path(hook),
                 read_only=True,
             )
         )
     if config.license_present:
         mounts.append(
             MountSpec(
-                container_path=LICENSE_CONTAINER_PATH,
-                host_path=f"{vgpu_dir}/license",
+                container_path=hostpaths.LICENSE_CONTAINER_PATH,
+                host_path=hostpaths.license_path(hook),
                 read_only=True,
             )
         )
         mounts.append(
             MountSpec(
-                container_path=VGPU_VALIDATOR_CONTAINER_PATH,
-                host_path=f"{vgpu_dir}/vgpuvalidator",
+                container_path=hostpaths.VGPU_VALIDATOR_CONTAINER_PATH,
+                host_path=hostpaths.vgpu_validator_path(hook),
                 read_only=True,
             )
         )
@@ -516,7 +302,7 @@ def container_mounts(
 
 
 def decide_allocation(
-    pod: PodLike,
+    pod: PodInfo,
     requests: Sequence[Sequence[str]],
     config: AllocateConfig,
     new_cache_id: Callable[[], str],
@@ -574,7 +360,7 @@ def decide_allocation(
                     f"{ANNOTATION_DEVICES_TO_ALLOCATE}: entry {next_index} names GPU {stray}, "
                     "which is not on this node",
                 )
-        host_dir = config.container_dir(pod.uid, container.name)
+        host_dir = hostpaths.container_dir(config.hook_path, pod.uid, container.name)
         answers.append(
             ContainerAllocation(
                 container_name=container.name,
@@ -592,95 +378,3 @@ def decide_allocation(
         remaining_to_allocate=codec.encode_pod_devices(tuple(entries)),
         complete=not any(entries),
     )
-
-
-# --- GetPreferredAllocation ----------------------------------------------------------------------
-
-
-def pending_entries(pod: PodLike | None) -> tuple[ContainerDevices, ...]:
-    """The non-empty to-allocate entries of `pod`, in order; () when none or unreadable."""
-    if pod is None:
-        return ()
-    try:
-        return tuple(entry for entry in decode_to_allocate(pod) if entry)
-    except AllocateFailure:
-        return ()
-
-
-def _prefer_one(request: PreferredRequest, wanted: ContainerDevices) -> PreferredAnswer:
-    size = max(request.size, 0)
-    chosen: list[str] = list(dict.fromkeys(request.must_include))
-    if len(chosen) >= size:
-        return PreferredAnswer(device_ids=tuple(chosen))
-    taken = set(chosen)
-    # Each must-include ID already covers one annotated device on its GPU.
-    covered: dict[str, int] = {}
-    for device_id in chosen:
-        gpu = physical_uuid_of(device_id)
-        covered[gpu] = covered.get(gpu, 0) + 1
-    missing: list[str] = []
-    for device in wanted[:size]:
-        if covered.get(device.uuid, 0) > 0:
-            covered[device.uuid] -= 1
-            continue
-        pick = next(
-            (
-                device_id
-                for device_id in request.available
-                if device_id not in taken and physical_uuid_of(device_id) == device.uuid
-            ),
-            None,
-        )
-        if pick is None:
-            missing.append(device.uuid)
-            continue
-        chosen.append(pick)
-        taken.add(pick)
-        if len(chosen) >= size:
-            break
-    note = None
-    if missing:
-        note = "no available device on GPU(s) " + ",".join(missing)
-    elif not wanted:
-        note = "no pending allocation to follow"
-    if len(chosen) < size:
-        _top_up(chosen, taken, request.available, size)
-    return PreferredAnswer(device_ids=tuple(chosen), fallback_note=note)
-
-
-def _top_up(chosen: list[str], taken: set[str], available: Sequence[str], size: int) -> None:
-    # Fallback: first IDs on GPUs not used yet (a vGPU count means distinct GPUs), then any.
-    used_gpus = {physical_uuid_of(device_id) for device_id in chosen}
-    for device_id in available:
-        if len(chosen) >= size:
-            return
-        gpu = physical_uuid_of(device_id)
-        if device_id not in taken and gpu not in used_gpus:
-            chosen.append(device_id)
-            taken.add(device_id)
-            used_gpus.add(gpu)
-    for device_id in available:
-        if len(chosen) >= size:
-            return
-        if device_id not in taken:
-            chosen.append(device_id)
-            taken.add(device_id)
-
-
-def decide_preferred(
-    pod: PodLike | None, requests: Sequence[PreferredRequest]
-) -> tuple[PreferredAnswer, ...]:
-    """Answer GetPreferredAllocation; never fails.
-
-    The i-th request follows the i-th non-empty to-allocate entry of `pod` (reference 4.5):
-    must-include IDs first, then for each annotated GPU the first available ID on it. When the
-    pod is unknown, its annotation unreadable or a chosen GPU has no available ID (it died), the
-    answer is topped up from `available` (distinct GPUs first), so it always holds
-    `size` IDs when `available` has that many, and always every must-include ID.
-    """
-    entries = pending_entries(pod)
-    answers = []
-    for position, request in enumerate(requests):
-        wanted = entries[position] if position < len(entries) else ()
-        answers.append(_prefer_one(request, wanted))
-    return tuple(answers)

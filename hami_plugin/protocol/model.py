@@ -121,22 +121,7 @@ class GpuDevice:
     mig_profiles: tuple[MigProfile, ...] = ()
 
 
-# --- node lock and handshake ------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class NodeLock:
-    """Value of `hami.io/mutex.lock`: `<RFC3339 time>,<namespace>,<pod>`.
-
-    A legacy lock carries only the time; then `namespace` and `pod_name` are None.
-    """
-
-    time: datetime
-    namespace: str | None = None
-    pod_name: str | None = None
-
-    def owned_by(self, namespace: str, pod_name: str) -> bool:
-        return self.namespace == namespace and self.pod_name == pod_name
+# --- handshake --------------------------------------------------------------------------------
 
 
 class HandshakeState(enum.StrEnum):

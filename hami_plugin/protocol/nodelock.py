@@ -1,10 +1,13 @@
-"""HAMi's node lock `hami.io/mutex.lock`, as decisions over values (reference 1.7).
+"""HAMi's node lock `hami.io/mutex.lock`, as decisions over values (docs/hami-reference.md 1.7).
 
 HAMi's scheduler takes a node lock before it binds a pod, and the device plugin releases it
 once the pod's Allocate is done (v2.10 `pkg/util/nodelock/nodelock.go`). The lock is one node
-annotation, `<RFC3339 time>,<namespace>,<pod>`; this module decides, from the value read and
-the clock, what the caller does next. The API calls (GET, merge patch with `resourceVersion`,
-retries) stay in the extender's adapter.
+annotation, `<RFC3339 time>,<namespace>,<pod>`. This module is the one home of its rules: the
+value's format (`parse_node_lock`, `format_node_lock`, `lock_value`), which pod holds it
+(`held_by` on the text, `NodeLock.owned_by` once parsed), what a pod that wants it does
+(`decide_lock`), whether a held lock is stale (`stale_lock`), and who may release it
+(`releasable_by`). The API calls (GET, merge patch with `resourceVersion`, retries) stay in
+the daemons' edges: the extender's bind and recovery loop, the device plugin's Allocate.
 
 `decide_lock` follows `LockNode` (nodelock.go:241-291):
 
@@ -33,28 +36,85 @@ import enum
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from hami_plugin.protocol.codec import (
-    AnnotationError,
-    format_node_lock,
-    parse_node_lock,
-)
-from hami_plugin.protocol.govalues import format_go_duration
-from hami_plugin.protocol.model import NodeLock
+from hami_plugin.protocol.codec import AnnotationError, check_annotation_size
+from hami_plugin.protocol.govalues import format_go_duration, format_rfc3339, parse_rfc3339
+from hami_plugin.protocol.model import ANNOTATION_NODE_LOCK
 
 __all__ = [
     "CONTENTION_SUFFIX",
     "LockAction",
     "LockDecision",
+    "NodeLock",
     "TakeoverReason",
     "contention_message",
     "decide_lock",
+    "format_node_lock",
+    "held_by",
     "lock_value",
+    "parse_node_lock",
     "releasable_by",
     "stale_lock",
 ]
 
 CONTENTION_SUFFIX = "node lock contention"
 """The text of HAMi's `ErrNodeLockContention` (nodelock.go:46)."""
+
+
+# --- the value ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLock:
+    """Value of `hami.io/mutex.lock`: `<RFC3339 time>,<namespace>,<pod>`.
+
+    A legacy lock carries only the time; then `namespace` and `pod_name` are None.
+    """
+
+    time: datetime
+    namespace: str | None = None
+    pod_name: str | None = None
+
+    def owned_by(self, namespace: str, pod_name: str) -> bool:
+        """True when pod `namespace/pod_name` holds this lock (a legacy lock: no pod does)."""
+        return self.namespace == namespace and self.pod_name == pod_name
+
+
+def parse_node_lock(value: str) -> NodeLock:
+    """`<RFC3339>,<namespace>,<pod>` or the legacy `<RFC3339>` alone (HAMi's `ParseNodeLock`).
+
+    Raises AnnotationError naming `hami.io/mutex.lock` and the bad part.
+    """
+    key = ANNOTATION_NODE_LOCK
+    check_annotation_size(key, value)
+    parts = value.split(",")
+    if len(parts) not in (1, 3):
+        raise AnnotationError(
+            key, f"malformed lock annotation: expected 3 parts, got {len(parts)} from {value}"
+        )
+    try:
+        when = parse_rfc3339(parts[0])
+    except ValueError as error:
+        raise AnnotationError(key, str(error)) from None
+    if len(parts) == 1:
+        return NodeLock(when)
+    return NodeLock(when, parts[1], parts[2])
+
+
+def format_node_lock(lock: NodeLock) -> str:
+    """The value HAMi's scheduler writes; a legacy lock (no owner) is the time alone."""
+    text = format_rfc3339(lock.time)
+    if lock.namespace is None or lock.pod_name is None:
+        return text
+    return f"{text},{lock.namespace},{lock.pod_name}"
+
+
+def lock_value(now: datetime, namespace: str, pod_name: str) -> str:
+    """The value HAMi's scheduler writes (`GenerateNodeLockKeyByPod`): `now` in RFC 3339 in
+    its own zone (HAMi writes the scheduler's local time), then the owner."""
+    return format_node_lock(NodeLock(now, namespace, pod_name))
+
+
+# --- the decisions -----------------------------------------------------------------------------
 
 
 class LockAction(enum.StrEnum):
@@ -172,16 +232,19 @@ def contention_message(node: str, timeout: timedelta) -> str:
     return f"node {node} has been locked within {format_go_duration(timeout)}: {CONTENTION_SUFFIX}"
 
 
-def lock_value(now: datetime, namespace: str, pod_name: str) -> str:
-    """The value HAMi's scheduler writes (`GenerateNodeLockKeyByPod`): `now` in RFC 3339 in
-    its own zone (HAMi writes the scheduler's local time), then the owner."""
-    return format_node_lock(NodeLock(now, namespace, pod_name))
+def held_by(value: str | None, namespace: str, pod_name: str) -> bool:
+    """True when the lock `value` names pod `namespace/pod_name`, read on the text as HAMi's
+    `ReleaseNodeLock` does (nodelock.go:196): it ends with `,<namespace>,<pod>`. A legacy lock
+    (the time alone) is held by no pod."""
+    return value is not None and value.endswith(f",{namespace},{pod_name}")
 
 
 def releasable_by(value: str | None, namespace: str, pod_name: str) -> bool:
     """True when pod `namespace/pod_name` may delete the lock `value` without forcing it
-    (HAMi's `ReleaseNodeLock` owner check, nodelock.go:196): a value with commas belongs to
-    the pod it ends with; a value without (legacy, or garbage) to nobody, so anyone may."""
+    (HAMi's `ReleaseNodeLock` owner check, nodelock.go:196). Decided on the text, as HAMi
+    does, so that an unreadable lock cannot stay for ever: a value with commas belongs to the
+    pod it ends with (`,<ns>,<name>`); one without (a legacy timestamp, or garbage) to nobody,
+    so whoever finishes releases it."""
     if not value:
         return False
-    return "," not in value or value.endswith(f",{namespace},{pod_name}")
+    return "," not in value or held_by(value, namespace, pod_name)

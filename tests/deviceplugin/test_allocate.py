@@ -1,11 +1,9 @@
-"""The pure Allocate / GetPreferredAllocation decisions (reference 4.4, 4.5)."""
+"""The pure Allocate decision: env, mounts, entry and container (docs/hami-reference.md 4.4)."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 
 import pytest
 from hypothesis import given
@@ -16,69 +14,17 @@ from hami_plugin.deviceplugin.allocate import (
     AllocateFailure,
     FailureReason,
     MountSpec,
-    PreferredRequest,
     decide_allocation,
-    decide_preferred,
-    select_pending_pod,
 )
-from hami_plugin.kube.client import ContainerSpec, PodRecord
 from hami_plugin.protocol import codec
-from hami_plugin.protocol.model import (
-    ANNOTATION_BIND_PHASE,
-    ANNOTATION_BIND_TIME,
-    ANNOTATION_DEVICES_ALLOCATED,
-    ANNOTATION_DEVICES_TO_ALLOCATE,
-    ANNOTATION_VGPU_NODE,
-    ContainerDevice,
-    PodDevices,
-)
+from hami_plugin.protocol.model import ANNOTATION_DEVICES_TO_ALLOCATE, ContainerDevice, PodDevices
+from tests.deviceplugin.records import GPU_A, GPU_B, GPU_C, make_pod
 
-GPU_A = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
-GPU_B = "GPU-ebe7c3f7-303d-558d-435e-99a160631fe4"
-GPU_C = "GPU-8dcd427f-483b-b48f-d7e5-75fb19a52b76"
-NODE = "node-1"
 CONFIG = AllocateConfig(hook_path="/usr/local")
 
 
 def fixed_cache_id() -> str:
     return "11111111-2222-4333-8444-555555555555"
-
-
-def make_pod(
-    to_allocate: str | None,
-    *,
-    name: str = "gpu-pod",
-    namespace: str = "default",
-    containers: Sequence[str] = ("main",),
-    init_containers: Sequence[str] = (),
-    env: Mapping[str, str] | None = None,
-    phase: str = "Pending",
-    bind_phase: str | None = "allocating",
-    bind_time: str | None = "1705054796",
-    vgpu_node: str | None = NODE,
-) -> PodRecord:
-    annotations: dict[str, str] = {}
-    if to_allocate is not None:
-        annotations[ANNOTATION_DEVICES_TO_ALLOCATE] = to_allocate
-    if bind_phase is not None:
-        annotations[ANNOTATION_BIND_PHASE] = bind_phase
-    if bind_time is not None:
-        annotations[ANNOTATION_BIND_TIME] = bind_time
-    if vgpu_node is not None:
-        annotations[ANNOTATION_VGPU_NODE] = vgpu_node
-    return PodRecord(
-        namespace=namespace,
-        name=name,
-        uid="uid-" + name,
-        phase=phase,
-        node_name=NODE,
-        annotations=annotations,
-        labels={},
-        init_containers=tuple(ContainerSpec(n, {}) for n in init_containers),
-        containers=tuple(ContainerSpec(n, dict(env or {})) for n in containers),
-        resource_version="1",
-        creation_timestamp=None,
-    )
 
 
 def kubelet_ids(*gpus: str) -> list[str]:
@@ -299,237 +245,9 @@ def test_a_booked_gpu_on_this_node_wins_over_kubelets_id() -> None:
     assert answer.kubelet_ids_not_used == (f"{GPU_C}-4",)
 
 
-# --- which pod ----------------------------------------------------------------------------------
-
-
-def at(seconds: int) -> datetime:
-    return datetime.fromtimestamp(1_767_225_600 + seconds, UTC)
-
-
-def in_flight(
-    name: str, *entries: int, created: int = 0, consumed: int = 0, bind_time: str = "100"
-) -> PodRecord:
-    """A pod whose booking has one entry per count (GPU A, B, ...), the first `consumed` gone."""
-    booked = tuple(
-        tuple(ContainerDevice(gpu, "NVIDIA", 1000, 10) for gpu in (GPU_A, GPU_B, GPU_C)[:count])
-        for count in entries
-    )
-    left = tuple(() if index < consumed else entry for index, entry in enumerate(booked))
-    pod = make_pod(
-        codec.encode_pod_devices(left),
-        name=name,
-        containers=[f"c{i}" for i in range(len(entries))],
-        bind_time=bind_time,
-    )
-    annotations = {
-        **pod.annotations,
-        ANNOTATION_DEVICES_ALLOCATED: codec.encode_pod_devices(booked),
-    }
-    return dataclasses.replace(pod, annotations=annotations, creation_timestamp=at(created))
-
-
-def test_one_candidate_is_chosen_whatever_the_count() -> None:
-    # HAMi's behaviour: the count check in decide_allocation then fails it.
-    pod = in_flight("only", 2)
-    choice = select_pending_pod(NODE, None, [pod], 1)
-    assert choice.pod is pod
-    assert not choice.via_lock
-
-
-def test_several_candidates_are_told_apart_by_count_then_creation() -> None:
-    newest = in_flight("newest", 1, created=9, bind_time="1")
-    two = in_flight("two", 2, created=5)
-    oldest = in_flight("oldest", 1, created=3, bind_time="900")
-    pods = [newest, two, oldest]
-    assert select_pending_pod(NODE, None, pods, 1).pod is oldest
-    assert select_pending_pod(NODE, None, pods, 2).pod is two
-
-
-def test_a_started_pod_keeps_kubelets_next_calls() -> None:
-    started = in_flight("started", 1, 1, created=8, consumed=1)
-    older = in_flight("older", 1, created=2)
-    assert select_pending_pod(NODE, None, [older, started], 1).pod is started
-    # A count the started pod does not ask next is the next pod's.
-    assert select_pending_pod(NODE, None, [older, in_flight("s", 2, 3, consumed=1)], 1).pod is older
-
-
-@pytest.mark.parametrize(
-    ("pods", "count", "detail"),
-    [
-        ([in_flight("a", 1), in_flight("b", 2, created=1)], 3, "no pod in flight asks 3"),
-        ([in_flight("a", 1, created=4), in_flight("b", 1, created=4)], 1, "same second"),
-        (
-            [in_flight("a", 1, 1, consumed=1), in_flight("b", 2, 1, consumed=1)],
-            1,
-            "several started pods",
-        ),
-    ],
-)
-def test_candidates_that_cannot_be_told_apart_fail_without_a_pod(
-    pods: list[PodRecord], count: int, detail: str
-) -> None:
-    with pytest.raises(AllocateFailure) as caught:
-        select_pending_pod(NODE, None, pods, count)
-    assert caught.value.reason is FailureReason.NO_MATCHING_POD
-    assert not caught.value.pod_known
-    message = str(caught.value)
-    assert f"allocation of {count} device(s)" in message
-    assert detail in message
-    assert "default/a" in message
-
-
-def test_a_candidate_without_a_usable_booking_is_taken_when_it_could_be_the_one() -> None:
-    broken = dataclasses.replace(
-        make_pod("GPU-x,NVIDIA,notanumber,0:;", name="broken"), creation_timestamp=at(5)
-    )
-    older = in_flight("older", 1, created=4)
-    newer = in_flight("newer", 1, created=6)
-    # kubelet admits `older` first: it is the one.
-    assert select_pending_pod(NODE, None, [broken, older], 1).pod is older
-    # `broken` could come before `newer`, or match a count nobody else asks: it fails instead.
-    assert select_pending_pod(NODE, None, [broken, newer], 1).pod is broken
-    assert select_pending_pod(NODE, None, [broken, older], 3).pod is broken
-    started = in_flight("started", 1, 1, created=9, consumed=1)
-    assert select_pending_pod(NODE, None, [broken, started], 1).pod is started
-
-
-def test_the_lock_still_names_the_pod_among_several() -> None:
-    older = in_flight("older", 1, created=1)
-    locked = in_flight("locked", 2, created=9)
-    choice = select_pending_pod(NODE, "2024-05-10T08:01:02Z,default,locked", [older, locked], 1)
-    assert choice.pod is locked
-    assert choice.via_lock
-
-
-@pytest.mark.parametrize(
-    "pod",
-    [
-        make_pod("", phase="Running"),
-        make_pod("", bind_phase="success"),
-        make_pod("", bind_phase="failed"),
-        make_pod("", bind_phase=None),
-        make_pod("", bind_time=None),
-        make_pod("", vgpu_node="node-2"),
-        make_pod("", vgpu_node=None),
-        dataclasses.replace(make_pod(""), node_name="node-2"),
-    ],
-)
-def test_pods_not_waiting_on_this_node_are_skipped(pod: PodRecord) -> None:
-    with pytest.raises(AllocateFailure) as caught:
-        select_pending_pod(NODE, None, [pod], 1)
-    assert caught.value.reason is FailureReason.NO_PENDING_POD
-    assert str(caught.value) == f"no binding pod found on node {NODE}"
-    assert not caught.value.pod_known
-
-
-def test_the_node_lock_names_the_pod() -> None:
-    older = make_pod("", name="older", bind_time="1")
-    locked = make_pod("", name="locked", namespace="team", bind_time="5", bind_phase=None)
-    choice = select_pending_pod(NODE, "2024-05-10T08:01:02Z,team,locked", [older, locked], 1)
-    assert choice.pod is locked
-    assert choice.via_lock
-
-
-@pytest.mark.parametrize(
-    ("lock", "warned"),
-    [
-        ("2024-05-10T08:01:02Z", False),  # legacy lock, no owner
-        ("2024-05-10T08:01:02Z,default,elsewhere", False),  # owner not on this node
-        ("2024-05-10T08:01:02Z,default", True),  # malformed
-    ],
-)
-def test_an_unusable_lock_falls_back_to_the_annotations(lock: str, warned: bool) -> None:
-    pod = make_pod("", name="pending")
-    choice = select_pending_pod(NODE, lock, [pod], 1)
-    assert choice.pod is pod
-    assert not choice.via_lock
-    assert (choice.lock_warning is not None) is warned
-
-
-def test_lock_owner_that_is_no_longer_pending_is_not_chosen() -> None:
-    running = make_pod("", name="done", phase="Running")
-    pending = make_pod("", name="pending")
-    choice = select_pending_pod(NODE, "2024-05-10T08:01:02Z,default,done", [running, pending], 1)
-    assert choice.pod is pending
-
-
-# --- GetPreferredAllocation ----------------------------------------------------------------------
-
-
-def slots(gpu: str, count: int = 3) -> list[str]:
-    return [f"{gpu}-{i}" for i in range(count)]
-
-
-def test_preferred_follows_the_scheduler_choice() -> None:
-    pod = make_pod(f"{GPU_C},NVIDIA,1,0:{GPU_B},NVIDIA,1,0:;")
-    available = slots(GPU_A) + slots(GPU_B) + slots(GPU_C)
-    (answer,) = decide_preferred(pod, [PreferredRequest(available, (), 2)])
-    assert answer.device_ids == (f"{GPU_C}-0", f"{GPU_B}-0")
-    assert answer.fallback_note is None
-
-
-def test_preferred_keeps_must_include_and_counts_it() -> None:
-    pod = make_pod(f"{GPU_B},NVIDIA,1,0:{GPU_C},NVIDIA,1,0:;")
-    available = slots(GPU_A) + slots(GPU_B) + slots(GPU_C)
-    (answer,) = decide_preferred(pod, [PreferredRequest(available, [f"{GPU_B}-2"], 2)])
-    assert answer.device_ids == (f"{GPU_B}-2", f"{GPU_C}-0")
-
-
-def test_preferred_falls_back_when_a_chosen_gpu_is_gone() -> None:
-    pod = make_pod(f"{GPU_C},NVIDIA,1,0:{GPU_B},NVIDIA,1,0:;")
-    available = slots(GPU_A) + slots(GPU_B)  # GPU_C died: kubelet offers none of it
-    (answer,) = decide_preferred(pod, [PreferredRequest(available, (), 2)])
-    assert answer.device_ids == (f"{GPU_B}-0", f"{GPU_A}-0")
-    assert answer.fallback_note is not None and GPU_C in answer.fallback_note
-
-
-def test_preferred_without_a_pod_picks_distinct_gpus_first() -> None:
-    available = slots(GPU_A, 2) + slots(GPU_B, 2)
-    (answer,) = decide_preferred(None, [PreferredRequest(available, (), 3)])
-    assert answer.device_ids == (f"{GPU_A}-0", f"{GPU_B}-0", f"{GPU_A}-1")
-
-
-def test_preferred_with_an_unreadable_annotation_still_answers() -> None:
-    pod = make_pod("garbage-without-fields:;")
-    (answer,) = decide_preferred(pod, [PreferredRequest(slots(GPU_A), (), 1)])
-    assert answer.device_ids == (f"{GPU_A}-0",)
-
-
 # --- properties -------------------------------------------------------------------------------
 
 _GPUS = [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(4)]
-
-
-@st.composite
-def preferred_cases(draw: st.DrawFn) -> tuple[PodRecord | None, PreferredRequest]:
-    available = draw(
-        st.lists(
-            st.sampled_from([f"{g}-{s}" for g in _GPUS for s in range(3)]),
-            unique=True,
-            max_size=12,
-        )
-    )
-    must = draw(st.lists(st.sampled_from(available), unique=True)) if available else []
-    size = draw(st.integers(min_value=len(must), max_value=len(available) + 1))
-    wanted = draw(st.lists(st.sampled_from(_GPUS), max_size=4))
-    pod = None
-    if draw(st.booleans()):
-        entry = tuple(ContainerDevice(g, "NVIDIA", 1, 0) for g in wanted)
-        pod = make_pod(codec.encode_pod_devices((entry,)))
-    return pod, PreferredRequest(available, must, size)
-
-
-@given(preferred_cases())
-def test_preferred_is_always_a_valid_answer(
-    case: tuple[PodRecord | None, PreferredRequest],
-) -> None:
-    pod, request = case
-    (answer,) = decide_preferred(pod, [request])
-    ids = answer.device_ids
-    assert len(ids) == len(set(ids))
-    assert set(ids) <= set(request.available)
-    assert set(request.must_include) <= set(ids)
-    assert len(ids) == min(request.size, len(request.available))
 
 
 @given(

@@ -13,7 +13,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,15 +21,19 @@ import grpc
 import pytest
 import yaml
 
-from hami_plugin.deviceplugin.allocate import AllocateConfig, lock_releasable_by
+from hami_plugin.deviceplugin.allocate import AllocateConfig
+from hami_plugin.deviceplugin.allocator import PodAllocator
 from hami_plugin.deviceplugin.api import api_pb2, api_pb2_grpc
+from hami_plugin.deviceplugin.board import DeviceBoard
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.inventory import VgpuDevice
 from hami_plugin.deviceplugin.kubelet import Backoff, KubeletRegistrar
 from hami_plugin.deviceplugin.register import RegisterPublisher
-from hami_plugin.deviceplugin.server import DeviceBoard, DevicePluginService, PodAllocator
+from hami_plugin.deviceplugin.server import DevicePluginService
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
-from hami_plugin.kube.client import KubeClient, Retryable, RetryPolicy
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.kube.errors import Retryable
+from hami_plugin.kube.retry import RetryPolicy
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
@@ -49,6 +52,7 @@ from tests.deviceplugin.pods import (
     pod_annotations,
     vgpus,
 )
+from tests.processes import wait_until
 
 GPU_ELSEWHERE = "GPU-77777777-7777-7777-7777-777777777777"
 SOCKET = "nvidia-gpu.sock"
@@ -61,23 +65,6 @@ CALL_BOUND = 5.0
 """gRPC deadline of every call: a plugin that does not answer within it fails the test."""
 WAIT = 5.0
 """Bound for an expected change to show up (tests never measure time)."""
-
-
-def wait_until(check: Callable[[], object], timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(0.01)
-
-
-def new_threads(baseline: set[int | None]) -> list[str]:
-    """Threads started since `baseline`, except the API double's request handlers."""
-    return [
-        t.name
-        for t in threading.enumerate()
-        if t.ident not in baseline and "process_request" not in t.name and t.is_alive()
-    ]
 
 
 # --- the stack: test kubelet -> registrar -> server -> allocator -> API server double ------------
@@ -136,7 +123,6 @@ def stack_factory(
     """Builds the stack (once per test): retry `policy`, preferred-allocation alignment
     (`align`) and the allocator's budgets can be changed."""
     apiserver.add_node(NODE)
-    baseline = {t.ident for t in threading.enumerate()}
     cleanup: list[Callable[[], None]] = []
 
     def build(policy: RetryPolicy = QUICK, *, align: bool = True, **budgets: float) -> Stack:
@@ -162,8 +148,6 @@ def stack_factory(
     yield build
     for step in reversed(cleanup):
         step()
-    # Hung requests of the API double end when it stops; everything of ours is gone now.
-    wait_until(lambda: not new_threads(baseline))
 
 
 @pytest.fixture
@@ -297,7 +281,7 @@ def test_the_server_keeps_serving_while_an_allocate_hangs(stack: Stack) -> None:
     request = api_pb2.AllocateRequest()
     request.container_requests.add(devices_ids=[f"{GPU_A}-0"])
     pending = stack.stub().Allocate.future(request, timeout=CALL_BOUND)
-    wait_until(lambda: stack.apiserver.requests_matching("GET"))
+    wait_until(lambda: stack.apiserver.requests_matching("GET"), timeout=WAIT)
     # Meanwhile: options answer, and a health change reaches kubelet's stream.
     options = stack.stub().GetDevicePluginOptions(api_pb2.Empty(), timeout=CALL_BOUND)
     assert options.get_preferred_allocation_available
@@ -318,7 +302,7 @@ def test_a_kubelet_restart_during_a_hanging_allocate_re_registers_at_once(
     request = api_pb2.AllocateRequest()
     request.container_requests.add(devices_ids=[f"{GPU_A}-0"])
     pending = stack.stub().Allocate.future(request)
-    wait_until(lambda: stack.apiserver.requests_matching("GET"))
+    wait_until(lambda: stack.apiserver.requests_matching("GET"), timeout=WAIT)
     stack.kubelet.restart()
     second = stack.kubelet.wait_for_registrations(2, timeout=3.0)[1]
     stack.kubelet.wait_for_list(lambda s: len(s) == 4, connection=second)
@@ -375,25 +359,6 @@ def test_a_pod_without_uid_fails_instead_of_sharing_a_host_dir(stack: Stack) -> 
     assert_failure_reported(stack.apiserver, "nouid", "uid")
     assert not os.path.exists(f"{stack.hook}/vgpu/containers/_main")
     assert_still_serving(stack)
-
-
-@pytest.mark.parametrize(
-    ("value", "releasable"),
-    [
-        ("2026-01-01T00:00:00Z,default,p", True),
-        ("2026-01-01T00:00:00Z,default,other", False),
-        ("2026-01-01T00:00:00Z,other,p", False),
-        ("2026-01-01T00:00:00Z", True),  # legacy: no owner
-        ("garbage", True),
-        ("garbage,default,p", True),
-        ("a,b,c,default,p", True),
-        ("garbage,default,other", False),
-        ("", False),
-        (None, False),
-    ],
-)
-def test_lock_release_follows_hamis_text_rule(value: str | None, releasable: bool) -> None:
-    assert lock_releasable_by(value, "default", "p") is releasable
 
 
 def test_a_garbage_lock_is_ignored_for_the_choice_and_released_after(stack: Stack) -> None:
@@ -577,7 +542,7 @@ def test_a_lock_release_that_keeps_conflicting_gives_up_without_failing_allocate
 ) -> None:
     add_pending_pod(stack.apiserver, "p", [[dev(GPU_A)]])
     stack.apiserver.inject_fault("PATCH", f"/api/v1/nodes/{NODE}", status=409, times=None)
-    with caplog.at_level(logging.WARNING, logger="hami_plugin.deviceplugin.server"):
+    with caplog.at_level(logging.WARNING, logger="hami_plugin.deviceplugin.allocator"):
         answer = stack.allocate([f"{GPU_A}-0"]).container_responses[0]
     assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A
     assert pod_annotations(stack.apiserver, "p")[ANNOTATION_BIND_PHASE] == "success"
@@ -620,9 +585,9 @@ def test_the_register_annotation_is_written_once_the_api_server_is_back(
     apiserver.inject_fault(status=503, times=None)
     with caplog.at_level(logging.INFO, logger="hami_plugin.deviceplugin.register"):
         publisher.start()
-        wait_until(lambda: len(apiserver.requests) >= 6)  # several failing rounds
+        wait_until(lambda: len(apiserver.requests) >= 6, timeout=WAIT)  # several failing rounds
         apiserver.clear_faults()
-        wait_until(lambda: publisher.last_written == "[1]")  # set after the log line
+        wait_until(lambda: publisher.last_written == "[1]", timeout=WAIT)  # set after the log line
     assert node_annotations(apiserver)[ANNOTATION_NODE_REGISTER] == "[1]"
     failing = [r for r in caplog.records if "not written" in r.getMessage()]
     assert len(failing) == 1  # one line for the whole outage
@@ -631,13 +596,15 @@ def test_the_register_annotation_is_written_once_the_api_server_is_back(
     # Rounds go on (each checks the node) without writing the unchanged value again.
     written = len(register_patches(apiserver))
     gets = node_gets(apiserver)
-    wait_until(lambda: node_gets(apiserver) >= gets + 3)
+    wait_until(lambda: node_gets(apiserver) >= gets + 3, timeout=WAIT)
     assert len(register_patches(apiserver)) == written
 
     values.append("[2]")  # one change, one write
-    wait_until(lambda: node_annotations(apiserver).get(ANNOTATION_NODE_REGISTER) == "[2]")
+    wait_until(
+        lambda: node_annotations(apiserver).get(ANNOTATION_NODE_REGISTER) == "[2]", timeout=WAIT
+    )
     gets = node_gets(apiserver)
-    wait_until(lambda: node_gets(apiserver) >= gets + 3)
+    wait_until(lambda: node_gets(apiserver) >= gets + 3, timeout=WAIT)
     assert register_patches(apiserver)[written:] == ["[2]"]
 
 
@@ -647,11 +614,15 @@ def test_a_register_annotation_lost_on_the_node_is_written_again(
     # A node object deleted and re-created by kubelet comes back without our annotation.
     publisher, _ = publisher_values
     publisher.start()
-    wait_until(lambda: node_annotations(apiserver).get(ANNOTATION_NODE_REGISTER) == "[1]")
+    wait_until(
+        lambda: node_annotations(apiserver).get(ANNOTATION_NODE_REGISTER) == "[1]", timeout=WAIT
+    )
     apiserver.update_object(
         "nodes", "", NODE, lambda n: n["metadata"]["annotations"].pop(ANNOTATION_NODE_REGISTER)
     )
-    wait_until(lambda: node_annotations(apiserver).get(ANNOTATION_NODE_REGISTER) == "[1]")
+    wait_until(
+        lambda: node_annotations(apiserver).get(ANNOTATION_NODE_REGISTER) == "[1]", timeout=WAIT
+    )
     assert register_patches(apiserver) == ["[1]", "[1]"]
 
 
@@ -667,7 +638,8 @@ def test_many_quick_kubelet_restarts_end_registered_with_the_last_one(stack: Sta
         lambda: any(
             c.lists and len(c.lists[-1]) == 4 and not c.stream_ended.is_set()
             for c in stack.kubelet.connections
-        )
+        ),
+        timeout=WAIT,
     )
     assert last == 8
     options = stack.stub().GetDevicePluginOptions(api_pb2.Empty(), timeout=CALL_BOUND)
@@ -728,7 +700,7 @@ def test_a_stale_kubelet_socket_with_nobody_listening(sock_dir: str) -> None:
     kubelet = FakeKubelet(sock_dir)
     try:
         registrar.start()
-        wait_until(lambda: os.path.exists(registrar.socket_path))
+        wait_until(lambda: os.path.exists(registrar.socket_path), timeout=WAIT)
         kubelet.start()  # deletes every socket, ours too, and serves a new kubelet.sock
         kubelet.wait_for_registrations(1)
         kubelet.wait_for_list(lambda s: len(s) == 2)
@@ -777,7 +749,7 @@ def test_streams_that_vanish_leave_no_thread_behind(stack: Stack) -> None:
             if index % 2:
                 stream.cancel()
             channel.close()  # the others just go away
-        wait_until(lambda: server.live_streams == 1)  # kubelet's own stream is left
+        wait_until(lambda: server.live_streams == 1, timeout=WAIT)  # kubelet's own stream is left
     assert stack.registrar.registrations == 1
     assert not stack.kubelet.latest().stream_ended.is_set()
     assert_still_serving(stack)
@@ -830,11 +802,11 @@ def test_a_gpu_that_vanishes_and_comes_back_and_a_broken_file(
     try:
         kubelet.wait_for_registrations(1)
         kubelet.wait_for_list(lambda s: listed_gpus(s) == sorted([GPU_A, GPU_B]))
-        wait_until(lambda: registered_uuids(apiserver) == [GPU_A, GPU_B])
+        wait_until(lambda: registered_uuids(apiserver) == [GPU_A, GPU_B], timeout=WAIT)
 
         write_gpus(gpus_file, [GPU_SPEC_B])  # GPU_A fell off the bus and out of the list
         kubelet.wait_for_list(lambda s: listed_gpus(s) == [GPU_B])
-        wait_until(lambda: registered_uuids(apiserver) == [GPU_B])
+        wait_until(lambda: registered_uuids(apiserver) == [GPU_B], timeout=WAIT)
 
         write_gpus(gpus_file, [GPU_SPEC_A, GPU_SPEC_B])
         kubelet.wait_for_list(
@@ -842,7 +814,7 @@ def test_a_gpu_that_vanishes_and_comes_back_and_a_broken_file(
                 listed_gpus(s) == sorted([GPU_A, GPU_B]) and all(d.health == "Healthy" for d in s)
             )
         )
-        wait_until(lambda: registered_uuids(apiserver) == [GPU_A, GPU_B])
+        wait_until(lambda: registered_uuids(apiserver) == [GPU_A, GPU_B], timeout=WAIT)
 
         write_gpus(gpus_file, "gpus: [ {uuid: ")  # half-written file: the last good one holds
         stack_stub = kubelet.latest().stub

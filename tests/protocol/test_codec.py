@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 import pytest
 from hypothesis import given
@@ -20,7 +20,6 @@ from hami_plugin.protocol.model import (
     HandshakeState,
     MigPlacement,
     MigProfile,
-    NodeLock,
     NodePolicy,
     ScoringWeights,
 )
@@ -136,9 +135,8 @@ def test_many_separators_within_limit_are_handled() -> None:
 
 # --- properties -------------------------------------------------------------------------------
 
-field_text = st.text(
-    alphabet=st.characters(blacklist_characters=",:;", blacklist_categories=("Cs",)), max_size=12
-)
+# utf-8: no lone surrogates, which no annotation (a JSON string) can carry
+field_text = st.text(alphabet=st.characters(codec="utf-8", exclude_characters=",:;"), max_size=12)
 int32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 devices = st.builds(ContainerDevice, field_text, field_text, int32, int32)
 pods = st.lists(st.lists(devices, max_size=4).map(tuple), max_size=5).map(tuple)
@@ -180,7 +178,6 @@ def test_hostile_strings_raise_only_annotation_error(value: str) -> None:
         codec.decode_pod_devices,
         codec.decode_container_devices,
         codec.decode_node_devices,
-        codec.parse_node_lock,
         codec.parse_handshake,
         codec.parse_gpu_policy,
         codec.parse_node_policy,
@@ -475,42 +472,7 @@ def test_register_json_round_trip(devices_: list[GpuDevice]) -> None:
     assert codec.encode_node_devices(codec.decode_node_devices(text)) == text
 
 
-# --- 1.6 handshake, 1.7 node lock -------------------------------------------------------------
-
-
-def test_node_lock_examples() -> None:
-    lock = codec.parse_node_lock("2024-05-10T08:01:02Z,default,gpu-pod")
-    assert lock == NodeLock(datetime(2024, 5, 10, 8, 1, 2, tzinfo=UTC), "default", "gpu-pod")
-    assert codec.format_node_lock(lock) == "2024-05-10T08:01:02Z,default,gpu-pod"
-    east = codec.parse_node_lock("2026-07-03T15:35:10+08:00,ns,name")
-    assert east.time.utcoffset() == timedelta(hours=8)
-    assert codec.format_node_lock(east) == "2026-07-03T15:35:10+08:00,ns,name"
-    legacy = codec.parse_node_lock("2024-05-10T08:01:02Z")
-    assert legacy.namespace is None and legacy.pod_name is None
-    assert codec.format_node_lock(legacy) == "2024-05-10T08:01:02Z"
-    assert lock.owned_by("default", "gpu-pod") and not legacy.owned_by("default", "gpu-pod")
-
-
-def test_node_lock_errors() -> None:
-    with pytest.raises(
-        AnnotationError, match="malformed lock annotation: expected 3 parts, got 2 from a,b"
-    ):
-        codec.parse_node_lock("a,b")
-    with pytest.raises(AnnotationError, match="not RFC3339"):
-        codec.parse_node_lock("yesterday,ns,pod")
-
-
-@given(
-    st.datetimes(
-        min_value=datetime(1971, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC)
-    ).map(lambda d: d.replace(microsecond=0)),
-    st.integers(-14 * 60, 14 * 60),
-)
-def test_node_lock_round_trip(when: datetime, offset_minutes: int) -> None:
-    local = when.astimezone(timezone(timedelta(minutes=offset_minutes)))
-    text = codec.format_node_lock(NodeLock(local, "ns", "pod"))
-    assert codec.parse_node_lock(text) == NodeLock(local, "ns", "pod")
-    assert codec.format_node_lock(codec.parse_node_lock(text)) == text
+# --- 1.6 handshake -------------------------------------------------------------------------
 
 
 def test_handshake_values() -> None:

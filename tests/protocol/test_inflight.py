@@ -17,16 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hami_plugin.deviceplugin.allocate import (
-    AllocateConfig,
-    AllocateFailure,
-    PreferredRequest,
-    decide_allocation,
-    decide_preferred,
-    lock_releasable_by,
-    select_pending_pod,
-)
-from hami_plugin.kube.client import ContainerSpec, PodRecord
+from hami_plugin.deviceplugin.allocate import AllocateConfig, AllocateFailure, decide_allocation
+from hami_plugin.deviceplugin.pending import select_pending_pod
+from hami_plugin.deviceplugin.preferred import PreferredRequest, decide_preferred
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.inflight import (
     ALLOCATE_PROTOCOL,
@@ -49,6 +42,8 @@ from hami_plugin.protocol.model import (
     ContainerDevices,
     PodDevices,
 )
+from hami_plugin.protocol.nodelock import releasable_by
+from hami_plugin.protocol.objects import ContainerSpec, PodInfo
 
 NODE = "gpu-node"
 GPUS = (
@@ -221,9 +216,9 @@ class SimPod:
     annotations: dict[str, str] = field(default_factory=dict)
     phase: str = "Pending"
 
-    def record(self) -> PodRecord:
+    def record(self) -> PodInfo:
         names = [f"c{i}" for i in range(len(self.entries))]
-        return PodRecord(
+        return PodInfo(
             namespace="default",
             name=self.name,
             uid="uid-" + self.name,
@@ -231,8 +226,8 @@ class SimPod:
             node_name=NODE if self.stage == "bound" else "",
             annotations=dict(self.annotations),
             labels={},
-            init_containers=tuple(ContainerSpec(n, {}) for n in names[: self.init_count]),
-            containers=tuple(ContainerSpec(n, {}) for n in names[self.init_count :]),
+            init_containers=tuple(ContainerSpec(n) for n in names[: self.init_count]),
+            containers=tuple(ContainerSpec(n) for n in names[self.init_count :]),
             resource_version="1",
             creation_timestamp=datetime.fromtimestamp(EPOCH + self.created, UTC),
         )
@@ -369,7 +364,7 @@ class Cluster:
         pod.annotations[ANNOTATION_DEVICES_TO_ALLOCATE] = decision.remaining_to_allocate
         if decision.complete:
             pod.annotations[ANNOTATION_BIND_PHASE] = "success"
-            if lock_releasable_by(self.lock, "default", pod.name):
+            if releasable_by(self.lock, "default", pod.name):
                 self.lock = None
         self.next_container = index + 1
         if not any(pod.entries[self.next_container :]):

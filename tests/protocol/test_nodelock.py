@@ -1,19 +1,24 @@
-"""HAMi's node-lock decisions (reference 1.7, v2.10 nodelock.go LockNode)."""
+"""HAMi's node lock: its value's format and its rules (v2.10 nodelock.go), one table each."""
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hami_plugin.protocol.codec import parse_node_lock
+from hami_plugin.protocol.codec import AnnotationError
 from hami_plugin.protocol.nodelock import (
     LockAction,
+    NodeLock,
     TakeoverReason,
     decide_lock,
+    format_node_lock,
+    held_by,
     lock_value,
+    parse_node_lock,
     releasable_by,
     stale_lock,
 )
@@ -24,6 +29,109 @@ TIMEOUT = timedelta(minutes=5)
 
 def _stamp(age: timedelta) -> str:
     return (NOW - age).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- the value's format ------------------------------------------------------------------------
+
+_PLUS8 = timezone(timedelta(hours=8))
+
+
+@pytest.mark.parametrize(
+    ("value", "lock"),
+    [
+        (
+            "2024-05-10T08:01:02Z,default,gpu-pod",
+            NodeLock(datetime(2024, 5, 10, 8, 1, 2, tzinfo=UTC), "default", "gpu-pod"),
+        ),
+        (
+            "2026-07-03T15:35:10+08:00,ns,name",
+            NodeLock(datetime(2026, 7, 3, 15, 35, 10, tzinfo=_PLUS8), "ns", "name"),
+        ),
+        # legacy (HAMi before v2.5): the time alone, no owner
+        ("2024-05-10T08:01:02Z", NodeLock(datetime(2024, 5, 10, 8, 1, 2, tzinfo=UTC))),
+    ],
+)
+def test_lock_values_parse_and_format_back(value: str, lock: NodeLock) -> None:
+    parsed = parse_node_lock(value)
+    assert parsed == lock
+    assert parsed.time.utcoffset() == lock.time.utcoffset()
+    assert format_node_lock(parsed) == value
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("a,b", "malformed lock annotation: expected 3 parts, got 2 from a,b"),
+        ("t,ns,pod,extra", "malformed lock annotation: expected 3 parts, got 4"),
+        ("yesterday,ns,pod", "not RFC3339"),
+        ("", "not RFC3339"),
+        ("x" * (256 * 1024 + 1), "exceeds the 262144-byte limit"),
+    ],
+)
+def test_unreadable_lock_values(value: str, message: str) -> None:
+    with pytest.raises(AnnotationError, match=message) as raised:
+        parse_node_lock(value)
+    assert raised.value.key == "hami.io/mutex.lock"
+
+
+@given(
+    st.datetimes(
+        min_value=datetime(1971, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC)
+    ).map(lambda d: d.replace(microsecond=0)),
+    st.integers(-14 * 60, 14 * 60),
+)
+def test_node_lock_round_trip(when: datetime, offset_minutes: int) -> None:
+    local = when.astimezone(timezone(timedelta(minutes=offset_minutes)))
+    text = format_node_lock(NodeLock(local, "ns", "pod"))
+    assert parse_node_lock(text) == NodeLock(local, "ns", "pod")
+    assert format_node_lock(parse_node_lock(text)) == text
+
+
+@given(st.text(max_size=300))
+def test_hostile_values_raise_only_annotation_error(value: str) -> None:
+    with contextlib.suppress(AnnotationError):
+        parse_node_lock(value)
+
+
+def test_lock_value_round_trips() -> None:
+    lock = parse_node_lock(lock_value(NOW, "ns", "pod-a"))
+    assert (lock.time, lock.namespace, lock.pod_name) == (NOW, "ns", "pod-a")
+
+
+# --- who holds it ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("lock", "holder"),
+    [
+        (NodeLock(NOW, "default", "me"), True),
+        (NodeLock(NOW, "default", "other"), False),
+        (NodeLock(NOW, "other-ns", "me"), False),
+        (NodeLock(NOW), False),  # legacy: no pod holds it
+    ],
+)
+def test_owned_by(lock: NodeLock, holder: bool) -> None:
+    assert lock.owned_by("default", "me") is holder
+
+
+@pytest.mark.parametrize(
+    ("value", "held"),
+    [
+        (None, False),
+        ("", False),
+        ("2026-07-03T12:00:00Z,default,me", True),
+        ("2026-07-03T12:00:00Z,default,other", False),
+        ("2026-07-03T12:00:00Z,default,xme", False),
+        ("2026-07-03T12:00:00Z", False),  # legacy: held by no pod (yet anyone may release it)
+        ("garbage,default,me", True),
+        ("garbage", False),
+    ],
+)
+def test_held_by(value: str | None, held: bool) -> None:
+    assert held_by(value, "default", "me") is held
+
+
+# --- a pod that wants it (bind) ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -84,26 +192,6 @@ def test_lock_in_another_zone_compares_as_an_instant() -> None:
     assert decision.action is LockAction.CONTENTION
 
 
-def test_lock_value_round_trips() -> None:
-    lock = parse_node_lock(lock_value(NOW, "ns", "pod-a"))
-    assert (lock.time, lock.namespace, lock.pod_name) == (NOW, "ns", "pod-a")
-
-
-@pytest.mark.parametrize(
-    ("value", "mine"),
-    [
-        (None, False),
-        ("2026-07-03T12:00:00Z,default,me", True),
-        ("2026-07-03T12:00:00Z,default,other", False),
-        ("2026-07-03T12:00:00Z,other-ns,me", False),
-        ("2026-07-03T12:00:00Z", True),  # legacy: nobody's, so anyone's
-        ("garbage", True),
-    ],
-)
-def test_releasable_by(value: str | None, mine: bool) -> None:
-    assert releasable_by(value, "default", "me") is mine
-
-
 _names = st.text(alphabet="abcdefghij-", min_size=1, max_size=6)
 
 
@@ -152,6 +240,36 @@ def test_any_value_gets_a_decision(value: str) -> None:
         LockAction.REENTRANT,
         LockAction.CONTENTION,
     }
+
+
+# --- who may release it ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "mine"),
+    [
+        (None, False),
+        ("", False),
+        ("2026-07-03T12:00:00Z,default,me", True),
+        ("2026-07-03T12:00:00Z,default,other", False),
+        ("2026-07-03T12:00:00Z,other-ns,me", False),
+        ("2026-07-03T12:00:00Z", True),  # legacy: nobody's, so anyone's
+        ("garbage", True),
+        # unreadable, with commas: the pod it ends with, whatever comes before
+        ("garbage,default,me", True),
+        ("x,y,default,me", True),
+        ("garbage,x", False),
+        ("garbage,default,other", False),
+        # the owner part must match whole: `,default,me` is not a suffix of `,default,xme`
+        ("2026-07-03T12:00:00Z,default,xme", False),
+        ("2026-07-03T12:00:00Z,xdefault,me", False),
+    ],
+)
+def test_releasable_by(value: str | None, mine: bool) -> None:
+    assert releasable_by(value, "default", "me") is mine
+
+
+# --- whether a held lock is stale (recovery) ---------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,8 @@
 """HAMi-core's per-container regions on this node: find, read, map to pods, clean up, feed back.
 
-Layout (hami-reference.md 4.4 and 5.1): Allocate creates `<hook>/vgpu/containers/<podUID>_<name>`
-(`AllocateConfig.container_dir`), the workload sees it as `/usr/local/vgpu` and HAMi-core creates
-its `<uuid>.cache` region there. As HAMi's monitor (`pkg/monitor/nvidia/cudevshr.go`, v2.10):
+Layout (`protocol.hostpaths`): Allocate creates `<hook>/vgpu/containers/<podUID>_<name>`, the
+workload sees it as `<hook>/vgpu` and HAMi-core creates its `<uuid>.cache` region there. As
+HAMi's monitor (`pkg/monitor/nvidia/cudevshr.go`, v2.10):
 
 * a directory name splits at the first `_` into pod UID and container name; other names are
   skipped (cudevshr.go:188-192);
@@ -43,10 +43,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from hami_plugin.deviceplugin.allocate import AllocateConfig
 from hami_plugin.deviceplugin.monitor.feedback import ContainerActivity, decide_feedback
 from hami_plugin.deviceplugin.monitor.region import Region, RegionError, parse_region_from
-from hami_plugin.kube.client import PodRecord
+from hami_plugin.protocol.hostpaths import split_container_dir
+from hami_plugin.protocol.objects import PodInfo
 
 logger = logging.getLogger(__name__)
 
@@ -63,20 +63,7 @@ means a workload filling its directory, which must not slow every scrape down.""
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _INT32 = struct.Struct("<i")
 
-PodLister = Callable[[], Iterable[PodRecord]]
-
-
-def vgpu_containers_dir(hook_path: str) -> str:
-    """`<hook>/vgpu/containers`, the parent of every `AllocateConfig.container_dir`."""
-    return AllocateConfig(hook_path=hook_path).vgpu_dir + "/containers"
-
-
-def split_container_dir(name: str) -> tuple[str, str] | None:
-    """`<podUID>_<containerName>` split at the first `_`; None when either part is empty."""
-    pod_uid, sep, container_name = name.partition("_")
-    if not sep or not pod_uid or not container_name:
-        return None
-    return pod_uid, container_name
+PodLister = Callable[[], Iterable[PodInfo]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +74,7 @@ class ContainerUsage:
     container_name: str
     cache_path: str
     region: Region
-    pod: PodRecord | None
+    pod: PodInfo | None
     """The pod on this node with that UID; None when the pod list does not have it."""
 
 
@@ -128,12 +115,12 @@ class _PodCache:
         self._refresh_seconds = refresh_seconds
         self._clock = clock
         self._refreshing = threading.Lock()
-        self._by_uid: dict[str, PodRecord] = {}
+        self._by_uid: dict[str, PodInfo] = {}
         self._fresh = False
         self._failing = False
         self._next_refresh = float("-inf")
 
-    def get(self) -> tuple[dict[str, PodRecord], bool]:
+    def get(self) -> tuple[dict[str, PodInfo], bool]:
         """(pods by UID, whether the last list call succeeded)."""
         if self._clock() >= self._next_refresh and self._refreshing.acquire(blocking=False):
             try:

@@ -1,0 +1,278 @@
+"""Where Allocate is carried out: its Kubernetes side, and the host directories.
+
+`PodAllocator` asks the API server for the node lock and the pods, lets `deviceplugin.pending`
+pick the pod and `deviceplugin.allocate` decide (both pure), creates the host directories and
+writes the result back (to-allocate consumed, bind-phase, node lock released); any failure
+marks the pod `failed`, releases the lock and records a Warning event. Kubelet waits for
+Allocate without a deadline (and admits nothing else meanwhile), so the API calls of one
+Allocate share a time budget, and reporting a failure gets a budget of its own: a hanging API
+server costs seconds, not the minutes its retry policy allows per call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Collection, Sequence
+
+from hami_plugin.deviceplugin.allocate import (
+    AllocateConfig,
+    AllocateFailure,
+    AllocationDecision,
+    check_requests,
+    decide_allocation,
+)
+from hami_plugin.deviceplugin.pending import PendingPodChoice, select_pending_pod
+from hami_plugin.deviceplugin.preferred import PreferredAnswer, PreferredRequest, decide_preferred
+from hami_plugin.kube.api import AllocateApi
+from hami_plugin.kube.errors import Conflict
+from hami_plugin.protocol import hostpaths, nodelock
+from hami_plugin.protocol.model import (
+    ANNOTATION_BIND_PHASE,
+    ANNOTATION_DEVICES_TO_ALLOCATE,
+    ANNOTATION_NODE_LOCK,
+    BindPhase,
+)
+from hami_plugin.protocol.objects import NodeInfo, PodInfo
+
+logger = logging.getLogger(__name__)
+
+EVENT_REASON_ALLOCATE_FAILED = "AllocateFailed"
+
+_LOCK_RELEASE_ATTEMPTS = 4
+ALLOCATE_BUDGET_SECONDS = 20.0
+"""All API calls of one Allocate, up to writing its result."""
+REPORT_BUDGET_SECONDS = 10.0
+"""Reporting a failed Allocate (bind-phase, lock, event), and releasing the lock after success."""
+PREFERRED_BUDGET_SECONDS = 5.0
+"""Finding the pending pod for GetPreferredAllocation; after it, the answer falls back."""
+
+
+class HostSetupError(Exception):
+    """A host directory for the container could not be prepared."""
+
+
+class PodAllocationError(Exception):
+    """Allocate failed for a known pod; the pod is already marked `failed`.
+
+    `cause` is the original error (an AllocateFailure, a KubeError, a HostSetupError or
+    anything unexpected).
+    """
+
+    def __init__(self, pod: PodInfo, cause: BaseException) -> None:
+        super().__init__(f"pod {pod.namespace}/{pod.name}: {cause}")
+        self.pod = pod
+        self.cause = cause
+
+
+def prepare_host_dirs(decision: AllocationDecision, vgpulock_path: str) -> None:
+    """Recreate each container's cache directory (0777) and make sure the lock dir exists.
+
+    Raises HostSetupError naming the path.
+    """
+    for container in decision.containers:
+        try:
+            shutil.rmtree(container.host_dir, ignore_errors=True)
+            os.makedirs(container.host_dir, exist_ok=True)
+            os.chmod(container.host_dir, 0o777)
+        except OSError as error:
+            raise HostSetupError(
+                f"cannot create {container.host_dir}: {error.strerror or error}"
+            ) from error
+    try:
+        os.makedirs(vgpulock_path, exist_ok=True)
+    except OSError as error:
+        raise HostSetupError(f"cannot create {vgpulock_path}: {error.strerror or error}") from error
+    with contextlib.suppress(OSError):
+        # Another user's existing directory keeps its mode; HAMi-core only needs it to exist.
+        os.chmod(vgpulock_path, 0o777)
+
+
+def libvgpu_version() -> str:
+    """The version suffix HAMi looks for on `libvgpu.so.<version>`: this package's version."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("hami-plugin")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
+class PodAllocator:
+    """Allocate and GetPreferredAllocation against the API server, for one node."""
+
+    def __init__(
+        self,
+        kube: AllocateApi,
+        node_name: str,
+        config: AllocateConfig,
+        *,
+        new_cache_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+        version: str | None = None,
+        allocate_budget_seconds: float = ALLOCATE_BUDGET_SECONDS,
+        report_budget_seconds: float = REPORT_BUDGET_SECONDS,
+        preferred_budget_seconds: float = PREFERRED_BUDGET_SECONDS,
+    ) -> None:
+        self._kube = kube
+        self._node_name = node_name
+        self._config = config
+        self._new_cache_id = new_cache_id
+        self._version = version if version is not None else libvgpu_version()
+        self._allocate_budget = allocate_budget_seconds
+        self._report_budget = report_budget_seconds
+        self._preferred_budget = preferred_budget_seconds
+
+    def _within(self, seconds: float) -> contextlib.AbstractContextManager[object]:
+        """The API calls of this thread inside the block share `seconds` (when supported)."""
+        deadline: Callable[[float], contextlib.AbstractContextManager[object]] | None = getattr(
+            self._kube, "deadline", None
+        )
+        return deadline(seconds) if deadline is not None else contextlib.nullcontext()
+
+    def _current_config(self) -> AllocateConfig:
+        # HAMi stats these files on every call: the plugin's postStart hook installs them on
+        # the host after the daemon is already up.
+        hook = self._config.hook_path
+        versioned = hostpaths.libvgpu_path(hook, self._version)
+        return dataclasses.replace(
+            self._config,
+            libvgpu_host_path=versioned if os.path.exists(versioned) else None,
+            license_present=os.path.exists(hostpaths.license_path(hook)),
+        )
+
+    def _pending_pod(self, device_count: int) -> tuple[NodeInfo, PendingPodChoice]:
+        """The pod kubelet's call for `device_count` devices is for (`select_pending_pod`)."""
+        node = self._kube.get_node(self._node_name)
+        pods = self._kube.list_pods_on_node(self._node_name)
+        choice = select_pending_pod(
+            self._node_name, node.annotations.get(ANNOTATION_NODE_LOCK), pods, device_count
+        )
+        if choice.lock_warning:
+            logger.warning("node %s: %s", self._node_name, choice.lock_warning)
+        return node, choice
+
+    def allocate(
+        self, requests: Sequence[Sequence[str]], advertised: Collection[str] | None = None
+    ) -> AllocationDecision:
+        """Decide and carry out one Allocate call.
+
+        `advertised` is every device ID kubelet was offered; an ID outside it fails the pod.
+        Raises AllocateFailure(NO_PENDING_POD, NO_MATCHING_POD or INVALID_REQUEST) or a
+        KubeError when no pod could be chosen (nothing is patched then), or PodAllocationError
+        when the chosen pod failed (it is then marked `failed`, its lock released and a Warning
+        event recorded).
+        """
+        check_requests(requests)
+        with self._within(self._allocate_budget):
+            # kubelet sends one container per call; the first one's count picks the pod.
+            node, choice = self._pending_pod(len(requests[0]))
+            pod = choice.pod
+            try:
+                decision = decide_allocation(
+                    pod, requests, self._current_config(), self._new_cache_id, advertised
+                )
+                prepare_host_dirs(decision, self._config.vgpulock_host_path)
+                patch: dict[str, str | None] = {
+                    ANNOTATION_DEVICES_TO_ALLOCATE: decision.remaining_to_allocate
+                }
+                if decision.complete:
+                    patch[ANNOTATION_BIND_PHASE] = BindPhase.SUCCESS
+                self._kube.patch_pod_metadata(pod.namespace, pod.name, patch)
+            except Exception as error:
+                self._fail(pod, node, error)  # with a budget of its own
+                raise PodAllocationError(pod, error) from error
+        if decision.complete:
+            with self._within(self._report_budget):
+                self._release_lock(pod, node)
+        for container in decision.containers:
+            if container.kubelet_ids_not_used:
+                logger.warning(
+                    "pod %s/%s container %s: kubelet chose %s, which are not on the GPUs the "
+                    "scheduler booked; the container gets the booked GPUs [%s]",
+                    pod.namespace,
+                    pod.name,
+                    container.container_name,
+                    ",".join(container.kubelet_ids_not_used),
+                    container.envs["NVIDIA_VISIBLE_DEVICES"],
+                )
+        logger.info(
+            "allocated %s to pod %s/%s%s",
+            ", ".join(
+                f"{c.container_name}=[{c.envs['NVIDIA_VISIBLE_DEVICES']}]"
+                for c in decision.containers
+            ),
+            pod.namespace,
+            pod.name,
+            " (bind-phase success)" if decision.complete else "",
+        )
+        return decision
+
+    def preferred(self, requests: Sequence[PreferredRequest]) -> tuple[PreferredAnswer, ...]:
+        """GetPreferredAllocation: follow the pending pod's GPUs; never raises for a pod or
+        API problem (the answer falls back to a valid choice from `available`)."""
+        pod: PodInfo | None
+        try:
+            with self._within(self._preferred_budget):
+                _, choice = self._pending_pod(requests[0].size if requests else 0)
+            pod = choice.pod
+        except AllocateFailure as error:
+            logger.info("preferred allocation without a pod: %s", error)
+            pod = None
+        except Exception as error:  # the API server is away: still answer
+            logger.warning("preferred allocation without a pod: %s", error)
+            pod = None
+        answers = decide_preferred(pod, requests)
+        for answer in answers:
+            if answer.fallback_note:
+                logger.info(
+                    "preferred allocation fell back (%s): %s",
+                    answer.fallback_note,
+                    ",".join(answer.device_ids),
+                )
+        return answers
+
+    def _fail(self, pod: PodInfo, node: NodeInfo, error: BaseException) -> None:
+        """Tell the pod: bind-phase `failed`, lock released, a Warning event (best effort,
+        within the report budget). Logged by the RPC edge (`_abort_with`), not here."""
+        message = f"allocate failed for pod {pod.namespace}/{pod.name}: {error}"
+        with self._within(self._report_budget):
+            try:
+                self._kube.patch_pod_metadata(
+                    pod.namespace, pod.name, {ANNOTATION_BIND_PHASE: BindPhase.FAILED}
+                )
+            except Exception as patch_error:
+                logger.warning(
+                    "could not mark pod %s/%s failed: %s", pod.namespace, pod.name, patch_error
+                )
+            self._release_lock(pod, node)
+            try:
+                self._kube.create_pod_event(pod, EVENT_REASON_ALLOCATE_FAILED, message, "Warning")
+            except Exception as event_error:  # the allocation's own error must reach kubelet
+                logger.warning("no event for pod %s/%s: %s", pod.namespace, pod.name, event_error)
+
+    def _release_lock(self, pod: PodInfo, node: NodeInfo) -> None:
+        """Delete the node lock if `pod` may (`nodelock.releasable_by`, HAMi's rule), with
+        the node's resourceVersion as precondition; retried on conflict, never raises."""
+        for _attempt in range(_LOCK_RELEASE_ATTEMPTS):
+            value = node.annotations.get(ANNOTATION_NODE_LOCK)
+            if not nodelock.releasable_by(value, pod.namespace, pod.name):
+                return
+            try:
+                self._kube.patch_node_annotations(
+                    node.name, {ANNOTATION_NODE_LOCK: None}, resource_version=node.resource_version
+                )
+                return
+            except Conflict:
+                try:
+                    node = self._kube.get_node(node.name)
+                except Exception as error:
+                    logger.warning("node %s: lock not released: %s", node.name, error)
+                    return
+            except Exception as error:
+                logger.warning("node %s: lock not released: %s", node.name, error)
+                return
+        logger.warning("node %s: lock not released: kept losing the race", node.name)
