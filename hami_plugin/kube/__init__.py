@@ -1,3 +1,11 @@
-"""The Kubernetes API as the daemons use it: the client (the only importer of `kubernetes`), its
-errors, the records it returns, watches and the informer.
+"""The Kubernetes API as the daemons use it; the only package that imports `kubernetes`.
+
+* `client`: `KubeClient`, the calls (nodes, pods, patches, bindings, leases, events, list, watch);
+* `api`: the calls each role makes, as protocols (`AllocateApi`, `BindApi`, `LeaseApi`...);
+* `fake`: `FakeKube`, those roles in memory, for unit tests;
+* `errors`: `KubeError` and its kinds, and the one translation point from the library's errors;
+* `retry`: the retry policy and loop; `config`: where the configuration comes from;
+* `records`: lists, watch events, leases and events as plain records (pods and nodes are read
+  by the one model, `hami_plugin.protocol.objects`);
+* `watch`: reading a watch stream; `informer`: list-then-watch into a local store.
 """

@@ -9,7 +9,7 @@ client-go's reflector and informer, reduced to what the daemons need:
   the server keeps) means relist: the fresh list is diffed against the store, so objects
   deleted while the watch was away reach the handler as `on_delete` and changed ones as
   `on_upsert`.
-* The store keeps only what `transform` makes of each object (`T`, e.g. a `PodRecord`), never
+* The store keeps only what `transform` makes of each object (`T`, e.g. a `PodInfo`), never
   the raw dicts: the scheduler holds every pod of a large cluster, and a list page is reduced
   before the next one is read.
 * The handler is called on the informer's thread, in event order, only when the stored value
@@ -32,14 +32,11 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
-from hami_plugin.kube.client import (
-    WATCH_READ_TIMEOUT_SECONDS,
-    Gone,
-    KubeClient,
-    KubeError,
-    RetryPolicy,
-    WatchEvent,
-)
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.kube.errors import Gone, KubeError
+from hami_plugin.kube.records import WatchEvent
+from hami_plugin.kube.retry import RetryPolicy
+from hami_plugin.kube.watch import WATCH_READ_TIMEOUT_SECONDS
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,10 @@
-"""Pods and nodes as the scheduler reads them, from either form they arrive in.
+"""Pods and nodes as both daemons read them: ONE model, read from the API's JSON.
 
-A pod or node is accepted as a plain mapping (YAML/JSON with the API's camelCase keys, or the
-snake_case keys of the `kubernetes` client's `to_dict()`) or as the client's model object
-(attribute access, snake_case). Nothing here imports `kubernetes`: the model is read by duck
-typing. The few fields the scheduler needs are copied once into frozen values.
+`read_pod` and `read_node` take an object as the API server sends it (a GET answer, a list item,
+a watch event's object) or as a YAML file writes it: a mapping with the API's camelCase keys.
+The scheduler, the webhook's decisions, the device plugin and the test kubelet all read pods
+through them, so a field means the same thing everywhere. The few fields the daemons need are
+copied once into frozen values; nothing here imports `kubernetes`.
 """
 
 from __future__ import annotations
@@ -32,19 +33,21 @@ class ObjectError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ContainerSpec:
-    """One container's name and resource limits/requests (values left as given)."""
+    """One container: its name, resource limits/requests (values left as given) and env."""
 
     name: str
     limits: Mapping[str, object] = field(default_factory=dict)
     requests: Mapping[str, object] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Only literal `value` env entries; `valueFrom` entries are left out."""
 
 
 @dataclass(frozen=True, slots=True)
 class PodInfo:
-    """What the scheduler needs of a pod.
+    """What the daemons need of a pod.
 
     `init_containers_done` is True when the pod has init containers and every one of them
-    terminated with exit code 0 (HAMi then books only the app containers' usage, reference 3.3).
+    terminated with exit code 0 (HAMi then books only the app containers' usage).
     """
 
     namespace: str
@@ -58,7 +61,7 @@ class PodInfo:
     init_containers_done: bool = False
     node_name: str = ""
     """`spec.nodeName`: empty until the pod is bound."""
-    created: datetime | None = None
+    creation_timestamp: datetime | None = None
     """`metadata.creationTimestamp` (kubelet admits new pods in this order)."""
     resource_version: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -87,14 +90,16 @@ class NodeInfo:
     resource_version: str = ""
 
 
-def _get(obj: object, camel: str, snake: str | None = None) -> Any:
-    if obj is None:
-        return None
-    if isinstance(obj, Mapping):
-        if camel in obj:
-            return obj[camel]
-        return obj.get(snake) if snake is not None else None
-    return getattr(obj, snake if snake is not None else camel, None)
+def _mapping(value: object, what: str) -> Mapping[str, Any]:
+    # JSON gives dicts and lists: test for them first, the ABC checks cost several times more
+    # (a device plugin reads every pod of its node on each Allocate).
+    if type(value) is dict:
+        return value
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ObjectError(f"{what} must be a mapping, got {type(value).__name__}")
+    return value
 
 
 def _text(value: object, what: str, *, required: bool = False) -> str:
@@ -108,12 +113,8 @@ def _text(value: object, what: str, *, required: bool = False) -> str:
 
 
 def _string_map(value: object, what: str) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ObjectError(f"{what} must be a mapping, got {type(value).__name__}")
     result = {}
-    for key, item in value.items():
+    for key, item in _mapping(value, what).items():
         if not isinstance(key, str) or not isinstance(item, str):
             raise ObjectError(f"{what} must map strings to strings (see {key!r})")
         result[key] = item
@@ -121,14 +122,12 @@ def _string_map(value: object, what: str) -> dict[str, str]:
 
 
 def _resource_map(value: object, what: str) -> dict[str, object]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ObjectError(f"{what} must be a mapping, got {type(value).__name__}")
-    return {str(key): item for key, item in value.items()}
+    return {str(key): item for key, item in _mapping(value, what).items()}
 
 
 def _list(value: object, what: str) -> Sequence[Any]:
+    if type(value) is list:
+        return value
     if value is None:
         return ()
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
@@ -136,24 +135,38 @@ def _list(value: object, what: str) -> Sequence[Any]:
     return value
 
 
-def _containers(spec: object, camel: str, snake: str) -> tuple[ContainerSpec, ...]:
+def _env(value: object, where: str) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for position, entry in enumerate(_list(value, f"{where}.env")):
+        if not isinstance(entry, dict | Mapping) or not isinstance(entry.get("name"), str):
+            raise ObjectError(f"{where}.env[{position}] must be an object with a name: {entry!r}")
+        literal = entry.get("value")
+        if isinstance(literal, str):
+            env[entry["name"]] = literal
+    return env
+
+
+def _containers(spec: Mapping[str, Any], key: str) -> tuple[ContainerSpec, ...]:
     result = []
-    for position, container in enumerate(_list(_get(spec, camel, snake), f"spec.{camel}")):
-        where = f"spec.{camel}[{position}]"
-        if container is None:
+    for position, item in enumerate(_list(spec.get(key), f"spec.{key}")):
+        where = f"spec.{key}[{position}]"
+        if item is None:
             raise ObjectError(f"{where} is empty")
-        resources = _get(container, "resources")
+        container = _mapping(item, where)
+        resources = _mapping(container.get("resources"), f"{where}.resources")
         result.append(
             ContainerSpec(
-                name=_text(_get(container, "name"), f"{where}.name"),
-                limits=_resource_map(_get(resources, "limits"), f"{where}.resources.limits"),
-                requests=_resource_map(_get(resources, "requests"), f"{where}.resources.requests"),
+                name=_text(container.get("name"), f"{where}.name"),
+                limits=_resource_map(resources.get("limits"), f"{where}.resources.limits"),
+                requests=_resource_map(resources.get("requests"), f"{where}.resources.requests"),
+                env=_env(container.get("env"), where),
             )
         )
     return tuple(result)
 
 
 def _timestamp(value: object, what: str) -> datetime | None:
+    # A YAML file's unquoted timestamp arrives already parsed.
     if value is None or isinstance(value, datetime):
         return value
     text = _text(value, what)
@@ -165,65 +178,60 @@ def _timestamp(value: object, what: str) -> datetime | None:
         raise ObjectError(f"{what} is not an RFC 3339 time: {text!r}") from None
 
 
-def _init_containers_done(status: object, expected: int) -> bool:
+def _init_containers_done(status: Mapping[str, Any], expected: int) -> bool:
     if expected == 0:
         return False
-    statuses = _list(_get(status, "initContainerStatuses", "init_container_statuses"), "status")
+    statuses = _list(status.get("initContainerStatuses"), "status.initContainerStatuses")
     if len(statuses) < expected:
         return False
     for container_status in statuses:
-        terminated = _get(_get(container_status, "state"), "terminated")
-        if terminated is None or _get(terminated, "exitCode", "exit_code") != 0:
+        state = container_status.get("state") if isinstance(container_status, Mapping) else None
+        terminated = state.get("terminated") if isinstance(state, Mapping) else None
+        if not isinstance(terminated, Mapping) or terminated.get("exitCode") != 0:
             return False
     return True
 
 
-def read_pod(obj: object) -> PodInfo:
-    """Copy the scheduler's fields out of a pod (mapping or client model).
+def read_pod(obj: Mapping[str, Any]) -> PodInfo:
+    """Copy the daemons' fields out of a Pod object (camelCase keys, as the API sends it).
 
-    Raises ObjectError when a field has the wrong type or the pod has no name.
+    A missing namespace reads as "default" (a pod file without one lands there). Raises
+    ObjectError (a ValueError) naming the field when a field has the wrong type or the pod has
+    no name.
     """
-    if isinstance(obj, PodInfo):
-        return obj
-    metadata = _get(obj, "metadata")
-    spec = _get(obj, "spec")
-    status = _get(obj, "status")
-    init_containers = _containers(spec, "initContainers", "init_containers")
+    metadata = _mapping(obj.get("metadata"), "metadata")
+    spec = _mapping(obj.get("spec"), "spec")
+    status = _mapping(obj.get("status"), "status")
+    init_containers = _containers(spec, "initContainers")
     return PodInfo(
-        namespace=_text(_get(metadata, "namespace"), "metadata.namespace") or "default",
-        name=_text(_get(metadata, "name"), "metadata.name", required=True),
-        uid=_text(_get(metadata, "uid"), "metadata.uid"),
-        annotations=_string_map(_get(metadata, "annotations"), "metadata.annotations"),
+        namespace=_text(metadata.get("namespace"), "metadata.namespace") or "default",
+        name=_text(metadata.get("name"), "metadata.name", required=True),
+        uid=_text(metadata.get("uid"), "metadata.uid"),
+        annotations=_string_map(metadata.get("annotations"), "metadata.annotations"),
         init_containers=init_containers,
-        containers=_containers(spec, "containers", "containers"),
-        phase=_text(_get(status, "phase"), "status.phase"),
-        deleting=_get(metadata, "deletionTimestamp", "deletion_timestamp") is not None,
+        containers=_containers(spec, "containers"),
+        phase=_text(status.get("phase"), "status.phase"),
+        deleting=metadata.get("deletionTimestamp") is not None,
         init_containers_done=_init_containers_done(status, len(init_containers)),
-        node_name=_text(_get(spec, "nodeName", "node_name"), "spec.nodeName"),
-        created=_timestamp(
-            _get(metadata, "creationTimestamp", "creation_timestamp"), "metadata.creationTimestamp"
+        node_name=_text(spec.get("nodeName"), "spec.nodeName"),
+        creation_timestamp=_timestamp(
+            metadata.get("creationTimestamp"), "metadata.creationTimestamp"
         ),
-        resource_version=_text(
-            _get(metadata, "resourceVersion", "resource_version"), "metadata.resourceVersion"
-        ),
-        labels=_string_map(_get(metadata, "labels"), "metadata.labels"),
-        scheduler_name=_text(_get(spec, "schedulerName", "scheduler_name"), "spec.schedulerName"),
+        resource_version=_text(metadata.get("resourceVersion"), "metadata.resourceVersion"),
+        labels=_string_map(metadata.get("labels"), "metadata.labels"),
+        scheduler_name=_text(spec.get("schedulerName"), "spec.schedulerName"),
     )
 
 
-def read_node(obj: object) -> NodeInfo:
-    """Copy a node's name, annotations, labels and allocatable resources. Raises ObjectError
-    when the node has no name or a field has the wrong type."""
-    if isinstance(obj, NodeInfo):
-        return obj
-    metadata = _get(obj, "metadata")
-    status = _get(obj, "status")
+def read_node(obj: Mapping[str, Any]) -> NodeInfo:
+    """Copy a Node object's name, annotations, labels and allocatable resources. Raises
+    ObjectError when the node has no name or a field has the wrong type."""
+    metadata = _mapping(obj.get("metadata"), "metadata")
+    status = _mapping(obj.get("status"), "status")
     return NodeInfo(
-        name=_text(_get(metadata, "name"), "metadata.name", required=True),
-        annotations=_string_map(_get(metadata, "annotations"), "metadata.annotations"),
-        labels=_string_map(_get(metadata, "labels"), "metadata.labels"),
-        allocatable=_resource_map(_get(status, "allocatable"), "status.allocatable"),
-        resource_version=_text(
-            _get(metadata, "resourceVersion", "resource_version"), "metadata.resourceVersion"
-        ),
+        name=_text(metadata.get("name"), "metadata.name", required=True),
+        annotations=_string_map(metadata.get("annotations"), "metadata.annotations"),
+        labels=_string_map(metadata.get("labels"), "metadata.labels"),
+        allocatable=_resource_map(status.get("allocatable"), "status.allocatable"),
+        resource_version=_text(metadata.get("resourceVersion"), "metadata.resourceVersion"),
     )

@@ -6,7 +6,6 @@ import contextlib
 import logging
 import random
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,10 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hami_plugin.kube.client import KubeClient, PodRecord, RetryPolicy, pod_record
+from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.informer import Informer
+from hami_plugin.kube.retry import RetryPolicy
+from hami_plugin.protocol.objects import PodInfo, read_pod
 from hami_plugin.testing.apiserver import FakeApiServer
 from tests.fakes.pytest_fixtures import apiserver  # noqa: F401 - fixture
+from tests.processes import wait_until
 
 FAST = RetryPolicy(
     attempts=2, initial_backoff_seconds=0.001, max_backoff_seconds=0.01, timeout_seconds=5.0
@@ -25,7 +27,7 @@ FAST = RetryPolicy(
 WATCH = ".*watch=true.*"
 
 
-def pod_key(pod: PodRecord) -> str:
+def pod_key(pod: PodInfo) -> str:
     return f"{pod.namespace}/{pod.name}"
 
 
@@ -36,12 +38,12 @@ class Recorder:
     def __init__(self, fail_on: str = "") -> None:
         self.lock = threading.Lock()
         self.calls: list[tuple[str, str, str]] = []
-        self.mirror: dict[str, PodRecord] = {}
+        self.mirror: dict[str, PodInfo] = {}
         self.violations: list[str] = []
         self.synced = 0
         self.fail_on = fail_on
 
-    def on_upsert(self, new: PodRecord, old: PodRecord | None) -> None:
+    def on_upsert(self, new: PodInfo, old: PodInfo | None) -> None:
         key = pod_key(new)
         with self.lock:
             if self.mirror.get(key) != old:
@@ -53,7 +55,7 @@ class Recorder:
         if new.name == self.fail_on:
             raise RuntimeError(f"handler bug on {key}")
 
-    def on_delete(self, old: PodRecord) -> None:
+    def on_delete(self, old: PodInfo) -> None:
         key = pod_key(old)
         with self.lock:
             if self.mirror.get(key) != old:
@@ -80,19 +82,11 @@ def server_pods(server: FakeApiServer, label: str | None = None) -> dict[str, st
     }
 
 
-def store_of(informer: Informer[PodRecord]) -> dict[str, str]:
+def store_of(informer: Informer[PodInfo]) -> dict[str, str]:
     return {pod_key(p): p.resource_version for p in informer.items()}
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
-def make_informer(kube: KubeClient, handler: Recorder, **kwargs: Any) -> Informer[PodRecord]:
+def make_informer(kube: KubeClient, handler: Recorder, **kwargs: Any) -> Informer[PodInfo]:
     options: dict[str, Any] = {
         "name": "pods",
         "initial_backoff_seconds": 0.01,
@@ -100,11 +94,11 @@ def make_informer(kube: KubeClient, handler: Recorder, **kwargs: Any) -> Informe
         "rng": random.Random(3),
     }
     options.update(kwargs)
-    return Informer(kube, "/api/v1/pods", pod_record, pod_key, handler, **options)
+    return Informer(kube, "/api/v1/pods", read_pod, pod_key, handler, **options)
 
 
 @contextlib.contextmanager
-def running(informer: Informer[PodRecord]) -> Iterator[threading.Event]:
+def running(informer: Informer[PodInfo]) -> Iterator[threading.Event]:
     stop = threading.Event()
     thread = threading.Thread(target=informer.run, args=(stop,), name="informer")
     thread.start()
@@ -118,7 +112,7 @@ def running(informer: Informer[PodRecord]) -> Iterator[threading.Event]:
 
 def converged(
     server: FakeApiServer,
-    informer: Informer[PodRecord],
+    informer: Informer[PodInfo],
     handler: Recorder,
     label: str | None = None,
 ) -> Callable[[], bool]:
@@ -141,7 +135,7 @@ def away_until_expired(server: FakeApiServer, change: Callable[[], object]) -> N
     fault = server.inject_fault("GET", query=WATCH, status=500, times=None)
     server.drop_watches()
     change()
-    wait_for(lambda: fault.fired > 0, "a failed watch attempt")
+    wait_until(lambda: fault.fired > 0, "a failed watch attempt", timeout=30.0)
     server.expire_history()
     server.clear_faults()
 
@@ -178,19 +172,21 @@ def test_lists_then_watches_and_tells_the_handler_in_order(
     informer = make_informer(kube, handler)
 
     with running(informer):
-        wait_for(informer.synced.is_set, "the first list")
+        wait_until(informer.synced.is_set, "the first list", timeout=30.0)
         assert sorted(handler.calls) == sorted(
             [("upsert", "default/a", v(1)), ("upsert", "ml/b", v(2)), ("synced", "", "")]
         )
         assert informer.last_resource_version == v(2)
-        wait_for(lambda: apiserver.watch_count == 1, "the watch")
+        wait_until(lambda: apiserver.watch_count == 1, "the watch", timeout=30.0)
         handler.calls.clear()
         apiserver.add_pod("c")
         apiserver.update_object(
             "pods", "default", "a", lambda p: p["metadata"]["labels"].update(x="1")
         )
         apiserver.delete_pod("ml", "b")
-        wait_for(converged(apiserver, informer, handler), "the store to follow the server")
+        wait_until(
+            converged(apiserver, informer, handler), "the store to follow the server", timeout=30.0
+        )
 
     assert handler.calls == [
         ("upsert", "default/c", v(3)),
@@ -213,15 +209,17 @@ def test_a_dropped_watch_resumes_from_the_last_version_without_loss_or_duplicate
     informer = make_informer(kube, handler)
 
     with running(informer):
-        wait_for(informer.synced.is_set, "the first list")
+        wait_until(informer.synced.is_set, "the first list", timeout=30.0)
         for round_ in range(5):
-            wait_for(lambda: apiserver.watch_count == 1, "a watch")
+            wait_until(lambda: apiserver.watch_count == 1, "a watch", timeout=30.0)
             apiserver.add_pod(f"p{round_}")
             if round_:
                 apiserver.delete_pod("default", f"p{round_ - 1}")
             apiserver.drop_watches()
             apiserver.add_pod(f"while-away-{round_}")
-        wait_for(converged(apiserver, informer, handler), "the store to follow the server")
+        wait_until(
+            converged(apiserver, informer, handler), "the store to follow the server", timeout=30.0
+        )
 
     assert handler.violations == []
     changes = [c for c in handler.calls if c[0] != "synced"]
@@ -243,16 +241,18 @@ def test_bookmarks_advance_the_version_past_objects_the_selector_hides(
     informer = make_informer(kube, handler, label_selector="gpu=on")
 
     with running(informer):
-        wait_for(informer.synced.is_set, "the first list")
+        wait_until(informer.synced.is_set, "the first list", timeout=30.0)
         for name in "abc":
             apiserver.add_pod(name)  # not selected: no event, only bookmarks move on
         current = str(apiserver.resource_version)
-        wait_for(lambda: informer.last_resource_version == current, "a bookmark at the tip")
+        wait_until(
+            lambda: informer.last_resource_version == current, "a bookmark at the tip", timeout=30.0
+        )
         # The history is gone, but the informer's version is current: it resumes, no relist.
         apiserver.expire_history()
         apiserver.drop_watches()
         apiserver.add_pod("gpu", labels={"gpu": "on"})
-        wait_for(converged(apiserver, informer, handler, "gpu"), "the selected pod")
+        wait_until(converged(apiserver, informer, handler, "gpu"), "the selected pod", timeout=30.0)
 
     assert len(_list_requests(apiserver)) == 1
     assert current in _watch_versions(apiserver)
@@ -273,8 +273,8 @@ def test_gone_relists_and_reports_what_changed_while_away(
     informer = make_informer(kube, handler)
 
     with running(informer):
-        wait_for(informer.synced.is_set, "the first list")
-        wait_for(lambda: apiserver.watch_count == 1, "the watch")
+        wait_until(informer.synced.is_set, "the first list", timeout=30.0)
+        wait_until(lambda: apiserver.watch_count == 1, "the watch", timeout=30.0)
 
         def while_away() -> None:
             apiserver.delete_pod("default", "deleted")
@@ -284,8 +284,8 @@ def test_gone_relists_and_reports_what_changed_while_away(
             apiserver.add_pod("new")
 
         away_until_expired(apiserver, while_away)
-        wait_for(converged(apiserver, informer, handler), "the relist")
-        wait_for(lambda: handler.synced == 2, "on_synced after the relist")
+        wait_until(converged(apiserver, informer, handler), "the relist", timeout=30.0)
+        wait_until(lambda: handler.synced == 2, "on_synced after the relist", timeout=30.0)
 
     after_first_sync = handler.calls[handler.calls.index(("synced", "", "")) + 1 :]
     assert sorted(after_first_sync[:-1]) == [
@@ -311,8 +311,8 @@ def test_an_expired_continue_token_lists_again_in_one_page(
     informer = make_informer(kube, handler, page_size=2)
 
     with running(informer):
-        wait_for(informer.synced.is_set, "the list")
-        wait_for(converged(apiserver, informer, handler), "the store")
+        wait_until(informer.synced.is_set, "the list", timeout=30.0)
+        wait_until(converged(apiserver, informer, handler), "the store", timeout=30.0)
 
     lists = _list_requests(apiserver)
     assert [q.get("limit") for q in lists] == [["2"], ["2"], None]
@@ -333,19 +333,23 @@ def test_api_errors_for_a_while_then_recovery(
     informer = make_informer(kube, handler)
 
     with caplog.at_level(logging.WARNING, logger="hami_plugin.kube.informer"), running(informer):
-        wait_for(lambda: len(apiserver.requests) >= 3 * FAST.attempts, "retries")
+        wait_until(lambda: len(apiserver.requests) >= 3 * FAST.attempts, "retries", timeout=30.0)
         assert not informer.synced.is_set()
         apiserver.clear_faults()
-        wait_for(informer.synced.is_set, "the list after recovery")
+        wait_until(informer.synced.is_set, "the list after recovery", timeout=30.0)
         apiserver.add_pod("b")
         # Now the watch fails for a while; the store catches up once it recovers.
         before = len(apiserver.requests)
         apiserver.inject_fault("GET", query=WATCH, status=503, times=None)
         apiserver.drop_watches()
         apiserver.add_pod("c")
-        wait_for(lambda: len(apiserver.requests) >= before + 2 * FAST.attempts, "retries")
+        wait_until(
+            lambda: len(apiserver.requests) >= before + 2 * FAST.attempts, "retries", timeout=30.0
+        )
         apiserver.clear_faults()
-        wait_for(converged(apiserver, informer, handler), "the store after recovery")
+        wait_until(
+            converged(apiserver, informer, handler), "the store after recovery", timeout=30.0
+        )
 
     assert handler.violations == []
     assert any("HTTP 500" in r.getMessage() for r in caplog.records)
@@ -361,10 +365,12 @@ def test_objects_that_stop_matching_the_selector_are_deleted(
     informer = make_informer(kube, handler, label_selector="gpu=on")
 
     with running(informer):
-        wait_for(informer.synced.is_set, "the list")
-        wait_for(lambda: apiserver.watch_count == 1, "the watch")
+        wait_until(informer.synced.is_set, "the list", timeout=30.0)
+        wait_until(lambda: apiserver.watch_count == 1, "the watch", timeout=30.0)
         apiserver.update_object("pods", "default", "a", lambda p: p["metadata"]["labels"].clear())
-        wait_for(converged(apiserver, informer, handler, "gpu"), "a to leave the store")
+        wait_until(
+            converged(apiserver, informer, handler, "gpu"), "a to leave the store", timeout=30.0
+        )
 
     assert store_of(informer) == {"default/b": b}
     assert handler.calls[-1] == ("delete", "default/a", a)
@@ -387,21 +393,23 @@ def test_untransformable_objects_are_logged_once_per_version_and_skipped(
         return [r.getMessage() for r in caplog.records if "skipping default/bad" in r.getMessage()]
 
     with caplog.at_level(logging.WARNING, logger="hami_plugin.kube.informer"), running(informer):
-        wait_for(informer.synced.is_set, "the list")
-        wait_for(lambda: apiserver.watch_count == 1, "the watch")
+        wait_until(informer.synced.is_set, "the list", timeout=30.0)
+        wait_until(lambda: apiserver.watch_count == 1, "the watch", timeout=30.0)
         # A relist sees the same bad version again: no second line.
         away_until_expired(apiserver, lambda: apiserver.add_pod("other"))
-        wait_for(lambda: handler.synced == 2, "the relist")
+        wait_until(lambda: handler.synced == 2, "the relist", timeout=30.0)
         assert len(warnings()) == 1
         # A new bad version is logged again; a good one is stored.
         apiserver.update_object(
             "pods", "default", "bad", lambda p: p["metadata"].update(annotations=["x"])
         )
-        wait_for(lambda: len(warnings()) == 2, "the second bad version")
+        wait_until(lambda: len(warnings()) == 2, "the second bad version", timeout=30.0)
         apiserver.update_object(
             "pods", "default", "bad", lambda p: p["metadata"].update(annotations={})
         )
-        wait_for(lambda: informer.get("default/bad") is not None, "the fixed version")
+        wait_until(
+            lambda: informer.get("default/bad") is not None, "the fixed version", timeout=30.0
+        )
 
     assert "annotations" in warnings()[0]
     assert f"resourceVersion {int(bad['metadata']['resourceVersion']) + 1}" in warnings()[0]
@@ -417,10 +425,12 @@ def test_a_failing_handler_is_logged_and_the_informer_goes_on(
     informer = make_informer(kube, handler)
 
     with caplog.at_level(logging.ERROR, logger="hami_plugin.kube.informer"), running(informer):
-        wait_for(informer.synced.is_set, "the list")
+        wait_until(informer.synced.is_set, "the list", timeout=30.0)
         apiserver.add_pod("boom")
         apiserver.add_pod("after")
-        wait_for(converged(apiserver, informer, handler), "the events after the failure")
+        wait_until(
+            converged(apiserver, informer, handler), "the events after the failure", timeout=30.0
+        )
 
     [record] = caplog.records
     assert "on_upsert failed for 'default/boom'" in record.getMessage()
@@ -435,7 +445,7 @@ def test_run_returns_when_stopped_while_backing_off(
     informer = make_informer(kube, Recorder(), initial_backoff_seconds=60, max_backoff_seconds=60)
 
     with running(informer):
-        wait_for(lambda: len(apiserver.requests) >= FAST.attempts, "a failed list")
+        wait_until(lambda: len(apiserver.requests) >= FAST.attempts, "a failed list", timeout=30.0)
 
     assert not informer.synced.is_set()
 
@@ -447,9 +457,9 @@ def test_run_returns_when_stopped_while_watching(
     informer = make_informer(kube, Recorder())
 
     with running(informer):
-        wait_for(lambda: apiserver.watch_count == 1, "the watch")
+        wait_until(lambda: apiserver.watch_count == 1, "the watch", timeout=30.0)
 
-    wait_for(lambda: apiserver.watch_count == 0, "the watch to be closed")
+    wait_until(lambda: apiserver.watch_count == 0, "the watch to be closed", timeout=30.0)
 
 
 # --- property ----------------------------------------------------------------------------------
@@ -510,10 +520,10 @@ def test_store_and_handler_follow_the_server_under_drops_and_expiries(
         informer = make_informer(kube, handler, label_selector="gpu=on" if selected else None)
         check = converged(server, informer, handler, label)
         with running(informer):
-            wait_for(informer.synced.is_set, "the first list")
+            wait_until(informer.synced.is_set, "the first list", timeout=30.0)
             for operation, name in operations:
-                _apply(server, operation, name, lambda: wait_for(check, "settling"))
-            wait_for(check, "the store to follow the server")
+                _apply(server, operation, name, lambda: wait_until(check, "settling", timeout=30.0))
+            wait_until(check, "the store to follow the server", timeout=30.0)
 
     assert handler.violations == []
     changes = [c for c in handler.calls if c[0] != "synced"]

@@ -1,0 +1,129 @@
+"""The Kubernetes calls each role of the daemons makes, as protocols: defined once, here.
+
+`KubeClient` provides every one of them (tests/kube/test_api.py checks it signature by
+signature, so they cannot drift), and so does the in-memory `hami_plugin.kube.fake.FakeKube`.
+A role protocol is built from the call groups below, so each call's signature is written once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Protocol
+
+from hami_plugin.kube.records import LeaseRecord, ObjectList, ObjectRef
+from hami_plugin.protocol.objects import NodeInfo, PodInfo
+
+__all__ = [
+    "AllocateApi",
+    "BindApi",
+    "DeadlineApi",
+    "EventApi",
+    "LeaseApi",
+    "ListApi",
+    "NodeApi",
+    "NodeMetricsApi",
+    "PodEventApi",
+    "PodPatchApi",
+]
+
+
+class DeadlineApi(Protocol):
+    """A time budget for the calls a thread makes inside the block (`KubeClient.deadline`)."""
+
+    def deadline(self, seconds: float) -> contextlib.AbstractContextManager[None]: ...
+
+
+class NodeApi(Protocol):
+    """Read a node and merge-patch its annotations (the device plugin's registration)."""
+
+    def get_node(self, name: str) -> NodeInfo: ...
+
+    def patch_node_annotations(
+        self,
+        name: str,
+        annotations: Mapping[str, str | None],
+        resource_version: str | None = None,
+    ) -> NodeInfo: ...
+
+
+class NodeMetricsApi(Protocol):
+    """The pods bound to a node (the device plugin's metrics and container scan)."""
+
+    def list_pods_on_node(self, node_name: str) -> list[PodInfo]: ...
+
+
+class PodPatchApi(Protocol):
+    """Merge-patch a pod's annotations and labels."""
+
+    def patch_pod_metadata(
+        self,
+        namespace: str,
+        name: str,
+        annotations: Mapping[str, str | None],
+        labels: Mapping[str, str | None] | None = None,
+        resource_version: str | None = None,
+    ) -> PodInfo: ...
+
+
+class PodEventApi(Protocol):
+    """Record an event about a pod (best effort)."""
+
+    def create_pod_event(
+        self,
+        pod: PodInfo,
+        reason: str,
+        message: str,
+        event_type: str = "Normal",
+        component: str = "hami-device-plugin",
+    ) -> None: ...
+
+
+class EventApi(Protocol):
+    """Record an event about any object (best effort): the scheduler's event recorder."""
+
+    def create_event(
+        self,
+        ref: ObjectRef,
+        reason: str,
+        message: str,
+        event_type: str = "Normal",
+        component: str = "hami-scheduler",
+    ) -> None: ...
+
+
+class ListApi(Protocol):
+    """LIST any collection."""
+
+    def list_objects(
+        self,
+        path: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = 500,
+    ) -> ObjectList: ...
+
+
+class AllocateApi(NodeApi, NodeMetricsApi, PodPatchApi, PodEventApi, Protocol):
+    """The calls of the device plugin's Allocate: the node lock, the pending pods, the result.
+
+    An implementation that also has `deadline(seconds)` gets its calls time-bounded.
+    """
+
+
+class BindApi(NodeApi, PodPatchApi, ListApi, DeadlineApi, Protocol):
+    """The calls of the extender's bind and recovery: the node lock, the pod's annotations, the
+    Binding, and a fresh read of the pod."""
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+
+class LeaseApi(PodPatchApi, ListApi, DeadlineApi, Protocol):
+    """The calls of leader election: the Lease, and the role label on the replicas' pods."""
+
+    def get_lease(self, namespace: str, name: str) -> LeaseRecord: ...
+
+    def create_lease(self, record: LeaseRecord) -> LeaseRecord: ...
+
+    def update_lease(self, record: LeaseRecord) -> LeaseRecord: ...

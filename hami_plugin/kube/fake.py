@@ -1,0 +1,351 @@
+"""An in-memory cluster behind the role protocols of `hami_plugin.kube.api`, for unit tests.
+
+What httpx's `MockTransport` is to httpx: the production seam, faked over dicts. `FakeKube`
+keeps nodes and pods as the API's JSON (so `list_objects` answers what the API server would,
+and every read goes through the same `read_pod`/`read_node` as `KubeClient`'s), leases as
+records, and the events written. It keeps the API server's rules that callers depend on: a
+resourceVersion per write, the `resourceVersion` precondition (Conflict), merge patch with
+`None` deleting a key, create-twice and bind-elsewhere conflicts, NotFound. Failures are
+injected per call with `fail()`. Wire behaviour (HTTP, retries, watches) is the HTTP double's
+job: `hami_plugin.testing.apiserver`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import threading
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from hami_plugin.kube.errors import Conflict, NotFound
+from hami_plugin.kube.records import LeaseRecord, ObjectList, ObjectRef, event_body
+from hami_plugin.protocol.objects import NodeInfo, PodInfo, read_node, read_pod
+
+__all__ = ["FakeKube"]
+
+
+class FakeKube:
+    """Nodes, pods, leases and events in memory; every call of `KubeClient` the daemons use.
+
+    Safe to share between threads. `calls` lists the calls made, by name, in order; `writes`
+    counts the writes that landed.
+    """
+
+    def __init__(
+        self, nodes: Iterable[Mapping[str, Any]] = (), pods: Iterable[Mapping[str, Any]] = ()
+    ) -> None:
+        self._lock = threading.RLock()
+        self._version = 0
+        self._failures: dict[str, list[BaseException]] = {}
+        self._always: dict[str, BaseException] = {}
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.leases: dict[tuple[str, str], LeaseRecord] = {}
+        self.events: list[dict[str, Any]] = []
+        self.calls: list[str] = []
+        self.writes = 0
+        for node in nodes:
+            self.put_node(node)
+        for pod in pods:
+            self.put_pod(pod)
+
+    # --- setting up -----------------------------------------------------------------------
+
+    def put_node(self, obj: Mapping[str, Any]) -> NodeInfo:
+        """Store a Node object (replacing one of the same name) at a new resourceVersion."""
+        with self._lock:
+            stored = self._stamp(obj)
+            self.nodes[read_node(stored).name] = stored
+            return read_node(stored)
+
+    def put_pod(self, obj: Mapping[str, Any]) -> PodInfo:
+        """Store a Pod object (replacing one of the same namespace and name) at a new
+        resourceVersion."""
+        with self._lock:
+            stored = self._stamp(obj)
+            pod = read_pod(stored)
+            stored["metadata"].setdefault("namespace", pod.namespace)
+            self.pods[(pod.namespace, pod.name)] = stored
+            return read_pod(stored)
+
+    def fail(self, call: str, error: BaseException, *, times: int | None = 1) -> None:
+        """Make the next `times` calls named `call` ("get_node", "bind_pod"...) raise `error`;
+        `times=None`: every call until `heal(call)`."""
+        with self._lock:
+            if times is None:
+                self._always[call] = error
+            else:
+                self._failures.setdefault(call, []).extend([error] * times)
+
+    def heal(self, call: str) -> None:
+        """Undo `fail(call, ...)`: the call works again."""
+        with self._lock:
+            self._always.pop(call, None)
+            self._failures.pop(call, None)
+
+    # --- nodes ----------------------------------------------------------------------------
+
+    def get_node(self, name: str) -> NodeInfo:
+        """The node. Raises NotFound."""
+        with self._lock:
+            self._enter("get_node")
+            return read_node(self._node(name))
+
+    def patch_node_annotations(
+        self,
+        name: str,
+        annotations: Mapping[str, str | None],
+        resource_version: str | None = None,
+    ) -> NodeInfo:
+        """Merge-patch node annotations (None deletes). Raises NotFound, Conflict."""
+        with self._lock:
+            self._enter("patch_node_annotations")
+            node = self._node(name)
+            self._check_version(node, resource_version, f"node {name}")
+            self._merge(node, "annotations", annotations)
+            return read_node(self._restamp(node))
+
+    # --- pods -----------------------------------------------------------------------------
+
+    def get_pod(self, namespace: str, name: str) -> PodInfo:
+        """The pod. Raises NotFound."""
+        with self._lock:
+            self._enter("get_pod")
+            return read_pod(self._pod(namespace, name))
+
+    def list_pods_on_node(self, node_name: str) -> list[PodInfo]:
+        """Every pod bound to the node."""
+        with self._lock:
+            self._enter("list_pods_on_node")
+            return [
+                read_pod(pod)
+                for pod in self.pods.values()
+                if pod.get("spec", {}).get("nodeName") == node_name
+            ]
+
+    def patch_pod_metadata(
+        self,
+        namespace: str,
+        name: str,
+        annotations: Mapping[str, str | None],
+        labels: Mapping[str, str | None] | None = None,
+        resource_version: str | None = None,
+    ) -> PodInfo:
+        """Merge-patch pod annotations and labels (None deletes). Raises NotFound, Conflict."""
+        with self._lock:
+            self._enter("patch_pod_metadata")
+            pod = self._pod(namespace, name)
+            self._check_version(pod, resource_version, f"pod {namespace}/{name}")
+            self._merge(pod, "annotations", annotations)
+            if labels is not None:
+                self._merge(pod, "labels", labels)
+            return read_pod(self._restamp(pod))
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """Set the pod's `spec.nodeName`. Raises NotFound, Conflict (bound elsewhere, another
+        uid); binding again to the same node counts as done, as `KubeClient.bind_pod` does."""
+        with self._lock:
+            self._enter("bind_pod")
+            pod = self._pod(namespace, name)
+            spec = pod.setdefault("spec", {})
+            current = read_pod(pod)
+            if (uid and current.uid != uid) or current.node_name not in ("", node):
+                raise Conflict(f"bind pod {namespace}/{name} to node {node}: HTTP 409", 409)
+            spec["nodeName"] = node
+            self._restamp(pod)
+
+    # --- any collection -------------------------------------------------------------------
+
+    def list_objects(
+        self,
+        path: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = 500,
+    ) -> ObjectList:
+        """LIST `/api/v1/nodes`, `/api/v1/pods` or `/api/v1/namespaces/<ns>/pods`, with
+        equality selectors (`a=b,c=d`; a bare label key asks for its presence), in one page.
+        Raises ValueError for another path or selector."""
+        with self._lock:
+            self._enter("list_objects")
+            parts = path.strip("/").split("/")
+            if parts == ["api", "v1", "nodes"]:
+                objects: Iterable[dict[str, Any]] = self.nodes.values()
+            elif parts == ["api", "v1", "pods"]:
+                objects = self.pods.values()
+            elif parts[:3] == ["api", "v1", "namespaces"] and parts[4:] == ["pods"]:
+                objects = [pod for key, pod in self.pods.items() if key[0] == parts[3]]
+            else:
+                raise ValueError(f"FakeKube cannot list {path!r}")
+            items = [
+                copy.deepcopy(obj)
+                for obj in objects
+                if _labels_match(obj, label_selector) and _fields_match(obj, field_selector)
+            ]
+            return ObjectList(items, str(self._version))
+
+    def deadline(self, seconds: float) -> contextlib.AbstractContextManager[None]:
+        """No time budget in memory: the calls take no time."""
+        return contextlib.nullcontext()
+
+    # --- leases ---------------------------------------------------------------------------
+
+    def get_lease(self, namespace: str, name: str) -> LeaseRecord:
+        """The lease. Raises NotFound."""
+        with self._lock:
+            self._enter("get_lease")
+            record = self.leases.get((namespace, name))
+            if record is None:
+                raise NotFound(f"get lease {namespace}/{name}: HTTP 404: not found", 404)
+            return record
+
+    def create_lease(self, record: LeaseRecord) -> LeaseRecord:
+        """Store a new lease. Raises Conflict when it exists."""
+        with self._lock:
+            self._enter("create_lease")
+            if (record.namespace, record.name) in self.leases:
+                raise Conflict(
+                    f"create lease {record.namespace}/{record.name}: HTTP 409: already exists", 409
+                )
+            return self._store_lease(record)
+
+    def update_lease(self, record: LeaseRecord) -> LeaseRecord:
+        """Replace the lease if it is still at `record.resource_version`. Raises NotFound,
+        Conflict; ValueError for a record without resource_version."""
+        with self._lock:
+            self._enter("update_lease")
+            if not record.resource_version:
+                raise ValueError(
+                    f"update_lease {record.namespace}/{record.name}: no resource_version"
+                )
+            current = self.leases.get((record.namespace, record.name))
+            if current is None:
+                raise NotFound(f"update lease {record.namespace}/{record.name}: HTTP 404", 404)
+            if current.resource_version != record.resource_version:
+                raise Conflict(
+                    f"update lease {record.namespace}/{record.name}: HTTP 409: the object has "
+                    "been modified",
+                    409,
+                )
+            return self._store_lease(record)
+
+    # --- events ---------------------------------------------------------------------------
+
+    def create_event(
+        self,
+        ref: ObjectRef,
+        reason: str,
+        message: str,
+        event_type: str = "Normal",
+        component: str = "hami-scheduler",
+    ) -> None:
+        """Keep the Event `KubeClient` would write, in `events`."""
+        with self._lock:
+            self._enter("create_event")
+            self.events.append(
+                event_body(ref, reason, message, event_type, component, datetime.now(UTC))
+            )
+
+    def create_pod_event(
+        self,
+        pod: PodInfo,
+        reason: str,
+        message: str,
+        event_type: str = "Normal",
+        component: str = "hami-device-plugin",
+    ) -> None:
+        """Keep an Event about the pod, as `create_event`."""
+        ref = ObjectRef(
+            "Pod", pod.namespace, pod.name, uid=pod.uid, resource_version=pod.resource_version
+        )
+        self.create_event(ref, reason, message, event_type, component)
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _enter(self, call: str) -> None:
+        self.calls.append(call)
+        queued = self._failures.get(call)
+        if queued:
+            raise queued.pop(0)
+        error = self._always.get(call)
+        if error is not None:
+            raise error
+
+    def _node(self, name: str) -> dict[str, Any]:
+        node = self.nodes.get(name)
+        if node is None:
+            raise NotFound(f"node {name}: HTTP 404: not found", 404)
+        return node
+
+    def _pod(self, namespace: str, name: str) -> dict[str, Any]:
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            raise NotFound(f"pod {namespace}/{name}: HTTP 404: not found", 404)
+        return pod
+
+    def _stamp(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        stored = copy.deepcopy(dict(obj))
+        stored.setdefault("metadata", {})
+        return self._restamp(stored)
+
+    def _restamp(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self._version += 1
+        self.writes += 1
+        obj["metadata"]["resourceVersion"] = str(self._version)
+        return obj
+
+    def _store_lease(self, record: LeaseRecord) -> LeaseRecord:
+        self._version += 1
+        self.writes += 1
+        stored = dataclasses.replace(record, resource_version=str(self._version))
+        self.leases[(record.namespace, record.name)] = stored
+        return stored
+
+    @staticmethod
+    def _check_version(obj: Mapping[str, Any], wanted: str | None, what: str) -> None:
+        if wanted is not None and obj["metadata"].get("resourceVersion") != wanted:
+            raise Conflict(f"patch {what}: HTTP 409: the object has been modified", 409)
+
+    @staticmethod
+    def _merge(obj: dict[str, Any], key: str, changes: Mapping[str, str | None]) -> None:
+        values = obj["metadata"].get(key) or {}
+        for name, value in changes.items():
+            if value is None:
+                values.pop(name, None)
+            else:
+                values[name] = value
+        obj["metadata"][key] = values
+
+
+def _selector(text: str | None) -> list[tuple[str, str | None]]:
+    terms: list[tuple[str, str | None]] = []
+    for term in (text or "").split(","):
+        if not term:
+            continue
+        if "!" in term or "(" in term:
+            raise ValueError(f"FakeKube supports equality selectors only, not {term!r}")
+        key, sep, value = term.partition("=")
+        terms.append((key.strip(), value.lstrip("=").strip() if sep else None))
+    return terms
+
+
+def _labels_match(obj: Mapping[str, Any], selector: str | None) -> bool:
+    labels = obj.get("metadata", {}).get("labels") or {}
+    return all(
+        key in labels if value is None else labels.get(key) == value
+        for key, value in _selector(selector)
+    )
+
+
+def _fields_match(obj: Mapping[str, Any], selector: str | None) -> bool:
+    for key, value in _selector(selector):
+        where: Any = obj
+        for part in key.split("."):
+            where = where.get(part) if isinstance(where, Mapping) else None
+        if (where or "") != (value or ""):
+            return False
+    return True

@@ -1,0 +1,122 @@
+"""hami_plugin.kube.fake: the in-memory cluster keeps the API server rules its users rely on."""
+
+from __future__ import annotations
+
+import pytest
+
+from hami_plugin.kube.errors import Conflict, NotFound, Retryable
+from hami_plugin.kube.fake import FakeKube
+from hami_plugin.kube.records import LeaseRecord, ObjectRef
+from hami_plugin.testing.apiserver import make_container, make_node, make_pod
+
+
+def test_patches_merge_delete_and_check_the_version() -> None:
+    kube = FakeKube(nodes=[make_node("gpu-1", annotations={"keep": "1", "drop": "2"})])
+    node = kube.get_node("gpu-1")
+
+    patched = kube.patch_node_annotations(
+        "gpu-1", {"drop": None, "new": "3"}, resource_version=node.resource_version
+    )
+
+    assert patched.annotations == {"keep": "1", "new": "3"}
+    assert patched.resource_version != node.resource_version
+    with pytest.raises(Conflict):
+        kube.patch_node_annotations("gpu-1", {"x": "y"}, resource_version=node.resource_version)
+    with pytest.raises(NotFound):
+        kube.get_node("ghost")
+
+
+def test_pods_are_read_by_the_one_model_and_listed_by_node() -> None:
+    kube = FakeKube(
+        pods=[
+            make_pod("a", node_name="gpu-1", containers=[make_container("c", env={"K": "V"})]),
+            make_pod("b", "ml", node_name="gpu-2"),
+        ]
+    )
+
+    [pod] = kube.list_pods_on_node("gpu-1")
+    assert pod.key == "default/a"
+    assert pod.containers[0].env == {"K": "V"}
+    patched = kube.patch_pod_metadata("ml", "b", {"a": "1"}, labels={"l": "v"})
+    assert (patched.annotations, patched.labels["l"]) == ({"a": "1"}, "v")
+    with pytest.raises(NotFound):
+        kube.patch_pod_metadata("ml", "ghost", {})
+
+
+def test_bind_sets_the_node_once() -> None:
+    kube = FakeKube(pods=[make_pod("p", uid="u-1")])
+
+    kube.bind_pod("default", "p", "u-1", "gpu-1")
+    kube.bind_pod("default", "p", "u-1", "gpu-1")  # a retry that had landed counts as done
+
+    assert kube.get_pod("default", "p").node_name == "gpu-1"
+    with pytest.raises(Conflict):
+        kube.bind_pod("default", "p", "u-1", "gpu-2")
+    with pytest.raises(Conflict):
+        kube.bind_pod("default", "p", "another-uid", "gpu-1")
+
+
+def test_list_objects_applies_equality_selectors() -> None:
+    kube = FakeKube(
+        nodes=[make_node("n1")],
+        pods=[
+            make_pod("a", labels={"role": "leader"}),
+            make_pod("b", "ml", labels={"role": "follower"}),
+        ],
+    )
+
+    assert [o["metadata"]["name"] for o in kube.list_objects("/api/v1/nodes").items] == ["n1"]
+    leaders = kube.list_objects("/api/v1/pods", label_selector="role=leader").items
+    assert [o["metadata"]["name"] for o in leaders] == ["a"]
+    by_name = kube.list_objects("/api/v1/namespaces/ml/pods", field_selector="metadata.name=b")
+    assert [o["metadata"]["name"] for o in by_name.items] == ["b"]
+    assert kube.list_objects("/api/v1/namespaces/ml/pods", label_selector="role").items
+    with pytest.raises(ValueError, match="cannot list"):
+        kube.list_objects("/api/v1/secrets")
+
+
+def test_leases_keep_the_create_and_update_rules() -> None:
+    kube = FakeKube()
+    record = LeaseRecord("ns", "l", "me", 15, None, None, 0)
+
+    created = kube.create_lease(record)
+
+    with pytest.raises(Conflict):
+        kube.create_lease(record)
+    updated = kube.update_lease(created)
+    with pytest.raises(Conflict):
+        kube.update_lease(created)  # stale now
+    assert kube.get_lease("ns", "l") == updated
+    assert kube.writes == 2
+    with pytest.raises(NotFound):
+        kube.get_lease("ns", "ghost")
+
+
+def test_events_are_kept_as_the_client_writes_them() -> None:
+    kube = FakeKube()
+    pod = kube.put_pod(make_pod("p", uid="u-1"))
+
+    kube.create_pod_event(pod, "AllocateFailed", "no GPU", "Warning")
+    kube.create_event(ObjectRef("Node", "", "gpu-1"), "R", "m")
+
+    first, second = kube.events
+    assert first["involvedObject"]["uid"] == "u-1" and first["type"] == "Warning"
+    assert first["source"] == {"component": "hami-device-plugin"}
+    assert second["metadata"]["namespace"] == "default"
+
+
+def test_injected_failures() -> None:
+    kube = FakeKube(nodes=[make_node("n1")])
+    kube.fail("get_node", Retryable("down"), times=2)
+
+    for _ in range(2):
+        with pytest.raises(Retryable):
+            kube.get_node("n1")
+    assert kube.get_node("n1").name == "n1"
+    kube.fail("get_node", RuntimeError("boom"), times=None)
+    for _ in range(3):
+        with pytest.raises(RuntimeError):
+            kube.get_node("n1")
+    kube.heal("get_node")
+    assert kube.get_node("n1").name == "n1"
+    assert kube.calls.count("get_node") == 7
