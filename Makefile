@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 lint: $(STAMP)
 	$(BIN)/ruff check hami_plugin tests proto
 	$(BIN)/ruff format --check hami_plugin tests proto
-	$(BIN)/mypy --strict hami_plugin
+	$(BIN)/mypy --strict hami_plugin tests
 	$(BIN)/lint-imports
 
 test: lint

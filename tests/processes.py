@@ -14,6 +14,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+# What the daemons read as their configuration: a test run's own values must not leak in.
+_NOT_INHERITED = ("KUBECONFIG", "POD_NAME", "NODE_NAME")
+
 
 def wait_until(
     predicate: Callable[[], object], what: str = "", timeout: float = 20.0, interval: float = 0.02
@@ -34,8 +37,8 @@ def hami_command(*args: str) -> list[str]:
 class LoggedProcess:
     """A child process whose output goes to `<log_dir>/<name>.log`.
 
-    It does not inherit `KUBECONFIG` or `POD_NAME` from the test run (`env` sets what it
-    needs), and its Python output is unbuffered so the log can be waited on.
+    It does not inherit `KUBECONFIG`, `POD_NAME` or `NODE_NAME` from the test run (`env` sets
+    what it needs), and its Python output is unbuffered so the log can be waited on.
     """
 
     def __init__(
@@ -48,7 +51,7 @@ class LoggedProcess:
     ) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
-        environment = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "POD_NAME")}
+        environment = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
         environment.update(env or {})
         environment["PYTHONUNBUFFERED"] = "1"
         with open(self.log_path, "w", encoding="utf-8") as log:
@@ -80,17 +83,25 @@ class LoggedProcess:
         wait_until(seen, f"{self.name} logs {pattern!r}", timeout)
         return found[0]
 
+    def wait(self, timeout: float = 15.0) -> int:
+        """The exit status of a process that ends by itself; one still running after
+        `timeout` s is killed and reported (AssertionError with its log)."""
+        return self._exit_status(timeout, "did not exit")
+
     def stop(self, timeout: float = 40.0) -> int:
         """SIGTERM, then wait for the exit status; a process that ignores SIGTERM is killed
         and reported (AssertionError with its log)."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
+        return self._exit_status(timeout, "ignored SIGTERM")
+
+    def _exit_status(self, timeout: float, failure: str) -> int:
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-            raise AssertionError(f"{self.name} ignored SIGTERM:\n{self.log()[-3000:]}") from None
+            raise AssertionError(f"{self.name} {failure}:\n{self.log()[-3000:]}") from None
 
     def kill(self) -> None:
         """SIGKILL: no clean-up, as when a node or a pod dies."""

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from hami_plugin.demo import report
 from hami_plugin.demo.cluster import ContainerResult, PodResult
 from hami_plugin.demo.workload import NODES, SAMPLE_PODS
 from hami_plugin.protocol.model import ContainerDevice
+from tests.processes import wait_until
 
 HAMI = [sys.executable, "-m", "hami_plugin"]
 
@@ -97,11 +97,12 @@ def test_ctrl_c_stops_every_daemon_and_keeps_the_logs(
         [*HAMI, "demo"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
-        deadline = time.monotonic() + 60
         # all six daemons started (each names the work directory on its command line)
-        while len(processes_using(tmp)) < 6 and demo.poll() is None:
-            assert time.monotonic() < deadline, "the daemons did not start"
-            time.sleep(0.05)
+        wait_until(
+            lambda: len(processes_using(tmp)) >= 6 or demo.poll() is not None,
+            "the six daemons start",
+            timeout=60,
+        )
         demo.send_signal(signal.SIGINT)
         stdout, stderr = demo.communicate(timeout=60)
     finally:

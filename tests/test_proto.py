@@ -120,6 +120,7 @@ def test_map_fields_are_string_to_string() -> None:
     descriptor = api_pb2.DESCRIPTOR.message_types_by_name["ContainerAllocateResponse"]
     for name in ("envs", "annotations"):
         entry = descriptor.fields_by_name[name].message_type
+        assert entry is not None
         assert entry.GetOptions().map_entry
         assert [(f.name, f.type) for f in entry.fields] == [("key", STR), ("value", STR)]
 

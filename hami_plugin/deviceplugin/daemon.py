@@ -19,27 +19,28 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from hami_plugin.config import ConfigError
 from hami_plugin.deviceplugin.settings import (
     DevicePluginSettings,
-    SettingsError,
     add_arguments,
     resolve_settings,
 )
+from hami_plugin.protocol.hostpaths import VGPU_LOCK_HOST_PATH
 
 if TYPE_CHECKING:
+    from hami_plugin.deviceplugin.board import DeviceBoard
     from hami_plugin.deviceplugin.health import HealthChange, HealthMonitor
     from hami_plugin.deviceplugin.kubelet import KubeletRegistrar, RestartWatch
     from hami_plugin.deviceplugin.metrics import DevicePluginMetrics
     from hami_plugin.deviceplugin.nvml import NvmlBackend, PhysicalGpu
     from hami_plugin.deviceplugin.register import RegisterPublisher
-    from hami_plugin.deviceplugin.server import DeviceBoard, KubeApi
+    from hami_plugin.kube.api import AllocateApi
 
 logger = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
-DEFAULT_VGPULOCK_PATH = "/tmp/vgpulock"
 NVML_RETRY_SECONDS = 10.0
 
 
@@ -54,10 +55,10 @@ class DevicePluginDaemon:
         self,
         settings: DevicePluginSettings,
         *,
-        kube: KubeApi | None = None,
+        kube: AllocateApi | None = None,
         nvml_module: Any = None,
         restart_watch: RestartWatch | None = None,
-        vgpulock_path: str = DEFAULT_VGPULOCK_PATH,
+        vgpulock_path: str = VGPU_LOCK_HOST_PATH,
         sysfs_root: str = "/sys",
         nvml_retry_seconds: float = NVML_RETRY_SECONDS,
     ) -> None:
@@ -128,18 +129,18 @@ class DevicePluginDaemon:
 
     def _serve(self, backend: NvmlBackend) -> int:
         from hami_plugin.deviceplugin.allocate import AllocateConfig
+        from hami_plugin.deviceplugin.allocator import PodAllocator
+        from hami_plugin.deviceplugin.board import DeviceBoard
         from hami_plugin.deviceplugin.health import HealthMonitor
         from hami_plugin.deviceplugin.kubelet import KubeletRegistrar
         from hami_plugin.deviceplugin.metrics import NodePods, start_device_plugin_metrics
-        from hami_plugin.deviceplugin.monitor.containers import (
-            ContainerScanner,
-            FeedbackLoop,
-            vgpu_containers_dir,
-        )
+        from hami_plugin.deviceplugin.monitor.containers import ContainerScanner, FeedbackLoop
         from hami_plugin.deviceplugin.nvml import NvmlError
         from hami_plugin.deviceplugin.register import RegisterPublisher
-        from hami_plugin.deviceplugin.server import DeviceBoard, DevicePluginService, PodAllocator
-        from hami_plugin.kube.client import KubeClient, KubeError
+        from hami_plugin.deviceplugin.server import DevicePluginService
+        from hami_plugin.kube.client import KubeClient
+        from hami_plugin.kube.errors import KubeError
+        from hami_plugin.protocol.hostpaths import containers_dir
         from hami_plugin.protocol.inflight import ALLOCATE_PROTOCOL, ANNOTATION_ALLOCATE_PROTOCOL
 
         settings = self.settings
@@ -195,7 +196,7 @@ class DevicePluginDaemon:
         # one set of files.
         pods = NodePods.watching(kube, settings.node_name, self._stop)
         scanner = ContainerScanner(
-            vgpu_containers_dir(settings.hook_path),
+            containers_dir(settings.hook_path),
             pods,
             resync_interval_seconds=settings.vgpu_resync_interval_seconds,
             pod_refresh_seconds=0.0,  # the watch keeps the list current
@@ -329,7 +330,7 @@ def run(args: argparse.Namespace) -> int:
     _configure_logging()
     try:
         settings = resolve_settings(args, os.environ)
-    except SettingsError as error:
+    except ConfigError as error:
         logger.error("%s", error)
         return EXIT_USAGE
     daemon = DevicePluginDaemon(settings)

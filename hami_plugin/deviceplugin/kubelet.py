@@ -1,6 +1,6 @@
 """Registration with kubelet, and re-registration after every kubelet restart.
 
-Order (kubelet-deviceplugin.md 2.2, 6): serve our socket first, then call `Register` on
+Order (docs/kubelet-deviceplugin.md 2.2, 6): serve our socket first, then call `Register` on
 `<device-plugin-path>/kubelet.sock`; kubelet dials back inside that call. While kubelet is away
 the call is retried with backoff.
 

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hami_plugin.deviceplugin.inventory import PhysicalGpu, VgpuDevice
-from hami_plugin.deviceplugin.monitor.containers import ContainerScanner, vgpu_containers_dir
+from hami_plugin.deviceplugin.monitor.containers import ContainerScanner
 from hami_plugin.deviceplugin.monitor.vgpu import VgpuCollector
 from hami_plugin.metrics.families import GaugeMetricFamily, Metric
 from hami_plugin.metrics.server import (
@@ -48,14 +48,15 @@ from hami_plugin.metrics.server import (
     start_metrics_server,
 )
 from hami_plugin.protocol.codec import AnnotationError, decode_pod_devices
+from hami_plugin.protocol.hostpaths import containers_dir
 from hami_plugin.protocol.model import ANNOTATION_DEVICES_ALLOCATED, ANNOTATION_VGPU_NODE
 from hami_plugin.scheduler.usage import collapse_pod_devices
 
 if TYPE_CHECKING:
     from hami_plugin.deviceplugin.nvml import GpuUsage, NvmlBackend
     from hami_plugin.deviceplugin.settings import DevicePluginSettings
-    from hami_plugin.kube.client import PodRecord
     from hami_plugin.metrics.families import Collector
+    from hami_plugin.protocol.objects import PodInfo
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def monitor_device_type(nvml_name: str) -> str:
     return f"NVIDIA-{nvml_name}"
 
 
-def booked_slots(pods: Sequence[PodRecord], node_name: str) -> dict[str, int]:
+def booked_slots(pods: Sequence[PodInfo], node_name: str) -> dict[str, int]:
     """Slots booked per GPU UUID by the pods of `node_name` (see the module docstring).
 
     A pod whose allocation annotation does not decode is left out (logged at debug level: the
@@ -126,7 +127,7 @@ class NodePods:
 
     def __init__(
         self,
-        list_pods: Callable[[], Sequence[PodRecord]],
+        list_pods: Callable[[], Sequence[PodInfo]],
         *,
         max_age_seconds: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
@@ -135,7 +136,7 @@ class NodePods:
         self._max_age = max_age_seconds
         self._clock = clock
         self._lock = threading.Lock()
-        self._pods: Sequence[PodRecord] = ()
+        self._pods: Sequence[PodInfo] = ()
         self._listed_at: float | None = None
 
     @classmethod
@@ -147,9 +148,9 @@ class NodePods:
         """
         deadline = getattr(kube, "deadline", None)
 
-        def list_pods() -> Sequence[PodRecord]:
+        def list_pods() -> Sequence[PodInfo]:
             if deadline is None:
-                pods: Sequence[PodRecord] = kube.list_pods_on_node(node_name)
+                pods: Sequence[PodInfo] = kube.list_pods_on_node(node_name)
                 return pods
             with deadline(timeout_seconds):
                 pods = kube.list_pods_on_node(node_name)
@@ -166,13 +167,13 @@ class NodePods:
         `from_kube`."""
         if not hasattr(kube, "watch_objects"):
             return cls.from_kube(kube, node_name)
-        from hami_plugin.kube.client import pod_record
         from hami_plugin.kube.informer import Informer
+        from hami_plugin.protocol.objects import read_pod
 
-        informer: Informer[PodRecord] = Informer(
+        informer: Informer[PodInfo] = Informer(
             kube,
             "/api/v1/pods",
-            pod_record,
+            read_pod,
             lambda pod: f"{pod.namespace}/{pod.name}",
             _IgnoreEvents(),
             name=f"pods on node {node_name}",
@@ -182,14 +183,14 @@ class NodePods:
             target=informer.run, args=(stop,), name="node-pod-watch", daemon=True
         ).start()
 
-        def list_pods() -> Sequence[PodRecord]:
+        def list_pods() -> Sequence[PodInfo]:
             if not informer.synced.is_set():
                 raise RuntimeError(f"the watch of node {node_name}'s pods has not listed yet")
             return informer.items()
 
         return cls(list_pods, max_age_seconds=0.0)
 
-    def __call__(self) -> Sequence[PodRecord]:
+    def __call__(self) -> Sequence[PodInfo]:
         """The pods, listed now unless a list younger than `max_age_seconds` is at hand."""
         with self._lock:
             now = self._clock()
@@ -216,7 +217,7 @@ class NodeCollector:
         read_usage: Callable[[], Sequence[GpuUsage]],
         gpus: Callable[[], Sequence[PhysicalGpu]],
         devices: Callable[[], Sequence[VgpuDevice]],
-        pods: Callable[[], Sequence[PodRecord]] | None = None,
+        pods: Callable[[], Sequence[PodInfo]] | None = None,
     ) -> None:
         self._node = node_name
         self._read_usage = read_usage
@@ -384,7 +385,7 @@ def start_device_plugin_metrics(
         pods = NodePods.from_kube(kube, settings.node_name)
     owns_scanner = scanner is None
     if scanner is None:
-        scanner = ContainerScanner(vgpu_containers_dir(settings.hook_path), pods)
+        scanner = ContainerScanner(containers_dir(settings.hook_path), pods)
     collectors: dict[str, Collector] = {
         "node": NodeCollector(
             settings.node_name,

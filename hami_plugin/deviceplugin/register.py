@@ -1,8 +1,8 @@
 """Publishes this node's GPUs to the scheduler: the `hami.io/node-nvidia-register` annotation.
 
 HAMi's plugin rebuilds the value every 30 s and patches it only when it differs from the last
-string it wrote (reference 4.2). Same here, plus an immediate round on every health event
-(`poke`), and one thing HAMi lacks: a round whose value is unchanged reads the node and writes
+string it wrote (docs/hami-reference.md 4.2). Same here, plus an immediate round on every health
+event (`poke`), and one thing HAMi lacks: a round whose value is unchanged reads the node and writes
 the value again if the node lost it (a Node object deleted and re-created by kubelet comes back
 without annotations, and HAMi's scheduler would then never see this node's GPUs again). API
 failures are logged once per outage and retried at the next round (5 s after an error, as HAMi
@@ -21,8 +21,8 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import Protocol
 
+from hami_plugin.kube.api import NodeApi
 from hami_plugin.protocol.model import ANNOTATION_NODE_REGISTER
 
 logger = logging.getLogger(__name__)
@@ -30,24 +30,6 @@ logger = logging.getLogger(__name__)
 RETRY_AFTER_ERROR_SECONDS = 5.0
 WITHDRAW_BUDGET_SECONDS = 5.0
 """All API calls of `withdraw()`: shutdown must not wait on a hanging API server."""
-
-
-class NodeWithAnnotations(Protocol):
-    @property
-    def annotations(self) -> Mapping[str, str]: ...
-
-
-class NodeAnnotationApi(Protocol):
-    """The calls the publisher makes (`k8s.KubeClient` provides them)."""
-
-    def get_node(self, name: str) -> NodeWithAnnotations: ...
-
-    def patch_node_annotations(
-        self,
-        name: str,
-        annotations: Mapping[str, str | None],
-        resource_version: str | None = None,
-    ) -> object: ...
 
 
 class RegisterPublisher:
@@ -60,7 +42,7 @@ class RegisterPublisher:
 
     def __init__(
         self,
-        kube: NodeAnnotationApi,
+        kube: NodeApi,
         node_name: str,
         build_value: Callable[[], str],
         *,

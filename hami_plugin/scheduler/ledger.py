@@ -36,7 +36,7 @@ from hami_plugin.protocol.model import (
     ANNOTATION_VGPU_NODE,
     GpuDevice,
 )
-from hami_plugin.protocol.objects import NodeInfo, PodInfo, read_node, read_pod
+from hami_plugin.protocol.objects import NodeInfo, PodInfo
 from hami_plugin.scheduler.score import node_score
 from hami_plugin.scheduler.usage import (
     DeviceTally,
@@ -205,13 +205,11 @@ class Ledger:
         self._node_sources.pop(name, None)
         self._unregister(name)
 
-    def update_node(self, node: NodeInfo | object) -> None:
+    def update_node(self, info: NodeInfo) -> None:
         """Apply a node add/update event: register from `hami.io/node-nvidia-register` and
         `hami.io/device-cordon`. A missing or malformed register annotation unregisters the
         node (a malformed one is logged once per value). Events that leave both annotations
-        as they were cost one comparison (nodes change on every kubelet heartbeat). Raises
-        ObjectError for an unreadable object."""
-        info = read_node(node)
+        as they were cost one comparison (nodes change on every kubelet heartbeat)."""
         value = info.annotations.get(ANNOTATION_NODE_REGISTER)
         cordon = info.annotations.get(ANNOTATION_DEVICE_CORDON, "")
         if self._node_sources.get(info.name) == (value, cordon):
@@ -276,10 +274,9 @@ class Ledger:
         if previous is not None:
             self._unbook(previous)
 
-    def update_pod(self, pod: PodInfo | object) -> None:
+    def update_pod(self, info: PodInfo) -> None:
         """Apply a pod add/update event (reference 3.3). A malformed allocation annotation
-        makes the pod untracked (logged). Raises ObjectError for an unreadable object."""
-        info = read_pod(pod)
+        makes the pod untracked (logged)."""
         node = info.annotations.get(ANNOTATION_VGPU_NODE)
         value = info.annotations.get(ANNOTATION_DEVICES_ALLOCATED)
         if not node or value is None or info.finished:
@@ -299,9 +296,9 @@ class Ledger:
         tallies = collapse_pod_devices(devices, len(info.init_containers), app_only)
         self.track(info.key, node, tallies, app_only)
 
-    def delete_pod(self, pod: PodInfo | object | str) -> None:
-        """Apply a pod delete event (by object or `<namespace>/<name>` key)."""
-        self.untrack(pod if isinstance(pod, str) else read_pod(pod).key)
+    def delete_pod(self, pod: PodInfo | str) -> None:
+        """Apply a pod delete event (by pod or `<namespace>/<name>` key)."""
+        self.untrack(pod if isinstance(pod, str) else pod.key)
 
     # --- internals ---------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hami_plugin.protocol.model import NVIDIA_DEVICE_TYPE
-from hami_plugin.protocol.objects import ContainerSpec, PodInfo, read_pod
+from hami_plugin.protocol.objects import ContainerSpec, PodInfo
 from hami_plugin.protocol.quantity import QuantityError, exact_integer, parse_quantity
 from hami_plugin.scheduler.settings import SchedulerSettings
 
@@ -224,10 +224,8 @@ def container_request(
     return ContainerRequest(count, memory_mib, percent, cores), tuple(problems)
 
 
-def pod_requests(pod: PodInfo | object, settings: SchedulerSettings) -> PodRequests:
-    """Requests of every container, init containers first. Accepts a `PodInfo`, a pod mapping
-    or the `kubernetes` client's pod model. Raises ObjectError for an unreadable pod."""
-    info = read_pod(pod)
+def pod_requests(info: PodInfo, settings: SchedulerSettings) -> PodRequests:
+    """Requests of every container, init containers first."""
     entries: list[ContainerRequest | None] = []
     problems: list[RequestProblem] = []
     for container in (*info.init_containers, *info.containers):

@@ -1,7 +1,8 @@
 """Scheduler settings the placement rules read: default policies, request defaults, names.
 
 Resolved once at the edge (flags, config file) and passed in; the core never reads the
-environment. Defaults are HAMi v2.10's (reference 3.12 and the device ConfigMap).
+environment. Defaults are HAMi v2.10's (its flags and device ConfigMap,
+`docs/hami-reference.md` 3.12).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class SchedulerSettings:
 
     `numa_grouped_order` applies the design note's NUMA-grouped GPU order (NUMA first, then
     score) to every pod whose policy is a single `binpack`/`spread`, not only to pods with
-    `nvidia.com/numa-bind` (decision 4 of the reference).
+    `nvidia.com/numa-bind` (`docs/design.md` 9.4).
     """
 
     node_policy: NodePolicy = NodePolicy.BINPACK

@@ -33,7 +33,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC
 from typing import Any
 from urllib.parse import quote
 
@@ -42,6 +42,7 @@ import urllib3
 
 from hami_plugin.deviceplugin.api import api_pb2, api_pb2_grpc
 from hami_plugin.protocol.model import HEALTHY
+from hami_plugin.protocol.objects import ContainerSpec, read_pod
 
 logger = logging.getLogger(__name__)
 
@@ -346,10 +347,9 @@ class _Pod:
         return self.namespace, self.name
 
 
-def _device_count(container: Mapping[str, Any], resource: str) -> int:
-    resources = container.get("resources") or {}
-    for part in ("limits", "requests"):
-        value = (resources.get(part) or {}).get(resource)
+def _device_count(container: ContainerSpec, resource: str) -> int:
+    for part in (container.limits, container.requests):
+        value = part.get(resource)
         if value is not None:
             try:
                 return max(int(str(value)), 0)
@@ -359,28 +359,23 @@ def _device_count(container: Mapping[str, Any], resource: str) -> int:
 
 
 def _read_pod(obj: Mapping[str, Any], resource: str) -> _Pod:
-    metadata = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    created = str(metadata.get("creationTimestamp") or "")
-    try:
-        stamp = datetime.fromisoformat(created.replace("Z", "+00:00"))
-        seconds = int(stamp.replace(tzinfo=stamp.tzinfo or UTC).timestamp())
-    except ValueError:
-        seconds = 0
+    """The admission fields of a listed pod, read by the daemons' own reader. Raises
+    ObjectError (a ValueError) for a malformed pod."""
+    pod = read_pod(obj)
+    created = pod.creation_timestamp
+    seconds = int(created.replace(tzinfo=created.tzinfo or UTC).timestamp()) if created else 0
 
-    def containers(key: str) -> tuple[tuple[str, int], ...]:
-        return tuple(
-            (str(c.get("name", "")), _device_count(c, resource)) for c in spec.get(key) or ()
-        )
+    def containers(specs: tuple[ContainerSpec, ...]) -> tuple[tuple[str, int], ...]:
+        return tuple((c.name, _device_count(c, resource)) for c in specs)
 
     return _Pod(
-        namespace=str(metadata.get("namespace", "")),
-        name=str(metadata.get("name", "")),
-        uid=str(metadata.get("uid", "")),
-        phase=str((obj.get("status") or {}).get("phase", "")),
+        namespace=pod.namespace,
+        name=pod.name,
+        uid=pod.uid,
+        phase=pod.phase,
         created_seconds=seconds,
-        init_containers=containers("initContainers"),
-        containers=containers("containers"),
+        init_containers=containers(pod.init_containers),
+        containers=containers(pod.containers),
     )
 
 

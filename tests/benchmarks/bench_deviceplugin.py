@@ -22,7 +22,6 @@ Figures, each printed as one JSON line:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -30,10 +29,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -43,23 +42,15 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from hami_plugin.deviceplugin.allocate import AllocateConfig, decide_allocation  # noqa: E402
+from hami_plugin.deviceplugin.allocator import PodAllocator  # noqa: E402
 from hami_plugin.deviceplugin.api import api_pb2  # noqa: E402
+from hami_plugin.deviceplugin.board import DeviceBoard  # noqa: E402
 from hami_plugin.deviceplugin.inventory import VgpuDevice  # noqa: E402
-from hami_plugin.deviceplugin.server import (  # noqa: E402
-    DeviceBoard,
-    DevicePluginService,
-    KubeApi,
-    PluginServer,
-    PodAllocator,
-)
-from hami_plugin.kube.client import (  # noqa: E402
-    ContainerSpec,
-    KubeClient,
-    NodeRecord,
-    NotFound,
-    PodRecord,
-    RetryPolicy,
-)
+from hami_plugin.deviceplugin.server import DevicePluginService, PluginServer  # noqa: E402
+from hami_plugin.kube.api import AllocateApi  # noqa: E402
+from hami_plugin.kube.client import KubeClient  # noqa: E402
+from hami_plugin.kube.fake import FakeKube  # noqa: E402
+from hami_plugin.kube.retry import RetryPolicy  # noqa: E402
 from hami_plugin.protocol import codec  # noqa: E402
 from hami_plugin.protocol.model import (  # noqa: E402
     ANNOTATION_BIND_PHASE,
@@ -69,8 +60,15 @@ from hami_plugin.protocol.model import (  # noqa: E402
     ANNOTATION_VGPU_NODE,
     ContainerDevice,
 )
-from hami_plugin.testing.apiserver import FakeApiServer  # noqa: E402
+from hami_plugin.protocol.objects import read_pod  # noqa: E402
+from hami_plugin.testing.apiserver import (  # noqa: E402
+    FakeApiServer,
+    make_container,
+    make_node,
+    make_pod,
+)
 from hami_plugin.testing.kubelet import DeviceState, FakeKubelet  # noqa: E402
+from tests.processes import LoggedProcess  # noqa: E402
 
 NODE = "bench-node"
 GPUS = [f"GPU-{i:08x}-aaaa-bbbb-cccc-0123456789ab" for i in range(8)]
@@ -119,22 +117,6 @@ def daemon_command(gpus_file: Path, kubeconfig: Path, plugin_dir: str, hook: str
     ]  # fmt: skip
 
 
-def stop_process(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def bench_daemon_process(starts: int, work: Path) -> None:
     interpreter = []
     for _ in range(3):
@@ -154,10 +136,8 @@ def bench_daemon_process(starts: int, work: Path) -> None:
             plugin_dir = tempfile.mkdtemp(prefix="hami-bench-", dir="/tmp")
             kubelet = FakeKubelet(plugin_dir).start()
             began = time.perf_counter()
-            process = subprocess.Popen(
-                daemon_command(gpus_file, kubeconfig, plugin_dir, hook),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+            process = LoggedProcess(
+                "device-plugin", daemon_command(gpus_file, kubeconfig, plugin_dir, hook), work
             )
             try:
                 kubelet.wait_for_registrations(1, timeout=30)
@@ -171,7 +151,7 @@ def bench_daemon_process(starts: int, work: Path) -> None:
                 if attempt == starts - 1:
                     bench_health_and_rss(process, kubelet, gpus_file, apiserver)
             finally:
-                stop_process(process)
+                process.stop(10)
                 kubelet.stop()
                 shutil.rmtree(plugin_dir, ignore_errors=True)
     emit(
@@ -193,7 +173,7 @@ def bench_daemon_process(starts: int, work: Path) -> None:
 
 
 def bench_health_and_rss(
-    process: subprocess.Popen[bytes],
+    process: LoggedProcess,
     kubelet: FakeKubelet,
     gpus_file: Path,
     apiserver: FakeApiServer,
@@ -239,70 +219,12 @@ def bench_health_and_rss(
         gpus=len(GPUS),
         split=SPLIT,
         devices=len(GPUS) * SPLIT,
-        rss_mib=round(rss_mib(process.pid), 1),
+        rss_mib=round(process.memory_kib()["VmRSS"] / 1024, 1),
         target_mib=80,
     )
 
 
 # --- Allocate through the socket -----------------------------------------------------------------
-
-
-class MemoryKube:
-    """An in-memory cluster with KubeApi's calls: Allocate latency without API server time."""
-
-    def __init__(self, node: NodeRecord, pods: Sequence[PodRecord]) -> None:
-        self._lock = threading.Lock()
-        self.node = node
-        self.pods = {(p.namespace, p.name): p for p in pods}
-
-    def get_node(self, name: str) -> NodeRecord:
-        return self.node
-
-    def patch_node_annotations(
-        self,
-        name: str,
-        annotations: Mapping[str, str | None],
-        resource_version: str | None = None,
-    ) -> NodeRecord:
-        with self._lock:
-            merged = {**self.node.annotations}
-            for key, value in annotations.items():
-                if value is None:
-                    merged.pop(key, None)
-                else:
-                    merged[key] = value
-            self.node = dataclasses.replace(self.node, annotations=merged)
-            return self.node
-
-    def list_pods_on_node(self, node_name: str) -> list[PodRecord]:
-        with self._lock:
-            return list(self.pods.values())
-
-    def patch_pod_metadata(
-        self,
-        namespace: str,
-        name: str,
-        annotations: Mapping[str, str | None],
-        labels: Mapping[str, str | None] | None = None,
-    ) -> PodRecord:
-        with self._lock:
-            pod = self.pods.get((namespace, name))
-            if pod is None:
-                raise NotFound(f"pod {namespace}/{name} not found", 404)
-            merged = {**pod.annotations}
-            merged.update({k: v for k, v in annotations.items() if v is not None})
-            self.pods[(namespace, name)] = dataclasses.replace(pod, annotations=merged)
-            return self.pods[(namespace, name)]
-
-    def create_pod_event(
-        self,
-        pod: PodRecord,
-        reason: str,
-        message: str,
-        event_type: str = "Normal",
-        component: str = "hami-device-plugin",
-    ) -> None:
-        return None
 
 
 TO_ALLOCATE = codec.encode_pod_devices(((ContainerDevice(GPUS[3], "NVIDIA", 4000, 30),),))
@@ -315,24 +237,18 @@ PENDING = {
 LOCK = {ANNOTATION_NODE_LOCK: "2026-07-03T15:35:10Z,default,bench-pod"}
 
 
-def pending_pod(name: str = "bench-pod") -> PodRecord:
-    return PodRecord(
-        namespace="default",
-        name=name,
+def pending_pod(name: str = "bench-pod") -> dict[str, Any]:
+    return make_pod(
+        name,
         uid="0a1b2c3d-0000-4000-8000-000000000001",
-        phase="Pending",
         node_name=NODE,
-        annotations=dict(PENDING),
-        labels={},
-        init_containers=(),
-        containers=(ContainerSpec("cuda", {}),),
-        resource_version="1",
-        creation_timestamp=None,
+        annotations=PENDING,
+        containers=[make_container("cuda")],
     )
 
 
 def time_allocates(
-    kube: KubeApi, reset: Callable[[], None], calls: int, hook: str, plugin_dir: str
+    kube: AllocateApi, reset: Callable[[], None], calls: int, hook: str, plugin_dir: str
 ) -> list[float]:
     devices = [VgpuDevice(f"{g}-{i}", g, True, None) for g in GPUS for i in range(SPLIT)]
     board = DeviceBoard(devices)
@@ -367,12 +283,11 @@ def bench_allocate(calls: int, work: Path) -> None:
     hook = str(work / "hook-alloc")
     plugin_dir = tempfile.mkdtemp(prefix="hami-bench-", dir="/tmp")
     try:
-        base_node = NodeRecord(NODE, dict(LOCK), {}, {}, "1")
-        memory = MemoryKube(base_node, [pending_pod()])
+        memory = FakeKube(nodes=[make_node(NODE, annotations=LOCK)], pods=[pending_pod()])
 
         def reset_memory() -> None:
-            memory.node = base_node
-            memory.pods[("default", "bench-pod")] = pending_pod()
+            memory.put_node(make_node(NODE, annotations=LOCK))
+            memory.put_pod(pending_pod())
 
         emit(
             "allocate_no_api",
@@ -411,7 +326,7 @@ def bench_allocate(calls: int, work: Path) -> None:
     finally:
         shutil.rmtree(plugin_dir, ignore_errors=True)
 
-    pod = pending_pod()
+    pod = read_pod(pending_pod())
     config = AllocateConfig(hook_path=hook)
     decision_samples = []
     for _ in range(calls):

@@ -1,6 +1,6 @@
 """Benchmark of `hami scheduler` over HTTP, as kube-scheduler drives it (run by `make bench`).
 
-Three processes on this machine: the API server double (`hami_plugin.testing.apiserver_main`,
+Three processes on this machine: the API server double (`hami_plugin.testing.apiserver`,
 preloaded with N nodes of 8 GPUs about half used by Running pods, and the Pending pods to
 schedule), `hami scheduler` (a subprocess, its kubeconfig pointing at the double), and this
 driver playing kube-scheduler (persistent HTTP connections, `NodeNames` listing every node).
@@ -65,7 +65,8 @@ from typing import TYPE_CHECKING, Any
 import urllib3
 import yaml
 
-from hami_plugin.kube.client import KubeClient, RetryPolicy
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.kube.retry import RetryPolicy
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.inflight import ALLOCATE_PROTOCOL, ANNOTATION_ALLOCATE_PROTOCOL
 from hami_plugin.protocol.model import (
@@ -81,12 +82,12 @@ from hami_plugin.protocol.model import (
     ContainerDevice,
     GpuDevice,
 )
+from hami_plugin.testing.apiserver import make_container, make_pod
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `make bench` runs this file as a script
 
-from tests import processes  # noqa: E402
-from tests.processes import LoggedProcess, hami_command  # noqa: E402
+from tests.processes import LoggedProcess, hami_command, wait_until  # noqa: E402
 
 if TYPE_CHECKING:
     from hami_plugin.testing.kubelet import PodAdmitter
@@ -99,11 +100,8 @@ BURST_PODS = 100
 BURST_SPLIT = 16  # 8 GPUs x 16 = 128 slots: room for the whole burst on one node
 _T0 = datetime(2026, 11, 30, 8, tzinfo=UTC)
 HANDSHAKE = codec.format_handshake_requesting(_T0)
-
-
-def wait_until(predicate: Callable[[], object], what: str, timeout: float = 120.0) -> None:
-    """`tests.processes.wait_until` with room for 5,000-node clusters on 2 shared cores."""
-    processes.wait_until(predicate, what, timeout)
+WAIT_SECONDS = 120.0
+"""Bound for a wait: room for 5,000-node clusters on 2 shared cores."""
 
 
 def emit(name: str, **figures: object) -> None:
@@ -151,26 +149,18 @@ def _pod(
     limits = {"nvidia.com/gpu": str(gpus), "nvidia.com/gpumem": str(memory_mib)}
     if cores:
         limits["nvidia.com/gpucores"] = str(cores)
-    spec: dict[str, Any] = {
-        "schedulerName": "hami-scheduler",
-        "containers": [{"name": "c0", "image": "cuda", "resources": {"limits": limits}}],
-    }
-    if node:
-        spec["nodeName"] = node
-    return {
-        "kind": "Pod",
-        "apiVersion": "v1",
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "uid": f"uid-{name}",
-            "creationTimestamp": _stamp(created),
-            "annotations": dict(annotations or {}),
-            "labels": dict(labels or {}),
-        },
-        "spec": spec,
-        "status": {"phase": phase},
-    }
+    return make_pod(
+        name,
+        NAMESPACE,
+        node_name=node,
+        phase=phase,
+        annotations=annotations,
+        labels=labels,
+        containers=[make_container("c0", limits=limits, image="cuda")],
+        scheduler_name="hami-scheduler",
+        uid=f"uid-{name}",
+        creation_timestamp=_stamp(created),
+    )
 
 
 def _node(name: str, annotations: Mapping[str, str], gpu_slots: int) -> dict[str, Any]:
@@ -635,6 +625,7 @@ def burst_node(
         wait_until(
             lambda: ANNOTATION_NODE_REGISTER in api.get_node(name).annotations,
             f"{name}'s plugin registers its GPUs",
+            WAIT_SECONDS,
         )
         if mode == "lock":
             api.patch_node_annotations(name, {ANNOTATION_ALLOCATE_PROTOCOL: None})
@@ -685,12 +676,12 @@ def burst(
             for p in pods
         )
 
-    wait_until(registered, f"the scheduler registers {name}")
+    wait_until(registered, f"the scheduler registers {name}", WAIT_SECONDS)
     started = time.perf_counter()
     bind_seconds, failures = drive(extender, pods, in_flight, names)
     admitter.wait_for([(NAMESPACE, p["metadata"]["name"]) for p in pods], timeout=600)
     seconds = time.perf_counter() - started
-    wait_until(allocated, "every burst pod ends bind-phase success")
+    wait_until(allocated, "every burst pod ends bind-phase success", WAIT_SECONDS)
     wrong = wrong_gpus(api, admitter, pods)
     assert admitter.failures == {}, admitter.failures
     emit(
@@ -753,7 +744,7 @@ def run_size(size: int, args: argparse.Namespace, *, phases: bool, burst: bool) 
     kubeconfig = workdir / "kubeconfig"
     apiserver = LoggedProcess(
         "apiserver",
-        [sys.executable, "-m", "hami_plugin.testing.apiserver_main", "--load", str(load),
+        [sys.executable, "-m", "hami_plugin.testing.apiserver", "--load", str(load),
          "--kubeconfig", str(kubeconfig)],
         workdir,
     )  # fmt: skip

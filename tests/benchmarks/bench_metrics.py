@@ -39,17 +39,18 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
-from hami_plugin.deviceplugin.monitor.containers import ContainerScanner, vgpu_containers_dir  # noqa: E402
+from hami_plugin.deviceplugin.monitor.containers import ContainerScanner  # noqa: E402
 from hami_plugin.deviceplugin.monitor.vgpu import VgpuCollector  # noqa: E402
-from hami_plugin.kube.client import PodRecord  # noqa: E402
 from hami_plugin.metrics.exposition import render_text  # noqa: E402
+from hami_plugin.protocol.hostpaths import containers_dir  # noqa: E402
+from hami_plugin.protocol.objects import PodInfo  # noqa: E402
 from tests.deviceplugin.monitor.helpers import NODE, pod, region_file  # noqa: E402
 from tests.deviceplugin.monitor.region_writer import DeviceMemory, Proc, RegionSpec  # noqa: E402
 
 GPUS = [f"GPU-{index:08x}-0000-4000-8000-{index:012x}" for index in range(8)]
 
 
-def build_node(hook: Path, containers: int) -> list[PodRecord]:
+def build_node(hook: Path, containers: int) -> list[PodInfo]:
     pods = []
     for index in range(containers):
         gpus = [GPUS[index % 8]] + ([GPUS[(index + 1) % 8]] if index % 10 == 0 else [])
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
 
-        scanner = ContainerScanner(vgpu_containers_dir(str(hook)), lambda: pods)
+        scanner = ContainerScanner(containers_dir(str(hook)), lambda: pods)
         registry = CollectorRegistry()
         collector = VgpuCollector(scanner, NODE)
         registry.register(collector)

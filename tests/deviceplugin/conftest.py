@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from hami_plugin.kube.client import KubeClient, RetryPolicy
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.kube.retry import RetryPolicy
 from hami_plugin.testing.apiserver import FakeApiServer
 
 FAST_RETRY = RetryPolicy(

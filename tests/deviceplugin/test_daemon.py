@@ -7,9 +7,6 @@ In-process runs (`DevicePluginDaemon` on a thread) cover the end-to-end path and
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -38,12 +35,12 @@ from hami_plugin.protocol.model import (
 )
 from hami_plugin.testing.apiserver import FakeApiServer, make_container
 from hami_plugin.testing.kubelet import DeviceState, FakeKubelet
+from tests.processes import LoggedProcess, hami_command, wait_until
 
 NODE = "gpu-node-1"
 GPU_0 = "GPU-03f69c50-207a-2038-9b45-23cac89cb67a"
 GPU_1 = "GPU-1afede84-4e70-2174-49af-f07ebb94d1ae"
 SPLIT = 3
-REPO = Path(__file__).resolve().parents[2]
 
 
 def write_gpus(path: Path, *, healthy_1: bool = True, init_error: str | None = None) -> None:
@@ -92,7 +89,6 @@ def running(
         register_interval_seconds=0.3,
     )
     daemon = DevicePluginDaemon(settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"))
-    baseline = {t.ident for t in threading.enumerate()}
     kubelet = FakeKubelet(sock_dir).start()
     exit_codes: list[int] = []
     thread = threading.Thread(target=lambda: exit_codes.append(daemon.run()))
@@ -106,12 +102,6 @@ def running(
         kubelet.stop()
     assert exit_codes == [0]
     assert not os.path.exists(os.path.join(sock_dir, settings.socket_name))
-    leaked = [
-        t.name
-        for t in threading.enumerate()
-        if t.ident not in baseline and "process_request" not in t.name  # API double's handlers
-    ]
-    assert leaked == []
 
 
 def healthy_ids(states: tuple[DeviceState, ...]) -> list[str]:
@@ -123,15 +113,6 @@ def register_value(apiserver: FakeApiServer) -> str | None:
     assert node is not None
     value = node["metadata"]["annotations"].get(ANNOTATION_NODE_REGISTER)
     return None if value is None else str(value)
-
-
-def wait_until(check: object, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"condition not met within {timeout} s")
 
 
 def bind_as_the_scheduler_would(
@@ -169,7 +150,7 @@ def test_end_to_end_from_scheduler_annotations_to_bind_success(running: Running)
     listed = kubelet.wait_for_list(lambda s: len(healthy_ids(s)) == 2 * SPLIT)
     assert [s.id for s in listed] == [f"{g}-{i}" for g in (GPU_0, GPU_1) for i in range(SPLIT)]
 
-    wait_until(lambda: register_value(apiserver) is not None)
+    wait_until(lambda: register_value(apiserver) is not None, timeout=5.0)
     registered = codec.decode_node_devices(register_value(apiserver) or "")
     assert [(d.uuid, d.type, d.memory_mib, d.split_count, d.numa_node) for d in registered] == [
         (GPU_0, "NVIDIA A100-SXM4-80GB", 81920, SPLIT, 0),
@@ -219,12 +200,17 @@ def test_the_in_flight_protocol_is_claimed_while_serving_and_withdrawn_on_stop(
     running: Running,
 ) -> None:
     apiserver = running.apiserver
-    wait_until(lambda: node_annotation(apiserver, ANNOTATION_ALLOCATE_PROTOCOL) == "in-flight/v1")
+    wait_until(
+        lambda: node_annotation(apiserver, ANNOTATION_ALLOCATE_PROTOCOL) == "in-flight/v1",
+        timeout=5.0,
+    )
     # Lost (a Node object re-created, someone's edit): the next round writes it again.
     apiserver.update_object(
         "nodes", "", NODE, lambda n: n["metadata"]["annotations"].pop(ANNOTATION_ALLOCATE_PROTOCOL)
     )
-    wait_until(lambda: node_annotation(apiserver, ANNOTATION_ALLOCATE_PROTOCOL) is not None)
+    wait_until(
+        lambda: node_annotation(apiserver, ANNOTATION_ALLOCATE_PROTOCOL) is not None, timeout=5.0
+    )
     running.daemon.stop()
     running.thread.join(10)
     assert node_annotation(apiserver, ANNOTATION_ALLOCATE_PROTOCOL) is None
@@ -271,7 +257,8 @@ def test_a_health_flip_reaches_kubelet_and_recovers(running: Running) -> None:
         lambda: (
             [d.healthy for d in codec.decode_node_devices(register_value(apiserver) or "[]")]
             == [True, False]
-        )
+        ),
+        timeout=5.0,
     )
 
     write_gpus(running.gpus_file, healthy_1=True)
@@ -280,7 +267,8 @@ def test_a_health_flip_reaches_kubelet_and_recovers(running: Running) -> None:
         lambda: (
             [d.healthy for d in codec.decode_node_devices(register_value(apiserver) or "[]")]
             == [True, True]
-        )
+        ),
+        timeout=5.0,
     )
 
 
@@ -295,27 +283,9 @@ def test_the_daemon_follows_a_kubelet_restart(running: Running) -> None:
 # --- the sub-command as a process ---------------------------------------------------------------
 
 
-def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    full_env = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")}
-    full_env.update(env or {})
-    return subprocess.Popen(
-        [sys.executable, "-m", "hami_plugin", "device-plugin", *args],
-        cwd=REPO,
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def finish(process: subprocess.Popen[str], timeout: float = 15) -> tuple[int, str]:
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        output, _ = process.communicate()
-        raise AssertionError(f"process did not exit:\n{output}") from None
-    return process.returncode, output
+def start_cli(log_dir: Path, *args: str, env: dict[str, str] | None = None) -> LoggedProcess:
+    """`hami device-plugin <args>`, logging to `<log_dir>/device-plugin.log`."""
+    return LoggedProcess("device-plugin", hami_command("device-plugin", *args), log_dir, env)
 
 
 def test_sigterm_stops_serving_removes_the_socket_and_exits_zero(
@@ -327,20 +297,18 @@ def test_sigterm_stops_serving_removes_the_socket_and_exits_zero(
     kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
     with FakeKubelet(sock_dir) as kubelet:
         process = start_cli(
-            "--nvml", "fake", "--fake-gpus", str(gpus_file), "--node-name", NODE,
+            tmp_path, "--nvml", "fake", "--fake-gpus", str(gpus_file), "--node-name", NODE,
             "--kubeconfig", str(kubeconfig), "--device-plugin-path", sock_dir,
             "--hook-path", str(tmp_path / "hook"),
         )  # fmt: skip
         try:
             kubelet.wait_for_registrations(1, timeout=15)
             kubelet.wait_for_list(lambda s: len(s) == 20, timeout=5)
-            wait_until(lambda: register_value(apiserver) is not None)
-            process.send_signal(signal.SIGTERM)
-            code, output = finish(process)
+            wait_until(lambda: register_value(apiserver) is not None, timeout=5.0)
+            code = process.stop(15)
         finally:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
+            process.kill()  # only when something above failed: the exit status is kept
+        output = process.log()
         assert code == 0, output
         assert not os.path.exists(os.path.join(sock_dir, "nvidia-gpu.sock"))
         assert "received SIGTERM" in output
@@ -353,12 +321,11 @@ def test_sigterm_stops_serving_removes_the_socket_and_exits_zero(
 def test_nvml_failure_at_start_is_one_line_and_exit_one(tmp_path: Path, sock_dir: str) -> None:
     gpus_file = tmp_path / "gpus.yaml"
     write_gpus(gpus_file, init_error="LibraryNotFound")
-    code, output = finish(
-        start_cli(
-            "--nvml", "fake", "--fake-gpus", str(gpus_file), "--device-plugin-path", sock_dir,
-            env={"NODE_NAME": NODE},
-        )
+    process = start_cli(
+        tmp_path, "--nvml", "fake", "--fake-gpus", str(gpus_file), "--device-plugin-path",
+        sock_dir, env={"NODE_NAME": NODE},
     )  # fmt: skip
+    code, output = process.wait(), process.log()
     assert code == 1
     lines = output.strip().splitlines()
     assert len(lines) == 1, output
@@ -372,25 +339,24 @@ def test_without_fail_on_init_error_the_daemon_waits_for_nvml(
     gpus_file = tmp_path / "gpus.yaml"
     write_gpus(gpus_file, init_error="DriverNotLoaded")
     process = start_cli(
-        "--nvml", "fake", "--fake-gpus", str(gpus_file), "--device-plugin-path", sock_dir,
-        "--fail-on-init-error=false", env={"NODE_NAME": NODE},
+        tmp_path, "--nvml", "fake", "--fake-gpus", str(gpus_file), "--device-plugin-path",
+        sock_dir, "--fail-on-init-error=false", env={"NODE_NAME": NODE},
     )  # fmt: skip
     try:
         time.sleep(1.0)
-        assert process.poll() is None  # still up
-        process.send_signal(signal.SIGTERM)
-        code, output = finish(process)
+        assert process.process.poll() is None  # still up
+        code = process.stop(15)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+        process.kill()  # only when something above failed: the exit status is kept
+    output = process.log()
     assert code == 0, output
     assert "advertising no GPUs and retrying" in output
     assert os.listdir(sock_dir) == []
 
 
-def test_a_settings_error_is_one_line_and_exit_two() -> None:
-    code, output = finish(start_cli("--nvml", "fake"))
+def test_a_settings_error_is_one_line_and_exit_two(tmp_path: Path) -> None:
+    process = start_cli(tmp_path, "--nvml", "fake")
+    code, output = process.wait(), process.log()
     assert code == 2
     (line,) = output.strip().splitlines()
     assert "node name is required" in line

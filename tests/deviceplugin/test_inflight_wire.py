@@ -25,7 +25,8 @@ import yaml
 
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
-from hami_plugin.kube.client import KubeClient, NotFound
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.kube.errors import NotFound
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.inflight import ANNOTATION_ALLOCATE_PROTOCOL, InFlightPod, must_wait_for
 from hami_plugin.protocol.model import (
@@ -42,6 +43,7 @@ from hami_plugin.protocol.model import (
 )
 from hami_plugin.testing.apiserver import FakeApiServer, make_container, make_pod
 from hami_plugin.testing.kubelet import FakeKubelet, PodAdmitter
+from tests.processes import wait_until
 
 NODE = "gpu-node-1"
 GPU_0 = "GPU-03f69c50-207a-2038-9b45-23cac89cb67a"
@@ -287,14 +289,13 @@ def run_burst(node: Node, specs: Sequence[Spec], seed: int, waves: int = 3) -> P
 
 
 def test_the_node_claims_the_in_flight_protocol(node: Node) -> None:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+    def claimed() -> bool:
         stored = node.apiserver.get_node(NODE)
         assert stored is not None
-        if stored["metadata"]["annotations"].get(ANNOTATION_ALLOCATE_PROTOCOL) == "in-flight/v1":
-            return
-        time.sleep(0.02)
-    raise AssertionError("no in-flight protocol annotation on the node")
+        protocol: str | None = stored["metadata"]["annotations"].get(ANNOTATION_ALLOCATE_PROTOCOL)
+        return protocol == "in-flight/v1"
+
+    wait_until(claimed, "the in-flight protocol annotation on the node", timeout=5)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -343,10 +344,7 @@ def test_kubelet_admission_survives_api_server_faults(node: Node) -> None:
             scheduler.bind(spec)
         kubelet.wait_for([s.key for s in specs], timeout=30)
         # The status patch answered 503 once is sent again.
-        deadline = time.monotonic() + 5
-        while phase(node.apiserver, "f0") != "Running":
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until(lambda: phase(node.apiserver, "f0") == "Running", "f0 Running", timeout=5)
     assert_each_container_got_its_own_booking(node, kubelet, specs)
 
 

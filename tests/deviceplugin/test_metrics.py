@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Sequence
@@ -23,13 +24,13 @@ from hami_plugin.deviceplugin.metrics import (
     monitor_device_type,
 )
 from hami_plugin.deviceplugin.nvml import GpuUsage, NvmlBackend
-from hami_plugin.kube.client import ContainerSpec, PodRecord
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.model import (
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_VGPU_NODE,
     ContainerDevice,
 )
+from hami_plugin.protocol.objects import ContainerSpec, PodInfo
 
 NODE = "gpu-node-1"
 GPU_A = "GPU-03f69c50-207a-2038-9b45-23cac89cb67a"
@@ -68,7 +69,7 @@ def slots(uuid: str, count: int, healthy: bool = True) -> list[VgpuDevice]:
     return [VgpuDevice(f"{uuid}-{i}", uuid, healthy, None) for i in range(count)]
 
 
-def pod_record(
+def pod_info(
     name: str,
     entries: Sequence[Sequence[ContainerDevice]],
     *,
@@ -76,10 +77,10 @@ def pod_record(
     phase: str = "Running",
     init_containers: int = 0,
     raw: str | None = None,
-) -> PodRecord:
+) -> PodInfo:
     value = raw if raw is not None else codec.encode_pod_devices(tuple(tuple(e) for e in entries))
     count = max(len(entries) - init_containers, 0)
-    return PodRecord(
+    return PodInfo(
         namespace="default",
         name=name,
         uid=f"uid-{name}",
@@ -87,8 +88,8 @@ def pod_record(
         node_name=node,
         annotations={ANNOTATION_DEVICES_ALLOCATED: value, ANNOTATION_VGPU_NODE: node},
         labels={},
-        init_containers=tuple(ContainerSpec(f"init-{i}", {}) for i in range(init_containers)),
-        containers=tuple(ContainerSpec(f"c-{i}", {}) for i in range(count)),
+        init_containers=tuple(ContainerSpec(f"init-{i}") for i in range(init_containers)),
+        containers=tuple(ContainerSpec(f"c-{i}") for i in range(count)),
         resource_version="1",
         creation_timestamp=None,
     )
@@ -120,7 +121,9 @@ def series(family: Metric) -> dict[tuple[tuple[str, str], ...], float]:
     return {tuple(sorted(s.labels.items())): s.value for s in family.samples}
 
 
-def host(index: int, uuid: str, device_type: str, *, zone: bool = True, node: bool = True) -> tuple:
+def host(
+    index: int, uuid: str, device_type: str, *, zone: bool = True, node: bool = True
+) -> tuple[tuple[str, str], ...]:
     labels = {"device_index": str(index), "device_uuid": uuid, "device_type": device_type}
     if node:
         labels["node"] = NODE
@@ -136,7 +139,7 @@ T4 = "NVIDIA-Tesla T4"
 def collector(
     backend: NvmlBackend,
     devices: Sequence[VgpuDevice] = (),
-    pods: Sequence[PodRecord] | None = (),
+    pods: Sequence[PodInfo] | None = (),
 ) -> NodeCollector:
     return NodeCollector(
         NODE,
@@ -236,8 +239,8 @@ def test_health_and_slots_follow_what_kubelet_is_told(backend: NvmlBackend) -> N
 
 def test_allocated_slots_come_from_the_pods_bookings(backend: NvmlBackend) -> None:
     pods = [
-        pod_record("two-containers", [[dev(GPU_A)], [dev(GPU_A), dev(GPU_B)]]),
-        pod_record("one", [[dev(GPU_A)]]),
+        pod_info("two-containers", [[dev(GPU_A)], [dev(GPU_A), dev(GPU_B)]]),
+        pod_info("one", [[dev(GPU_A)]]),
     ]
     families = families_of(collector(backend, [*slots(GPU_A, 4), *slots(GPU_B, 4)], pods))
     assert series(families["hami_host_gpu_vgpu_slots_allocated"]) == {
@@ -249,7 +252,7 @@ def test_allocated_slots_come_from_the_pods_bookings(backend: NvmlBackend) -> No
 def test_pods_failing_to_list_leave_out_only_allocated_slots(
     backend: NvmlBackend, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def unreachable() -> list[PodRecord]:
+    def unreachable() -> list[PodInfo]:
         raise ConnectionError("API server unreachable")
 
     node = NodeCollector(
@@ -281,25 +284,26 @@ def test_describe_names_every_family_without_reading(backend: NvmlBackend) -> No
 @pytest.mark.parametrize(
     ("pod", "expected"),
     [
-        (pod_record("app", [[dev(GPU_A)], [dev(GPU_A)]]), {GPU_A: 2}),
+        (pod_info("app", [[dev(GPU_A)], [dev(GPU_A)]]), {GPU_A: 2}),
         # Init containers run one after another: their peak is one slot.
-        (pod_record("init", [[dev(GPU_A)], [dev(GPU_A)], []], init_containers=2), {GPU_A: 1}),
-        (pod_record("init+app", [[dev(GPU_A)], [dev(GPU_A)]], init_containers=1), {GPU_A: 1}),
-        (pod_record("done", [[dev(GPU_A)]], phase="Succeeded"), {}),
-        (pod_record("failed", [[dev(GPU_A)]], phase="Failed"), {}),
-        (pod_record("pending", [[dev(GPU_A)]], phase="Pending"), {GPU_A: 1}),
-        (pod_record("elsewhere", [[dev(GPU_A)]], node="other-node"), {}),
-        (pod_record("garbled", [], raw="GPU-x,NVIDIA,notanumber,10:;"), {}),
+        (pod_info("init", [[dev(GPU_A)], [dev(GPU_A)], []], init_containers=2), {GPU_A: 1}),
+        (pod_info("init+app", [[dev(GPU_A)], [dev(GPU_A)]], init_containers=1), {GPU_A: 1}),
+        (pod_info("done", [[dev(GPU_A)]], phase="Succeeded"), {}),
+        (pod_info("failed", [[dev(GPU_A)]], phase="Failed"), {}),
+        (pod_info("pending", [[dev(GPU_A)]], phase="Pending"), {GPU_A: 1}),
+        (pod_info("elsewhere", [[dev(GPU_A)]], node="other-node"), {}),
+        (pod_info("garbled", [], raw="GPU-x,NVIDIA,notanumber,10:;"), {}),
     ],
-    ids=lambda value: value.name if isinstance(value, PodRecord) else "",
+    ids=lambda value: value.name if isinstance(value, PodInfo) else "",
 )
-def test_booked_slots_rule(pod: PodRecord, expected: dict[str, int]) -> None:
+def test_booked_slots_rule(pod: PodInfo, expected: dict[str, int]) -> None:
     assert booked_slots([pod], NODE) == expected
 
 
 def test_a_pod_without_an_allocation_books_nothing() -> None:
-    bare = pod_record("bare", [[dev(GPU_A)]])
-    bare.annotations.pop(ANNOTATION_DEVICES_ALLOCATED)
+    booked = pod_info("bare", [[dev(GPU_A)]])
+    annotations = {k: v for k, v in booked.annotations.items() if k != ANNOTATION_DEVICES_ALLOCATED}
+    bare = dataclasses.replace(booked, annotations=annotations)
     assert booked_slots([bare], NODE) == {}
 
 
@@ -311,7 +315,7 @@ def test_a_pod_without_an_allocation_books_nothing() -> None:
 )
 def test_app_containers_book_one_slot_per_entry(pods: list[list[list[str]]]) -> None:
     records = [
-        pod_record(f"p{i}", [[dev(uuid) for uuid in container] for container in containers])
+        pod_info(f"p{i}", [[dev(uuid) for uuid in container] for container in containers])
         for i, containers in enumerate(pods)
     ]
     expected: dict[str, int] = {}
@@ -329,9 +333,9 @@ def test_node_pods_lists_at_most_once_per_max_age() -> None:
     now = [100.0]
     calls: list[float] = []
 
-    def list_pods() -> list[PodRecord]:
+    def list_pods() -> list[PodInfo]:
         calls.append(now[0])
-        return [pod_record(f"p{len(calls)}", [[dev(GPU_A)]])]
+        return [pod_info(f"p{len(calls)}", [[dev(GPU_A)]])]
 
     pods = NodePods(list_pods, max_age_seconds=5, clock=lambda: now[0])
     first = pods()
@@ -343,9 +347,9 @@ def test_node_pods_lists_at_most_once_per_max_age() -> None:
 
 
 def test_node_pods_retries_after_a_failed_list() -> None:
-    outcomes: list[BaseException | list[PodRecord]] = [ConnectionError("down"), []]
+    outcomes: list[BaseException | list[PodInfo]] = [ConnectionError("down"), []]
 
-    def list_pods() -> list[PodRecord]:
+    def list_pods() -> list[PodInfo]:
         outcome = outcomes.pop(0)
         if isinstance(outcome, BaseException):
             raise outcome
@@ -365,7 +369,7 @@ def test_node_pods_from_kube_bounds_the_list_with_the_clients_deadline() -> None
             budgets.append(seconds)
             return contextlib.nullcontext()
 
-        def list_pods_on_node(self, node: str) -> list[PodRecord]:
+        def list_pods_on_node(self, node: str) -> list[PodInfo]:
             assert node == NODE
             return []
 

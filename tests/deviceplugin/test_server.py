@@ -15,15 +15,13 @@ import grpc
 import pytest
 
 from hami_plugin.deviceplugin.allocate import AllocateConfig
+from hami_plugin.deviceplugin.allocator import PodAllocator
 from hami_plugin.deviceplugin.api import api_pb2, api_pb2_grpc
+from hami_plugin.deviceplugin.board import DeviceBoard
 from hami_plugin.deviceplugin.inventory import VgpuDevice
-from hami_plugin.deviceplugin.server import (
-    DeviceBoard,
-    DevicePluginService,
-    PluginServer,
-    PodAllocator,
-)
+from hami_plugin.deviceplugin.server import DevicePluginService, PluginServer
 from hami_plugin.kube.client import KubeClient
+from hami_plugin.kube.fake import FakeKube
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_DEVICES_TO_ALLOCATE,
@@ -341,16 +339,13 @@ def test_host_dir_failure_fails_the_pod(plugin: Plugin, apiserver: FakeApiServer
     assert pod_annotations(apiserver, "nodir")[ANNOTATION_BIND_PHASE] == "failed"
 
 
-class _BrokenKube:
-    def get_node(self, name: str) -> object:
-        raise RuntimeError("boom")
-
-
 def test_unexpected_errors_are_unknown_and_logged_once(
     sock_dir: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     board = DeviceBoard(vgpus(GPU_A))
-    allocator = PodAllocator(_BrokenKube(), NODE, AllocateConfig())  # type: ignore[arg-type]
+    broken = FakeKube()
+    broken.fail("get_node", RuntimeError("boom"), times=None)
+    allocator = PodAllocator(broken, NODE, AllocateConfig())
     server = PluginServer(DevicePluginService(board, allocator), os.path.join(sock_dir, "u.sock"))
     server.start()
     try:

@@ -14,7 +14,8 @@ from typing import Any
 from hami_plugin.clock import Clock
 from hami_plugin.extender.daemon import ElectorFactory, SchedulerDaemon
 from hami_plugin.extender.settings import SchedulerConfig
-from hami_plugin.kube.client import KubeClient, RetryPolicy
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.kube.retry import RetryPolicy
 from hami_plugin.testing.apiserver import FakeApiServer
 from tests.extender.helpers import RecordingObserver
 from tests.processes import wait_until

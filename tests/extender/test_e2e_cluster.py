@@ -63,6 +63,10 @@ NAMESPACE = "default"
 SCHEDULER_NAMESPACE = "hami-system"
 CAPACITY = (SPLIT, GPU_MEMORY_MIB, 100)
 
+# The module-scoped API server double serves daemon processes that keep their connections open
+# from one test to the next: its per-connection handler threads end when it stops.
+pytestmark = pytest.mark.leaves_threads("(process_request_thread)")
+
 
 def uuids(node: str) -> tuple[str, ...]:
     """GPU UUIDs shaped as NVML's (five dashes: the plugin appends `-<slot>` to them)."""
@@ -378,6 +382,7 @@ class TestOneScheduler:
         cluster.check_consistent(scheduler)
 
     @pytest.mark.parametrize("node", NODES)
+    @pytest.mark.leaves_threads("pod-admitter")  # restarts the module-scoped node's admitter
     def test_a_pod_deleted_between_bind_and_allocate_leaves_nothing(
         self, cluster: Cluster, scheduler: Scheduler, node: str
     ) -> None:

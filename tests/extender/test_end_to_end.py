@@ -33,8 +33,9 @@ from hami_plugin.protocol.model import (
 )
 from hami_plugin.testing.apiserver import FakeApiServer
 from hami_plugin.testing.kubelet import FakeKubelet, PodAdmitter
-from tests.extender.cluster import FAST_RETRY, Scheduler, running_scheduler, wait_until
+from tests.extender.cluster import FAST_RETRY, Scheduler, running_scheduler
 from tests.extender.helpers import gpu_pod
+from tests.processes import wait_until
 
 NODE = "gpu-node"
 SPLIT = 4
@@ -160,6 +161,8 @@ def test_a_burst_onto_one_node_gets_every_container_its_own_booking(cluster: Clu
         assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{booked[0].used_mem_mib}m"
         assert booked[0].used_mem_mib == 1000 + int(name.split("-")[1])
         assert envs["NVIDIA_VISIBLE_DEVICES"] == booked[0].uuid
-        wait_until(
-            lambda name=name: cluster.annotations(name).get(ANNOTATION_BIND_PHASE) == "success"
-        )
+
+        def bound(name: str = name) -> bool:
+            return cluster.annotations(name).get(ANNOTATION_BIND_PHASE) == "success"
+
+        wait_until(bound, f"{name} bound")

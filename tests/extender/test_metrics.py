@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 import urllib.request
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from hami_plugin.protocol.model import (
     ContainerDevice,
     GpuDevice,
 )
+from hami_plugin.protocol.objects import PodInfo, read_pod
 from hami_plugin.scheduler.ledger import Ledger, TrackedPod
 from hami_plugin.scheduler.usage import NodeUsage
 from hami_plugin.testing.apiserver import make_container, make_pod
@@ -56,16 +58,18 @@ def gpu(uuid: str, index: int, memory_mib: int, gpu_type: str) -> GpuDevice:
     return GpuDevice(uuid, index, 10, memory_mib, 100, gpu_type, 0, MODE_HAMI_CORE, True)
 
 
-def booked_pod(name: str, entries: tuple[tuple[ContainerDevice, ...], ...]) -> dict[str, object]:
-    return make_pod(
-        name,
-        node_name=NODE,
-        phase="Running",
-        annotations={
-            ANNOTATION_VGPU_NODE: NODE,
-            ANNOTATION_DEVICES_ALLOCATED: codec.encode_pod_devices(entries),
-        },
-        containers=[make_container(f"c{i}") for i in range(len(entries))],
+def booked_pod(name: str, entries: tuple[tuple[ContainerDevice, ...], ...]) -> PodInfo:
+    return read_pod(
+        make_pod(
+            name,
+            node_name=NODE,
+            phase="Running",
+            annotations={
+                ANNOTATION_VGPU_NODE: NODE,
+                ANNOTATION_DEVICES_ALLOCATED: codec.encode_pod_devices(entries),
+            },
+            containers=[make_container(f"c{i}") for i in range(len(entries))],
+        )
     )
 
 
@@ -201,8 +205,19 @@ def sample(families: dict[str, Series], name: str, **pairs: str) -> float:
 
 
 def test_is_a_scheduler_observer() -> None:
-    observer: SchedulerObserver = SchedulerMetrics(sample_view())
+    # mypy checks the assignment; at run time: every event of the protocol, with its
+    # parameters, and an event through the protocol reaches the registry
+    metrics = SchedulerMetrics(sample_view())
+    observer: SchedulerObserver = metrics
+    events = [name for name in vars(SchedulerObserver) if not name.startswith("_")]
+    assert "leader_changed" in events
+    for name in events:
+        _self, *parameters = inspect.signature(getattr(SchedulerObserver, name)).parameters
+        assert list(inspect.signature(getattr(metrics, name)).parameters) == parameters, name
     observer.leader_changed(True)
+    changes = "hami_scheduler_leadership_changes_total"
+    assert metrics.registry.get_sample_value(changes, {"to": "leader"}) == 1
+    assert metrics.registry.get_sample_value(changes, {"to": "follower"}) == 0
 
 
 def test_observer_events_over_http() -> None:

@@ -23,12 +23,13 @@ from hami_plugin.deviceplugin.metrics import start_device_plugin_metrics
 from hami_plugin.deviceplugin.nvml import NvmlBackend
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
 from hami_plugin.extender.metrics import SchedulerMetrics
-from hami_plugin.kube.client import ContainerSpec, PodRecord
+from hami_plugin.kube.fake import FakeKube
 from hami_plugin.protocol.model import (
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_VGPU_NODE,
     LABEL_VGPU_NODE,
 )
+from hami_plugin.testing.apiserver import make_container, make_pod
 from tests.deviceplugin.monitor.helpers import region_file
 from tests.deviceplugin.monitor.region_writer import DeviceMemory, Proc, RegionSpec
 from tests.extender.test_metrics import sample_view
@@ -152,16 +153,6 @@ def syntax_problems(expr: str) -> list[str]:
 # --- what the code exports ---------------------------------------------------------------------
 
 
-class _Kube:
-    """The one call the node metrics make: the pods on this node."""
-
-    def __init__(self, pods: list[PodRecord]) -> None:
-        self.pods = pods
-
-    def list_pods_on_node(self, node: str) -> list[PodRecord]:
-        return self.pods
-
-
 def _sample_names(url: str) -> set[str]:
     with urllib.request.urlopen(url, timeout=5) as response:
         text = response.read().decode()
@@ -187,9 +178,8 @@ def exported_metric_names(tmp_path: Path) -> set[str]:
             last_kernel_time=int(time.time()),
         ),
     )
-    pod = PodRecord(
-        namespace="default",
-        name="trainer",
+    pod = make_pod(
+        "trainer",
         uid=POD_UID,
         phase="Running",
         node_name=NODE,
@@ -198,10 +188,7 @@ def exported_metric_names(tmp_path: Path) -> set[str]:
             ANNOTATION_DEVICES_ALLOCATED: f"{GPU},NVIDIA,1000,10:;",
         },
         labels={LABEL_VGPU_NODE: NODE},
-        init_containers=(),
-        containers=(ContainerSpec("main", {}),),
-        resource_version="1",
-        creation_timestamp=None,
+        containers=[make_container("main")],
     )
     settings = DevicePluginSettings(
         node_name=NODE, hook_path=str(hook), metrics_bind_address="127.0.0.1:0"
@@ -212,7 +199,7 @@ def exported_metric_names(tmp_path: Path) -> set[str]:
         backend=backend,
         gpus=lambda: [physical],
         devices=lambda: [VgpuDevice(f"{GPU}-0", GPU, True, None)],
-        kube=_Kube([pod]),
+        kube=FakeKube(pods=[pod]),
     )
     assert node_metrics is not None
     try:

@@ -18,11 +18,10 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,8 @@ import yaml
 
 from hami_plugin.extender.daemon import SchedulerDaemon
 from hami_plugin.extender.settings import SchedulerConfig
-from hami_plugin.kube.client import KubeClient, RetryPolicy
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.kube.retry import RetryPolicy
 from hami_plugin.protocol.model import ContainerDevice
 from hami_plugin.testing.apiserver import FakeApiServer
 from tests.deviceplugin.test_metrics_daemon import (
@@ -44,6 +44,7 @@ from tests.deviceplugin.test_metrics_daemon import (
 )
 from tests.extender.helpers import gpu_pod
 from tests.metrics.test_dashboard import dashboard_queries
+from tests.processes import LoggedProcess, wait_until
 
 MIB = 1 << 20
 INSTALL_HINT = "install the Debian package: apt-get install -y --no-install-recommends prometheus"
@@ -70,15 +71,6 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 @contextlib.contextmanager
 def running_prometheus(tmp_path: Path, targets: dict[str, str]) -> Iterator[str]:
     """Prometheus on loopback scraping `targets` (job -> host:port) every second; yields its
@@ -101,27 +93,24 @@ def running_prometheus(tmp_path: Path, targets: dict[str, str]) -> Iterator[str]
         )
     )
     port = free_port()
-    log_path = tmp_path / "prometheus.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [
-                executable,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--storage.tsdb.retention.time=1h",
-                "--log.level=warn",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+    process = LoggedProcess(
+        "prometheus",
+        [
+            executable,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--storage.tsdb.retention.time=1h",
+            "--log.level=warn",
+        ],
+        tmp_path,
+    )
     base = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
-        if process.poll() is not None:
+        if process.process.poll() is not None:
             raise AssertionError(
-                f"prometheus exited with {process.returncode}:\n{log_path.read_text()[-3000:]}"
+                f"prometheus exited with {process.process.returncode}:\n{process.log()[-3000:]}"
             )
         try:
             with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as response:
@@ -130,15 +119,10 @@ def running_prometheus(tmp_path: Path, targets: dict[str, str]) -> Iterator[str]
             return False
 
     try:
-        wait_for(ready, "prometheus to be ready")
+        wait_until(ready, "prometheus to be ready", timeout=60.0, interval=0.2)
         yield base
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        process.stop(15)
 
 
 def query(base: str, expr: str) -> list[dict[str, Any]]:
@@ -247,16 +231,20 @@ def test_prometheus_scrapes_both_daemons(tmp_path: Path, apiserver: FakeApiServe
 
         (tmp_path / "prom").mkdir()
         with running_prometheus(tmp_path / "prom", targets) as base:
-            wait_for(
+            wait_until(
                 lambda: {s["metric"]["job"] for s in query(base, "up == 1")} == set(targets),
                 "both targets to be scraped and up",
+                timeout=60.0,
+                interval=0.2,
             )
-            wait_for(
+            wait_until(
                 lambda: (
                     bool(query(base, 'hami_vgpu_memory_allocated_bytes{pod="trainer"}'))
                     and bool(query(base, 'hami_vgpu_memory_used_bytes{pod="trainer"}'))
                 ),
                 "the scheduler's booking and the container's usage of pod trainer",
+                timeout=60.0,
+                interval=0.2,
             )
 
             (series,) = query(base, f'hami_host_gpu_memory_used_bytes{{device_uuid="{GPU_0}"}}')
@@ -272,9 +260,11 @@ def test_prometheus_scrapes_both_daemons(tmp_path: Path, apiserver: FakeApiServe
             assert one_value(base, "sum(hami_scheduler_filter_duration_seconds_count)") >= 1
 
             # Every dashboard query is valid PromQL to this Prometheus; the gauges have data.
-            wait_for(
+            wait_until(
                 lambda: bool(query(base, "increase(hami_scheduler_bookings_expired_total[1h])")),
                 "two scrapes of the scheduler (for increase())",
+                timeout=60.0,
+                interval=0.2,
             )
             for expr in dashboard_queries():
                 result = query(base, expr)

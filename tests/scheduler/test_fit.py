@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from hami_plugin.protocol.codec import encode_pod_devices
@@ -68,7 +70,7 @@ def test_not_healthy() -> None:
         ({"vgpu_mode": "mig"}, "NVIDIA-Tesla V100-PCIE-32GB"),
     ],
 )
-def test_type_mismatch(options: dict[str, object], card: str) -> None:
+def test_type_mismatch(options: dict[str, Any], card: str) -> None:
     assert reason(node(gpu("A", type=card)), mib(1, 100), context(**options)) == (
         "1/1 CardTypeMismatch"
     )

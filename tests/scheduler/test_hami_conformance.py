@@ -145,30 +145,24 @@ def pod_object(
     init_done: bool = False,
     deleting: bool = False,
 ) -> dict[str, Any]:
-    metadata: dict[str, Any] = {
-        "name": name,
-        "namespace": "ns",
-        "annotations": {
+    pod = make_pod_object(
+        name,
+        "ns",
+        phase=phase,
+        annotations={
             "hami.io/vgpu-node": node_name,
             "hami.io/vgpu-devices-allocated": allocated,
         },
-    }
+        containers=[make_container(f"c{i}") for i in range(apps)],
+        init_containers=[make_container(f"i{i}") for i in range(init)],
+    )
     if deleting:
-        metadata["deletionTimestamp"] = "2025-03-04T10:00:00Z"
-    status: dict[str, Any] = {"phase": phase}
+        pod["metadata"]["deletionTimestamp"] = "2025-03-04T10:00:00Z"
     if init_done:
-        status["initContainerStatuses"] = [
+        pod["status"]["initContainerStatuses"] = [
             {"state": {"terminated": {"exitCode": 0}}} for _ in range(init)
         ]
-    return {
-        "kind": "Pod",
-        "metadata": metadata,
-        "spec": {
-            "initContainers": [{"name": f"i{i}"} for i in range(init)],
-            "containers": [{"name": f"c{i}"} for i in range(apps)],
-        },
-        "status": status,
-    }
+    return pod
 
 
 def usage_of(ledger: Ledger, name: str = "n1") -> tuple[tuple[int, ...], ...]:

@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 
 from hami_plugin.protocol.codec import decode_pod_devices, encode_node_devices
 from hami_plugin.protocol.model import ContainerDevice, GpuDevice
+from hami_plugin.protocol.objects import read_node, read_pod
 from hami_plugin.scheduler.ledger import Ledger
 from hami_plugin.scheduler.usage import DeviceTally, collapse_pod_devices
+from hami_plugin.testing.apiserver import make_container, make_pod
 
 from .helpers import gpu
 
@@ -73,23 +75,21 @@ def pod_object(
         annotations["hami.io/vgpu-node"] = node
     if allocated is not None:
         annotations["hami.io/vgpu-devices-allocated"] = allocated
-    metadata: dict[str, Any] = {"name": name, "namespace": "ns", "annotations": annotations}
+    pod = make_pod(
+        name,
+        "ns",
+        phase=phase,
+        annotations=annotations,
+        containers=[make_container("c")],
+        init_containers=[make_container(f"i{i}") for i in range(init)],
+    )
     if deleting:
-        metadata["deletionTimestamp"] = "2025-03-04T10:00:00Z"
-    status: dict[str, Any] = {"phase": phase}
+        pod["metadata"]["deletionTimestamp"] = "2025-03-04T10:00:00Z"
     if init_done:
-        status["initContainerStatuses"] = [
+        pod["status"]["initContainerStatuses"] = [
             {"state": {"terminated": {"exitCode": 0}}} for _ in range(init)
         ]
-    return {
-        "kind": "Pod",
-        "metadata": metadata,
-        "spec": {
-            "initContainers": [{"name": f"i{i}"} for i in range(init)],
-            "containers": [{"name": "c"}],
-        },
-        "status": status,
-    }
+    return pod
 
 
 def usage(ledger: Ledger, name: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
@@ -101,86 +101,90 @@ def usage(ledger: Ledger, name: str) -> tuple[tuple[int, ...], tuple[int, ...], 
 @pytest.fixture
 def ledger() -> Ledger:
     ledger = Ledger()
-    ledger.update_node(node_object("n1", [gpu("A", 0), gpu("B", 1)]))
+    ledger.update_node(read_node(node_object("n1", [gpu("A", 0), gpu("B", 1)])))
     return ledger
 
 
 def test_pods_book_and_release(ledger: Ledger) -> None:
-    ledger.update_pod(pod_object("p1", "n1", "A,NVIDIA,1000,10:;"))
-    ledger.update_pod(pod_object("p2", "n1", "A,NVIDIA,2000,20:B,NVIDIA,500,5:;"))
+    ledger.update_pod(read_pod(pod_object("p1", "n1", "A,NVIDIA,1000,10:;")))
+    ledger.update_pod(read_pod(pod_object("p2", "n1", "A,NVIDIA,2000,20:B,NVIDIA,500,5:;")))
     assert usage(ledger, "n1") == ((2, 1), (3000, 500), (30, 5))
-    ledger.update_pod(pod_object("p2", "n1", "A,NVIDIA,2000,20:B,NVIDIA,500,5:;", "Succeeded"))
+    ledger.update_pod(
+        read_pod(pod_object("p2", "n1", "A,NVIDIA,2000,20:B,NVIDIA,500,5:;", "Succeeded"))
+    )
     assert usage(ledger, "n1") == ((1, 0), (1000, 0), (10, 0))
-    ledger.update_pod(pod_object("p1", "n1", "A,NVIDIA,1000,10:;", "Failed"))
+    ledger.update_pod(read_pod(pod_object("p1", "n1", "A,NVIDIA,1000,10:;", "Failed")))
     assert usage(ledger, "n1") == ((0, 0), (0, 0), (0, 0))
     assert ledger.pod_count == 0
 
 
 def test_terminating_pods_keep_their_usage(ledger: Ledger) -> None:
-    ledger.update_pod(pod_object("p", "n1", "A,NVIDIA,1000,10:;", deleting=True))
+    ledger.update_pod(read_pod(pod_object("p", "n1", "A,NVIDIA,1000,10:;", deleting=True)))
     assert usage(ledger, "n1")[0] == (1, 0)
     ledger.delete_pod("ns/p")
     assert usage(ledger, "n1")[0] == (0, 0)
 
 
 def test_pods_that_are_not_tracked(ledger: Ledger, caplog: pytest.LogCaptureFixture) -> None:
-    ledger.update_pod(pod_object("no-node", None, "A,NVIDIA,1000,10:;"))
-    ledger.update_pod(pod_object("no-devices", "n1", None))
+    ledger.update_pod(read_pod(pod_object("no-node", None, "A,NVIDIA,1000,10:;")))
+    ledger.update_pod(read_pod(pod_object("no-devices", "n1", None)))
     with caplog.at_level(logging.WARNING):
-        ledger.update_pod(pod_object("bad", "n1", "A,NVIDIA,lots,10:;"))
+        ledger.update_pod(read_pod(pod_object("bad", "n1", "A,NVIDIA,lots,10:;")))
     assert "pod ns/bad not tracked" in caplog.text
     assert ledger.pod_count == 0
     assert usage(ledger, "n1")[0] == (0, 0)
 
 
 def test_a_pod_losing_its_annotation_is_released(ledger: Ledger) -> None:
-    ledger.update_pod(pod_object("p", "n1", "A,NVIDIA,1000,10:;"))
-    ledger.update_pod(pod_object("p", "n1", "A,NVIDIA,broken:;"))
+    ledger.update_pod(read_pod(pod_object("p", "n1", "A,NVIDIA,1000,10:;")))
+    ledger.update_pod(read_pod(pod_object("p", "n1", "A,NVIDIA,broken:;")))
     assert usage(ledger, "n1")[0] == (0, 0)
 
 
 def test_unknown_gpus_are_ignored(ledger: Ledger) -> None:
-    ledger.update_pod(pod_object("p", "n1", "A,NVIDIA,1000,10:GPU-gone,NVIDIA,5,5:;"))
+    ledger.update_pod(read_pod(pod_object("p", "n1", "A,NVIDIA,1000,10:GPU-gone,NVIDIA,5,5:;")))
     assert usage(ledger, "n1") == ((1, 0), (1000, 0), (10, 0))
 
 
 def test_init_containers_shrink_once_done_and_never_grow_back(ledger: Ledger) -> None:
     allocated = "A,NVIDIA,8000,50:;A,NVIDIA,1000,10:;"
-    ledger.update_pod(pod_object("p", "n1", allocated, init=1))
+    ledger.update_pod(read_pod(pod_object("p", "n1", allocated, init=1)))
     assert usage(ledger, "n1") == ((1, 0), (8000, 0), (50, 0))
-    ledger.update_pod(pod_object("p", "n1", allocated, init=1, init_done=True))
+    ledger.update_pod(read_pod(pod_object("p", "n1", allocated, init=1, init_done=True)))
     assert usage(ledger, "n1") == ((1, 0), (1000, 0), (10, 0))
-    ledger.update_pod(pod_object("p", "n1", allocated, init=1, init_done=False))
+    ledger.update_pod(read_pod(pod_object("p", "n1", allocated, init=1, init_done=False)))
     assert usage(ledger, "n1") == ((1, 0), (1000, 0), (10, 0))
 
 
 def test_moving_a_pod_to_another_node(ledger: Ledger) -> None:
-    ledger.update_node(node_object("n2", [gpu("C")]))
-    ledger.update_pod(pod_object("p", "n1", "A,NVIDIA,1000,10:;"))
-    ledger.update_pod(pod_object("p", "n2", "C,NVIDIA,1000,10:;"))
+    ledger.update_node(read_node(node_object("n2", [gpu("C")])))
+    ledger.update_pod(read_pod(pod_object("p", "n1", "A,NVIDIA,1000,10:;")))
+    ledger.update_pod(read_pod(pod_object("p", "n2", "C,NVIDIA,1000,10:;")))
     assert usage(ledger, "n1")[0] == (0, 0)
     assert usage(ledger, "n2")[0] == (1,)
 
 
 def test_nodes_register_and_rebook_their_pods(caplog: pytest.LogCaptureFixture) -> None:
     ledger = Ledger()
-    ledger.update_pod(pod_object("p", "n1", "A,NVIDIA,1000,10:B,NVIDIA,7,7:;"))
+    ledger.update_pod(read_pod(pod_object("p", "n1", "A,NVIDIA,1000,10:B,NVIDIA,7,7:;")))
     assert ledger.node("n1") is None  # pods may arrive before their node
-    ledger.update_node(node_object("n1", [gpu("A")]))
+    ledger.update_node(read_node(node_object("n1", [gpu("A")])))
     assert usage(ledger, "n1") == ((1,), (1000,), (10,))
-    ledger.update_node(node_object("n1", [gpu("A"), gpu("B", 1)]))  # a GPU comes back
+    ledger.update_node(read_node(node_object("n1", [gpu("A"), gpu("B", 1)])))  # a GPU comes back
     assert usage(ledger, "n1") == ((1, 1), (1000, 7), (10, 7))
     ledger.remove_node("n1")
     assert ledger.node("n1") is None and len(ledger) == 0
-    ledger.update_node(node_object("n1", [gpu("B", 1)]))
+    ledger.update_node(read_node(node_object("n1", [gpu("B", 1)])))
     assert usage(ledger, "n1") == ((1,), (7,), (7,))
     with caplog.at_level(logging.WARNING):
         ledger.update_node(
-            {"metadata": {"name": "n1", "annotations": {"hami.io/node-nvidia-register": "[]"}}}
+            read_node(
+                {"metadata": {"name": "n1", "annotations": {"hami.io/node-nvidia-register": "[]"}}}
+            )
         )
     assert "node n1 not registered" in caplog.text and "no gpu found on node" in caplog.text
     assert ledger.node("n1") is None
-    ledger.update_node({"metadata": {"name": "n1"}})  # the annotation is gone
+    ledger.update_node(read_node({"metadata": {"name": "n1"}}))  # the annotation is gone
     assert ledger.node("n1") is None
     assert ledger.tracked("ns/p") is not None
 
@@ -189,18 +193,18 @@ def test_node_events_without_change_are_skipped(caplog: pytest.LogCaptureFixture
     ledger = Ledger()
     bad = {"metadata": {"name": "n", "annotations": {"hami.io/node-nvidia-register": "[{"}}}
     with caplog.at_level(logging.WARNING):
-        ledger.update_node(bad)
-        ledger.update_node(bad)  # a heartbeat: same annotations, no second warning
+        ledger.update_node(read_node(bad))
+        ledger.update_node(read_node(bad))  # a heartbeat: same annotations, no second warning
     assert caplog.text.count("node n not registered") == 1
     good = node_object("n", [gpu("A")])
-    ledger.update_node(good)
+    ledger.update_node(read_node(good))
     assert ledger.node("n") is not None
     ledger.set_node("n", [gpu("B")])  # typed updates are never skipped...
-    ledger.update_node(good)  # ...and do not hide the next event
+    ledger.update_node(read_node(good))  # ...and do not hide the next event
     snapshot = ledger.node("n")
     assert snapshot is not None and snapshot.devices[0].uuid == "A"
     ledger.remove_node("n")
-    ledger.update_node(good)  # re-added after a delete event
+    ledger.update_node(read_node(good))  # re-added after a delete event
     assert ledger.node("n") is not None
 
 
@@ -208,15 +212,17 @@ def test_node_annotations() -> None:
     ledger = Ledger()
     legacy = "GPU-x,10,7680,100,NVIDIA-Tesla P4,0,true:GPU-y,10,7680,100,NVIDIA-Tesla P4,1,false:"
     ledger.update_node(
-        {
-            "metadata": {
-                "name": "old",
-                "annotations": {
-                    "hami.io/node-nvidia-register": legacy,
-                    "hami.io/device-cordon": " GPU-y ,,",
-                },
+        read_node(
+            {
+                "metadata": {
+                    "name": "old",
+                    "annotations": {
+                        "hami.io/node-nvidia-register": legacy,
+                        "hami.io/device-cordon": " GPU-y ,,",
+                    },
+                }
             }
-        }
+        )
     )
     snapshot = ledger.node("old")
     assert snapshot is not None
@@ -284,13 +290,15 @@ def _apply(ledger: Ledger, event: tuple[Any, ...]) -> None:
     if event[0] == "node":
         _, name, uuids = event
         ledger.update_node(
-            node_object(name, [gpu(u, i) for i, u in enumerate(uuids)])
-            if uuids
-            else {"metadata": {"name": name}}
+            read_node(
+                node_object(name, [gpu(u, i) for i, u in enumerate(uuids)])
+                if uuids
+                else {"metadata": {"name": name}}
+            )
         )
     elif event[0] == "pod":
         _, name, node, containers, phase = event
-        ledger.update_pod(pod_object(name, node, _allocated(containers), phase))
+        ledger.update_pod(read_pod(pod_object(name, node, _allocated(containers), phase)))
     else:
         ledger.delete_pod(f"ns/{event[1]}")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import pytest
 
@@ -11,7 +11,8 @@ from hami_plugin.protocol.model import NodePolicy
 from hami_plugin.scheduler.policy import SortKey, gpu_order, prefers_higher_score
 
 
-class Gpu(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Gpu:
     name: str
     score: float
     numa: int

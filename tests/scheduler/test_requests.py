@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kubernetes import client as k8s
 
-from hami_plugin.protocol.objects import ContainerSpec, ObjectError, read_pod
+from hami_plugin.protocol.objects import ContainerSpec, read_pod
 from hami_plugin.scheduler.requests import (
     PERCENTAGE_UNSET,
     ContainerRequest,
@@ -200,7 +199,7 @@ POD_YAML: dict[str, Any] = {
 
 
 def test_pod_requests_init_containers_first() -> None:
-    requests = pod_requests(POD_YAML, DEFAULTS)
+    requests = pod_requests(read_pod(POD_YAML), DEFAULTS)
     assert requests.init_count == 2
     assert requests.containers == (
         ContainerRequest(1, 100, PERCENTAGE_UNSET, 0),
@@ -213,86 +212,13 @@ def test_pod_requests_init_containers_first() -> None:
     assert requests.app_requests == requests.containers[2:]
 
 
-def test_pod_requests_from_the_kubernetes_client_model() -> None:
-    pod = k8s.V1Pod(
-        metadata=k8s.V1ObjectMeta(name="p", namespace="ns"),
-        spec=k8s.V1PodSpec(
-            init_containers=[
-                k8s.V1Container(
-                    name="init-a",
-                    resources=k8s.V1ResourceRequirements(limits={GPU: "1", MEM: "100"}),
-                ),
-                k8s.V1Container(name="init-b"),
-            ],
-            containers=[
-                k8s.V1Container(name="app-a"),
-                k8s.V1Container(
-                    name="app-b",
-                    resources=k8s.V1ResourceRequirements(limits={GPU: "2", PCT: "10"}),
-                ),
-            ],
-        ),
-    )
-    assert pod_requests(pod, DEFAULTS) == pod_requests(POD_YAML, DEFAULTS)
-    # and the client's to_dict() form (snake_case keys)
-    assert pod_requests(pod.to_dict(), DEFAULTS) == pod_requests(POD_YAML, DEFAULTS)
-
-
 def test_problems_name_the_container() -> None:
     pod = {
         "metadata": {"name": "p"},
         "spec": {"containers": [{"name": "main", "resources": {"limits": {GPU: "1.5"}}}]},
     }
-    requests = pod_requests(pod, DEFAULTS)
+    requests = pod_requests(read_pod(pod), DEFAULTS)
     assert not requests.wants_gpu
     assert [str(p) for p in requests.problems] == [
         "container 'main': nvidia.com/gpu=1.5: not a whole number; GPU request dropped"
     ]
-
-
-def test_read_pod_fields() -> None:
-    pod = {
-        "metadata": {
-            "name": "p",
-            "uid": "u-1",
-            "deletionTimestamp": "2025-01-01T00:00:00Z",
-            "annotations": {"x": "y"},
-        },
-        "spec": {"initContainers": [{"name": "i"}], "containers": [{"name": "c"}]},
-        "status": {
-            "phase": "Succeeded",
-            "initContainerStatuses": [{"state": {"terminated": {"exitCode": 0}}}],
-        },
-    }
-    info = read_pod(pod)
-    assert info.key == "default/p"
-    assert info.uid == "u-1"
-    assert info.deleting
-    assert info.finished
-    assert info.init_containers_done
-    failed_init = {
-        **pod,
-        "status": {"initContainerStatuses": [{"state": {"terminated": {"exitCode": 1}}}]},
-    }
-    assert not read_pod(failed_init).init_containers_done
-    running_init = {**pod, "status": {"initContainerStatuses": [{"state": {"running": {}}}]}}
-    assert not read_pod(running_init).init_containers_done
-
-
-@pytest.mark.parametrize(
-    ("pod", "message"),
-    [
-        ({"metadata": {}}, "metadata.name is missing"),
-        ({"metadata": {"name": 3}}, "metadata.name must be a string"),
-        ({"metadata": {"name": "p", "annotations": {"a": 1}}}, "map strings to strings"),
-        ({"metadata": {"name": "p"}, "spec": {"containers": "x"}}, "must be a list"),
-        ({"metadata": {"name": "p"}, "spec": {"containers": [None]}}, "is empty"),
-        (
-            {"metadata": {"name": "p"}, "spec": {"containers": [{"resources": {"limits": []}}]}},
-            "limits must be a mapping",
-        ),
-    ],
-)
-def test_unreadable_pods(pod: dict[str, Any], message: str) -> None:
-    with pytest.raises(ObjectError, match=message):
-        read_pod(pod)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from hami_plugin.deviceplugin.allocate import AllocateConfig
-from hami_plugin.kube.client import ContainerSpec, PodRecord
+from hami_plugin.protocol import hostpaths
 from hami_plugin.protocol.model import LABEL_VGPU_NODE
+from hami_plugin.protocol.objects import ContainerSpec, PodInfo
 from tests.deviceplugin.monitor.region_writer import RegionSpec, write_region
 
 NODE = "gpu-node-1"
@@ -21,8 +21,8 @@ def pod(
     namespace: str = "default",
     init_containers: Sequence[str] = (),
     node_label: str | None = NODE,
-) -> PodRecord:
-    return PodRecord(
+) -> PodInfo:
+    return PodInfo(
         namespace=namespace,
         name=name,
         uid=uid,
@@ -30,8 +30,8 @@ def pod(
         node_name=NODE,
         annotations={},
         labels={} if node_label is None else {LABEL_VGPU_NODE: node_label},
-        init_containers=tuple(ContainerSpec(name=c, env={}) for c in init_containers),
-        containers=tuple(ContainerSpec(name=c, env={}) for c in containers),
+        init_containers=tuple(ContainerSpec(name=c) for c in init_containers),
+        containers=tuple(ContainerSpec(name=c) for c in containers),
         resource_version="1",
         creation_timestamp=None,
     )
@@ -39,7 +39,7 @@ def pod(
 
 def container_dir(hook: Path, pod_uid: str, container: str) -> Path:
     """Created exactly where Allocate creates it."""
-    path = Path(AllocateConfig(hook_path=str(hook)).container_dir(pod_uid, container))
+    path = Path(hostpaths.container_dir(str(hook), pod_uid, container))
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -6,7 +6,7 @@ glibc's 32-byte union aligned to 8), with the field types HAMi v2.10 reads them 
 (`pkg/monitor/nvidia/v0/spec.go:26-73`, `v1/spec.go:26-87`). ctypes applies the C ABI's
 alignment, so the offsets come from the compiler rules, not from
 hami_plugin.deviceplugin.monitor.region;
-`REFERENCE_OFFSETS` holds the numbers of hami-reference.md 5.1 and test_region_writer checks
+`REFERENCE_OFFSETS` holds the numbers of docs/hami-reference.md 5.1 and test_region_writer checks
 both agree.
 
 Files are written sparse: the header, the used process slots and the tail are written at their
@@ -123,7 +123,7 @@ class SharedRegionV1(ctypes.Structure):
 
 
 REFERENCE_OFFSETS = {
-    # hami-reference.md 5.1, field -> (v0 offset, v1 offset); None: not in that version.
+    # docs/hami-reference.md 5.1, field -> (v0 offset, v1 offset); None: not in that version.
     "initialized_flag": (0, 0),
     "major_version": (None, 4),
     "minor_version": (None, 8),

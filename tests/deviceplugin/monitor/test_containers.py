@@ -11,14 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from hami_plugin.deviceplugin.monitor.containers import (
-    ContainerScanner,
-    FeedbackLoop,
-    split_container_dir,
-    vgpu_containers_dir,
-)
+from hami_plugin.deviceplugin.monitor.containers import ContainerScanner, FeedbackLoop
 from hami_plugin.deviceplugin.monitor.region import LAYOUT_V1
-from hami_plugin.kube.client import PodRecord, Retryable
+from hami_plugin.kube.errors import Retryable
+from hami_plugin.protocol.hostpaths import containers_dir
+from hami_plugin.protocol.objects import PodInfo
 from tests.deviceplugin.monitor.helpers import container_dir, pod, region_file
 from tests.deviceplugin.monitor.region_writer import (
     DeviceMemory,
@@ -53,12 +50,12 @@ class Clock:
 class Pods:
     """A pod source that counts calls and can fail."""
 
-    def __init__(self, pods: Iterable[PodRecord] = ()) -> None:
+    def __init__(self, pods: Iterable[PodInfo] = ()) -> None:
         self.pods = list(pods)
         self.calls = 0
         self.error: Exception | None = None
 
-    def __call__(self) -> list[PodRecord]:
+    def __call__(self) -> list[PodInfo]:
         self.calls += 1
         if self.error is not None:
             raise self.error
@@ -67,12 +64,12 @@ class Pods:
 
 def scanner_for(
     hook: Path,
-    pods: Callable[[], Iterable[PodRecord]],
+    pods: Callable[[], Iterable[PodInfo]],
     clock: Clock | None = None,
     wall_clock: Clock | None = None,
 ) -> ContainerScanner:
     return ContainerScanner(
-        vgpu_containers_dir(str(hook)),
+        containers_dir(str(hook)),
         pods,
         resync_interval_seconds=300.0,
         pod_refresh_seconds=5.0,
@@ -87,14 +84,6 @@ def warnings_for(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
         for r in caplog.records
         if r.name == LOGGER and r.levelno >= logging.WARNING and text in r.getMessage()
     ]
-
-
-def test_split_at_the_first_underscore() -> None:
-    assert split_container_dir("uid-1_main") == ("uid-1", "main")
-    assert split_container_dir("uid-1_side_car") == ("uid-1", "side_car")
-    assert split_container_dir("nounderscore") is None
-    assert split_container_dir("_main") is None
-    assert split_container_dir("uid_") is None
 
 
 def test_directory_maps_back_to_its_pod(tmp_path: Path) -> None:
@@ -129,7 +118,7 @@ def test_missing_containers_dir_is_empty(tmp_path: Path) -> None:
 
 
 def test_bad_directory_name_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    containers = Path(vgpu_containers_dir(str(tmp_path)))
+    containers = Path(containers_dir(str(tmp_path)))
     (containers / "no-underscore").mkdir(parents=True)
     region_file(tmp_path, "uid-1", "main", spec())
     scanner = scanner_for(tmp_path, Pods())
@@ -308,7 +297,7 @@ def test_cleanup_removes_old_directories_of_gone_pods(tmp_path: Path) -> None:
     gone_old = old_dir(tmp_path, "uid-gone", 301, now)
     gone_recent = old_dir(tmp_path, "uid-new", 299, now)
     alive_old = old_dir(tmp_path, "uid-alive", 10_000, now)
-    odd_name = Path(vgpu_containers_dir(str(tmp_path))) / "odd"
+    odd_name = Path(containers_dir(str(tmp_path))) / "odd"
     odd_name.mkdir()
     os.utime(odd_name, (0, 0))
     scanner = scanner_for(tmp_path, Pods([pod("uid-alive", "a")]), wall_clock=Clock(now))

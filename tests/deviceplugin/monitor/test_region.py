@@ -58,7 +58,7 @@ def two_gpu_spec(version: int) -> RegionSpec:
 
 
 def test_writer_layout_is_the_reference_layout() -> None:
-    """The C-ABI layout (ctypes) and hami-reference.md 5.1 agree on every offset."""
+    """The C-ABI layout (ctypes) and docs/hami-reference.md 5.1 agree on every offset."""
     for name, offsets in w.REFERENCE_OFFSETS.items():
         for version, offset in enumerate(offsets):
             if offset is not None:

@@ -10,9 +10,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami_plugin.deviceplugin.monitor.containers import ContainerScanner, vgpu_containers_dir
+from hami_plugin.deviceplugin.monitor.containers import ContainerScanner
 from hami_plugin.deviceplugin.monitor.vgpu import FAMILIES, VgpuCollector
-from hami_plugin.kube.client import PodRecord
+from hami_plugin.protocol.hostpaths import containers_dir
+from hami_plugin.protocol.objects import PodInfo
 from tests.deviceplugin.monitor.helpers import NODE, pod, region_file
 from tests.deviceplugin.monitor.region_writer import DeviceMemory, Proc, RegionSpec
 
@@ -22,7 +23,7 @@ NOW = 1_700_000_100.0
 NAMES = {family.name for family in FAMILIES}
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-RegistryFor = Callable[[list[PodRecord]], CollectorRegistry]
+RegistryFor = Callable[[list[PodInfo]], CollectorRegistry]
 
 
 def two_gpus(version: int = 1, last_kernel_time: int = 1_700_000_000) -> RegionSpec:
@@ -79,8 +80,8 @@ def registry_for(tmp_path: Path) -> Iterator[RegistryFor]:
     """A fresh registry with a VgpuCollector over tmp_path and these pods."""
     scanners: list[ContainerScanner] = []
 
-    def build(pods: list[PodRecord]) -> CollectorRegistry:
-        scanner = ContainerScanner(vgpu_containers_dir(str(tmp_path)), lambda: pods)
+    def build(pods: list[PodInfo]) -> CollectorRegistry:
+        scanner = ContainerScanner(containers_dir(str(tmp_path)), lambda: pods)
         scanners.append(scanner)
         registry = CollectorRegistry()
         registry.register(VgpuCollector(scanner, NODE, clock=lambda: NOW))

@@ -3,7 +3,6 @@ real client's watch."""
 
 from __future__ import annotations
 
-import time
 from typing import Any, cast
 
 import pytest
@@ -12,6 +11,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from hami_plugin.testing.apiserver import FakeApiServer, make_pod
+from tests.processes import wait_until
 from tests.testing.apiserver.wire import MERGE, Stream, call, k8s_watch, open_watch, summary
 
 
@@ -258,17 +258,13 @@ def test_drop_watches_cuts_the_stream_without_its_end(
     http: urllib3.PoolManager,
 ) -> None:
     stream = Stream(open_watch(http, apiserver, "/api/v1/pods?watch=true&resourceVersion=0"))
-    while apiserver.watch_count == 0:
-        time.sleep(0.01)
+    wait_until(lambda: apiserver.watch_count > 0, "the watch is open")
 
     apiserver.drop_watches()
 
     with pytest.raises(urllib3.exceptions.ProtocolError):
         stream.next_event()
-    deadline = time.monotonic() + 30
-    while apiserver.watch_count and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert apiserver.watch_count == 0
+    wait_until(lambda: apiserver.watch_count == 0, "the server sees the watch end", timeout=30)
 
 
 def test_bad_watch_requests_are_rejected_before_streaming(
