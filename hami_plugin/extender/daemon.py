@@ -90,7 +90,9 @@ class SchedulerDaemon:
     `kube`: the API client (owned by the caller; default: from `config.kubeconfig`, closed at
     stop). `observer`: where filter/bind/recovery events go (default: the Prometheus metrics
     when `config.metrics_bind_address` is not "0", else nothing). `elector_factory`: builds the
-    leader election when `config.leader_elect` (default: the Lease elector).
+    leader election when `config.leader_elect` (default: the Lease elector). `clock`: the time
+    of bookings, binds and recovery; `election_clock`: the leader election's (default: `clock`),
+    apart so that a test can move the booking time on without the lease expiring under it.
     """
 
     def __init__(
@@ -99,6 +101,7 @@ class SchedulerDaemon:
         *,
         kube: KubeClient | None = None,
         clock: Clock | None = None,
+        election_clock: Clock | None = None,
         observer: SchedulerObserver | None = None,
         elector_factory: ElectorFactory | None = None,
         recovery_interval_seconds: float = 5.0,
@@ -114,6 +117,7 @@ class SchedulerDaemon:
         self._elector_factory = elector_factory
         self._recovery_interval = recovery_interval_seconds
         self._watch_timeout = watch_timeout_seconds
+        self._election_clock = election_clock
         self.state: SchedulerState = SchedulerState(
             config.settings,
             booking_ttl_seconds=config.filter_booking_ttl_seconds,
@@ -301,7 +305,7 @@ class SchedulerDaemon:
             election,
             on_started_leading=self._started_leading,
             on_stopped_leading=self._stopped_leading,
-            clock=self.state.clock,
+            clock=self._election_clock or self.state.clock,
         )
 
     def _started_leading(self) -> None:

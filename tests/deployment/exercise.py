@@ -24,7 +24,7 @@ import grpc
 import yaml
 
 from hami_plugin.cli import build_parser
-from hami_plugin.clock import ManualClock
+from hami_plugin.clock import ManualClock, SystemClock
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.settings import DevicePluginSettings, resolve_settings
 from hami_plugin.extender.settings import SchedulerConfig, resolve_config
@@ -219,6 +219,8 @@ def scheduler_requests(objects: Sequence[Obj], directory: Path) -> list[Recorded
             api,
             config,
             clock=clock,
+            # the lease on real time: moving the booking clock 121 s must not expire it
+            election_clock=SystemClock(),
             node_lock_retry_timeout_seconds=5.0,
             allocation_timeout_seconds=120,
         ) as scheduler:

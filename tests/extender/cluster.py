@@ -125,6 +125,7 @@ def running_scheduler(
     elector_factory: ElectorFactory | None = None,
     retry: RetryPolicy = FAST_RETRY,
     clock: Clock | None = None,
+    election_clock: Clock | None = None,
     wait_ready: bool = True,
     **changes: Any,
 ) -> Iterator[Scheduler]:
@@ -138,6 +139,7 @@ def running_scheduler(
         observer=observer,
         elector_factory=elector_factory,
         clock=clock,
+        election_clock=election_clock,
         recovery_interval_seconds=0.2,
         watch_timeout_seconds=30,
     )
