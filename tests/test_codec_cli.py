@@ -121,7 +121,8 @@ def test_bad_input_is_one_line_and_exit_1(
 def test_decode_legacy_register_reports_hamis_prefix(
     value: str, prefix: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """HAMi v2.10 DecodeNodeDevices' prefixes (reference 1.5.2), after the annotation key."""
+    """HAMi v2.10 DecodeNodeDevices' prefixes (docs/hami-reference.md 1.5.2), after the annotation
+    key."""
     code, out, err = run(["decode", REGISTER, value], capsys)
     assert (code, out) == (1, "")
     assert err.startswith(f"hami decode: {REGISTER}: {prefix}")

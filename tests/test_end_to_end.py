@@ -6,11 +6,11 @@ double over HTTP, `KubeClient` and the `kubernetes` client against it, and the s
 (`Ledger` + `decide`) fed only with what the `kubernetes` client reads back from the API server,
 so the register annotation the daemon wrote is what the scheduler parses.
 
-The extender's Filter and Bind are not written yet (later issue); `filter_and_bind` does what
-the reference says they do (3.4 step 7, 3.9): one merge patch with the decision's annotations and
-the `hami.io/vgpu-node` label, the node lock, `bind-phase: allocating` + `bind-time`, a Binding.
-Kubelet's part is GetPreferredAllocation with every advertised ID available, then Allocate with
-the preferred IDs, one call per GPU container, as kubelet admits a pod.
+The extender daemon is not part of this test (tests/extender has it); `filter_and_bind` does what
+docs/hami-reference.md 3.4 step 7 and 3.9 say they do: one merge patch with the decision's
+annotations and the `hami.io/vgpu-node` label, the node lock, `bind-phase: allocating` +
+`bind-time`, a Binding. Kubelet's part is GetPreferredAllocation with every advertised ID available,
+then Allocate with the preferred IDs, one call per GPU container, as kubelet admits a pod.
 """
 
 from __future__ import annotations
@@ -211,12 +211,13 @@ def filter_and_bind(cluster: Cluster, name: str, result: FilterResult, now: date
     """Write the decision and bind the pod through the API, as HAMi's Filter and Bind do."""
     assert result.node is not None
     kube = cluster.extender
-    # Filter, reference 3.4 step 7: the decision's annotations and the label, in one patch.
+    # Filter, docs/hami-reference.md 3.4 step 7: the decision's annotations and the label, in one
+    # patch.
     kube.patch_pod_metadata(
         NAMESPACE, name, dict(result.annotations), labels={LABEL_VGPU_NODE: result.node}
     )
-    # Bind, reference 3.9: lock the node (merge patch with its resourceVersion, retried on a
-    # lost race as HAMi's Set is), mark the pod allocating, create the Binding.
+    # Bind, docs/hami-reference.md 3.9: lock the node (merge patch with its resourceVersion, retried
+    # on a lost race as HAMi's Set is), mark the pod allocating, create the Binding.
     lock = lock_value(now.astimezone(), NAMESPACE, name)
     for _attempt in range(5):
         node = kube.get_node(result.node)
@@ -527,7 +528,7 @@ def test_an_app_container_after_a_gpu_init_container_runs_where_it_was_booked(
     assert init_answer.envs["NVIDIA_VISIBLE_DEVICES"] == init_device.uuid
     # Kubelet's devicesToAllocate takes the app container's devices from those a
     # non-restartable init container of the pod got, when they cover the request, and then
-    # does not call GetPreferredAllocation (kubelet-deviceplugin.md 2.4). The test kubelet
+    # does not call GetPreferredAllocation (docs/kubelet-deviceplugin.md 2.4). The test kubelet
     # does not model that reuse, so the call is made here as kubelet would make it.
     app_answer = cluster.kubelet.allocate(init_ids).container_responses[0]
     assert app_answer.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"

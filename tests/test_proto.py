@@ -1,4 +1,5 @@
-"""Our kubelet v1beta1 proto against kubelet's field table (kubelet-deviceplugin.md 1.2-1.3)."""
+"""Our kubelet v1beta1 proto against kubelet's field table
+(docs/kubelet-deviceplugin.md 1.2-1.3)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """GPU health: NVML error events in, `HealthChange`s out, with recovery.
 
-A producer, as the NVIDIA plugin does it (kubelet-deviceplugin.md 3.2, hami-reference.md 4.3):
-watch XidCriticalError (+ ECC, masked by what the GPU supports) on an NVML event set, skip the
-Xids that are application errors, and report the GPU unhealthy; a failing wait marks every GPU
-unhealthy. Unlike NVIDIA and HAMi, a GPU comes back: once it has had no error for
-`health_recovery_seconds` and answers NVML again, it is reported healthy (logged).
+A producer, as the NVIDIA plugin does it (docs/kubelet-deviceplugin.md 3.2,
+docs/hami-reference.md 4.3): watch XidCriticalError (+ ECC, masked by what the GPU supports) on an
+NVML event set, skip the Xids that are application errors, and report the GPU unhealthy; a failing
+wait marks every GPU unhealthy. Unlike NVIDIA and HAMi, a GPU comes back: once it has had no error
+for `health_recovery_seconds` and answers NVML again, it is reported healthy (logged).
 
 `HealthTracker` holds the decisions (pure, clock passed in); `HealthMonitor` runs the NVML wait
 loop on one thread and calls `on_change` for each change. The consumer (the daemon) marks all

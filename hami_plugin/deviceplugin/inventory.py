@@ -1,7 +1,7 @@
 """Physical GPUs -> the vGPU devices kubelet sees and the devices the node registers (pure).
 
-HAMi (reference 4.2/4.3) advertises each physical GPU as `split_count` kubelet devices with
-IDs `<UUID>-0 ... <UUID>-<n-1>` and registers the GPU itself in `hami.io/node-nvidia-register`
+HAMi (docs/hami-reference.md 4.2, 4.3) advertises each physical GPU as `split_count` kubelet devices
+with IDs `<UUID>-0 ... <UUID>-<n-1>` and registers the GPU itself in `hami.io/node-nvidia-register`
 with its memory and cores scaled. No I/O here: the daemon passes the scan and health state in.
 """
 

@@ -17,8 +17,8 @@ What HAMi lacks, same `hami_` prefix and labels, no zone (they are not HAMi's):
 * `hami_host_gpu_healthy` 1/0: the health the daemon reports to kubelet for the GPU's slots.
 * `hami_host_gpu_vgpu_slots`: kubelet devices advertised for the GPU (the split count).
 * `hami_host_gpu_vgpu_slots_allocated`: slots booked on the GPU by pods bound to this node,
-  counted as the scheduler counts its `hami_gpu_shared_count` (reference 3.3): every pod on
-  the node with `hami.io/vgpu-node` = this node that has not finished (Failed/Succeeded),
+  counted as the scheduler counts its `hami_gpu_shared_count` (docs/hami-reference.md 3.3): every
+  pod on the node with `hami.io/vgpu-node` = this node that has not finished (Failed/Succeeded),
   its `hami.io/vgpu-devices-allocated` collapsed per GPU (init containers by their peak, app
   containers one slot each). Pods still `allocating` count: their slots are taken. Kubelet's
   device IDs are not used: HAMi's Allocate serves the scheduler's booking, not the ID kubelet

@@ -266,8 +266,8 @@ class Binder:
             raise BindError(f"{blocker}; waited {waited:.1f} s")
 
     def _lock_node(self, plan: BindPlan, deadline: float) -> None:
-        """Take HAMi's node lock for the pod (reference 1.7), waiting while another live pod
-        holds it. Raises BindError with HAMi's contention message when the wait ends."""
+        """Take HAMi's node lock for the pod (docs/hami-reference.md 1.7), waiting while another
+        live pod holds it. Raises BindError with HAMi's contention message when the wait ends."""
         began = self._clock.monotonic()
         waited = False
         try:

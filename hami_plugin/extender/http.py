@@ -1,6 +1,6 @@
 """The extender's HTTP server: kube-scheduler's filter and bind, the admission webhook, probes.
 
-Routes (HAMi v2.10 `pkg/scheduler/routes/route.go`, reference 3.8):
+Routes (HAMi v2.10 `pkg/scheduler/routes/route.go`, docs/hami-reference.md 3.8):
 
 * `POST /filter`, `POST /bind`: the extender v1 JSON (`hami_plugin.extender.wire`),
   always HTTP 200 with `Error` set on a problem (malformed JSON, a body over the cap, a pod

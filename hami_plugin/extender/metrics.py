@@ -23,8 +23,8 @@ HAMi's gauges (`cmd/scheduler/metrics.go`, v2.10), same names, labels and values
   `hami_vgpu_core_allocated_ratio` (the pod's cores on the GPU).
 
 `container_index` is always "0": HAMi (and our ledger) keeps a pod's usage collapsed into one
-entry per GPU (reference 3.3). Not exported, because this product has no such feature: the
-quota gauges (`hami_resource_quota_used`, `hami_resource_quota_limit`) and MIG
+entry per GPU (docs/hami-reference.md 3.3). Not exported, because this product has no such feature:
+the quota gauges (`hami_resource_quota_used`, `hami_resource_quota_limit`) and MIG
 (`hami_node_gpu_mig_instance_info`); AMD core normalisation does not apply (NVIDIA only).
 
 What HAMi lacks (no zone label):

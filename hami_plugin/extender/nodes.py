@@ -94,9 +94,9 @@ class NodeRegistry:
         return any(before.get(key) != info.annotations.get(key) for key in _WATCHED_BY_BINDS)
 
     def _judge(self, info: NodeInfo, now: datetime) -> None:
-        """HAMi's registration step for one node (reference 3.2): CheckHealth, then forget the
-        GPUs of an unhealthy node (and delete its handshake, NodeCleanUp), or read them again
-        when the verdict asks for it. A node HAMi would not read again keeps what it has;
+        """HAMi's registration step for one node (docs/hami-reference.md 3.2): CheckHealth, then
+        forget the GPUs of an unhealthy node (and delete its handshake, NodeCleanUp), or read them
+        again when the verdict asks for it. A node HAMi would not read again keeps what it has;
         reading an unchanged register annotation again is free, and picks up a change of
         `hami.io/device-cordon`."""
         verdict = self._health.check(info, now)

@@ -414,7 +414,8 @@ class SchedulerState:
         node_names: Sequence[str] | None,
         nodes: Sequence[Mapping[str, Any]] | None = None,
     ) -> FilterAnswer:
-        """Answer kube-scheduler's filter (reference 3.4) and book the chosen node's GPUs.
+        """Answer kube-scheduler's filter (docs/hami-reference.md 3.4) and book the chosen node's
+        GPUs.
 
         `nodes` is the `Nodes` form (not node-cache-capable): HAMi's simulation on those node
         objects with no usage, nothing booked. Raises nothing for bad input: an invalid

@@ -500,10 +500,7 @@ class KubeClient:
         component: str = "hami-device-plugin",
     ) -> None:
         """Record a core/v1 Event about the pod; best effort, as `create_event`."""
-        ref = ObjectRef(
-            "Pod", pod.namespace, pod.name, uid=pod.uid, resource_version=pod.resource_version
-        )
-        self.create_event(ref, reason, message, event_type, component)
+        self.create_event(ObjectRef.of_pod(pod), reason, message, event_type, component)
 
     # --- plumbing -------------------------------------------------------------------------
 

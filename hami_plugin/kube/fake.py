@@ -259,10 +259,7 @@ class FakeKube:
         component: str = "hami-device-plugin",
     ) -> None:
         """Keep an Event about the pod, as `create_event`."""
-        ref = ObjectRef(
-            "Pod", pod.namespace, pod.name, uid=pod.uid, resource_version=pod.resource_version
-        )
-        self.create_event(ref, reason, message, event_type, component)
+        self.create_event(ObjectRef.of_pod(pod), reason, message, event_type, component)
 
     # --- internals ------------------------------------------------------------------------
 

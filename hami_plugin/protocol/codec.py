@@ -2,7 +2,6 @@
 
 Pure functions, no I/O. Every malformed value raises `AnnotationError`, whose message names
 the annotation key and the offending part; nothing else escapes a decoder, whatever the input.
-Section numbers refer to shared/docs/hami-reference.md.
 """
 
 from __future__ import annotations
@@ -91,7 +90,7 @@ def check_annotation_size(key: str, value: str) -> None:
             )
 
 
-# --- pod device lists (section 1.4) -------------------------------------------------------
+# --- pod device lists (docs/hami-reference.md 1.4) ----------------------------------------
 
 
 def _check_field(key: str, value: str, what: str) -> None:
@@ -123,7 +122,8 @@ def encode_pod_devices(pod: PodDevices, key: str = ANNOTATION_DEVICES_TO_ALLOCAT
 def decode_container_devices(
     value: str, key: str = ANNOTATION_DEVICES_TO_ALLOCATE
 ) -> ContainerDevices:
-    """Decode one container's devices (reference 1.4.2). Pieces without `,` are skipped."""
+    """Decode one container's devices (docs/hami-reference.md 1.4.2). Pieces without `,` are
+    skipped."""
     check_annotation_size(key, value)
     return _decode_container(value, key)
 
@@ -156,7 +156,7 @@ def decode_pod_devices(value: str, key: str = ANNOTATION_DEVICES_TO_ALLOCATE) ->
     return tuple(_decode_container(piece, key) for piece in value.split(";"))
 
 
-# --- node register annotation (section 1.5) -----------------------------------------------
+# --- node register annotation (docs/hami-reference.md 1.5) --------------------------------
 
 
 def _encode_mig_profile(profile: MigProfile) -> str:
@@ -196,7 +196,8 @@ def _encode_gpu_device(device: GpuDevice) -> str:
 
 
 def encode_node_devices(devices: Sequence[GpuDevice]) -> str:
-    """The v2.10 JSON form: compact, Go field order, zero values omitted (section 1.5.1)."""
+    """The v2.10 JSON form: compact, Go field order, zero values omitted
+    (docs/hami-reference.md 1.5.1)."""
     return "[" + ",".join(_encode_gpu_device(device) for device in devices) + "]"
 
 
@@ -226,7 +227,7 @@ def encode_node_devices_legacy(devices: Sequence[GpuDevice], fields: int = 9) ->
 def decode_node_devices(value: str) -> tuple[GpuDevice, ...]:
     """Decode `hami.io/node-nvidia-register`: the JSON form, or the older comma form.
 
-    Raises AnnotationError with HAMi's messages (reference 1.5): an empty JSON list is
+    Raises AnnotationError with HAMi's messages (docs/hami-reference.md 1.5): an empty JSON list is
     "no gpu found on node".
     """
     key = ANNOTATION_NODE_REGISTER
@@ -401,7 +402,7 @@ def _decode_node_comma(value: str) -> tuple[GpuDevice, ...]:
     return tuple(devices)
 
 
-# --- handshake (section 1.6) --------------------------------------------------------------
+# --- handshake (docs/hami-reference.md 1.6) -----------------------------------------------
 
 
 def _parse_handshake_time(text: str) -> datetime | None:
@@ -437,7 +438,7 @@ def format_handshake_requesting(now: datetime) -> str:
     return "Requesting_" + now.strftime("%Y-%m-%d %H:%M:%S")
 
 
-# --- user annotations on the pod (sections 1.1, 3.5.4, 3.6) -------------------------------
+# --- user annotations on the pod (docs/hami-reference.md 1.1, 3.5.4, 3.6) -----------------
 
 
 def parse_gpu_policy(text: str, key: str = ANNOTATION_GPU_SCHEDULER_POLICY) -> GpuPolicy:
@@ -547,7 +548,7 @@ def parse_pod_gpu_options(annotations: Mapping[str, str]) -> PodGpuOptions:
     Raises AnnotationError for an unknown policy name or an invalid scoring-weights value.
     `numa-bind` follows Go's ParseBool and, like HAMi, only a true value enables it (anything
     else is false). A blank GPU policy orders GPUs as spread and a blank node policy is
-    binpack, as in HAMi (reference 1.1, 3.5.4).
+    binpack, as in HAMi (docs/hami-reference.md 1.1, 3.5.4).
     """
 
     def get(key: str) -> str | None:

@@ -12,7 +12,7 @@ What kubelet does (pkg/kubelet/kubelet.go HandlePodAdditions, cm/devicemanager):
   preceded by GetPreferredAllocation when the plugin offers it, and finishes one pod before it
   admits the next; the device count it asks is the container's request.
 
-The rules (both sides must agree; DESIGN.md "inflight.py" is the contract):
+The rules (both sides must agree; docs/design.md 5 is the contract):
 - `choose_pod` (device plugin): (1) a started pod whose next entry asks the count: kubelet is in
   the middle of that pod; (2) else the oldest-created not-started pod whose first entry asks the
   count: kubelet admits older pods first. Two pods matching (1), or two matching (2) in the same

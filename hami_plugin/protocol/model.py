@@ -165,11 +165,11 @@ class GpuPolicy:
     """A parsed GPU scheduler policy such as `spread`, `mutex` or `numa,binpack`.
 
     `names` keeps the written order (blank items dropped); `chain` is True when the text was
-    written as a comma chain or is exactly `numa` (HAMi then compares key by key, reference
-    3.5.4). `exact` is False when a single name was written with blanks around it: HAMi
-    compares the whole text, so such a policy (and a blank one, `names == ()`) orders GPUs as
-    spread, while its name still counts as a filter (`" mutex"`). How the names order GPUs is
-    the scheduler's business (`hami_plugin.scheduler`).
+    written as a comma chain or is exactly `numa` (HAMi then compares key by key,
+    docs/hami-reference.md 3.5.4). `exact` is False when a single name was written with blanks
+    around it: HAMi compares the whole text, so such a policy (and a blank one, `names == ()`)
+    orders GPUs as spread, while its name still counts as a filter (`" mutex"`). How the names order
+    GPUs is the scheduler's business (`hami_plugin.scheduler`).
     """
 
     names: tuple[GpuPolicyName, ...]

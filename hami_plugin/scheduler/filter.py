@@ -1,10 +1,10 @@
 """The placement decision: a pod and candidate nodes in, a node and the annotations out.
 
-HAMi's Filter (reference 3.4) fits the pod on every candidate and then takes the best-scored
-fitting node. The node score does not depend on the pod, and the ledger keeps nodes sorted by
-it, so `decide` walks the candidates in policy order (binpack: highest score first, spread:
-lowest first; equal scores: smaller node name first) and stops at the first node that fits.
-That node is exactly the one HAMi's rule picks, ties made deterministic (decision 5).
+HAMi's Filter (docs/hami-reference.md 3.4) fits the pod on every candidate and then takes the
+best-scored fitting node. The node score does not depend on the pod, and the ledger keeps nodes
+sorted by it, so `decide` walks the candidates in policy order (binpack: highest score first,
+spread: lowest first; equal scores: smaller node name first) and stops at the first node that fits.
+That node is exactly the one HAMi's rule picks, ties made deterministic (docs/design.md 9.5).
 
 What is reported for the other nodes depends on the mode:
 * default (the scheduler's hot path): `failed_nodes` holds the candidates that are not

@@ -1,10 +1,11 @@
-"""Fit a pod's GPU requests onto one node, check by check as HAMi does (reference 3.5, 3.7).
+"""Fit a pod's GPU requests onto one node, check by check as HAMi does
+(docs/hami-reference.md 3.5, 3.7).
 
 For one container: score every GPU with the request, sort them by the pod's `GpuOrder`, keep
-the NVIDIA candidates, and walk them **from the end**; each GPU passes the checks of reference
-3.5.2 in HAMi's order or counts one `FitReason`, and the walk stops as soon as enough GPUs
-passed. A failure is data (`FitFailure`: reason counts over the candidates); the HAMi string
-`"n/N Reason, ..."` is made by `render_failure` at the edge.
+the NVIDIA candidates, and walk them **from the end**; each GPU passes the checks of
+docs/hami-reference.md 3.5.2 in HAMi's order or counts one `FitReason`, and the walk stops as soon
+as enough GPUs passed. A failure is data (`FitFailure`: reason counts over the candidates); the HAMi
+string `"n/N Reason, ..."` is made by `render_failure` at the edge.
 
 For a pod: init containers each fit against the node's usage as it is (they run one after
 another), app containers one after another on one copy that books what the earlier ones took.
@@ -245,8 +246,8 @@ def _walk(
     request: ContainerRequest,
     context: FitContext,
 ) -> _Picked | FitFailure:
-    """HAMi's Fit loop (reference 3.5.2): GPUs from the end of `order`, checks in HAMi's
-    order, the first failing check counted, stop when enough GPUs passed."""
+    """HAMi's Fit loop (docs/hami-reference.md 3.5.2): GPUs from the end of `order`, checks in
+    HAMi's order, the first failing check counted, stop when enough GPUs passed."""
     devices = node.devices
     cordoned = node.cordoned
     type_allowed = context.type_allowed
@@ -417,7 +418,7 @@ class PodFit:
 def fit_pod(
     node: NodeUsage, requests: PodRequests, context: FitContext, *, screen: bool = True
 ) -> PodFit | FitFailure:
-    """Fit every container of the pod on the node (reference 3.7); the first failing
+    """Fit every container of the pod on the node (docs/hami-reference.md 3.7); the first failing
     container's failure is the node's. `screen` as for `fit_container`."""
     entries: list[ContainerDevices] = []
     for request in requests.init_requests:

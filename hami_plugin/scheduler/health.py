@@ -1,10 +1,10 @@
 """Is a node's NVIDIA device plugin alive? HAMi v2.10's `CheckHealth`, as pure rules.
 
-HAMi's scheduler asks this of every node on each registration pass (reference 3.2); an
+HAMi's scheduler asks this of every node on each registration pass (docs/hami-reference.md 3.2); an
 unhealthy node loses its GPUs (`node unregistered` in the filter). Two pieces, both from v2.10:
 
-* The handshake (`pkg/device/devices.go` CheckHealth, lines 576-615; reference 1.6). A value
-  containing `Requesting` is judged by the time after its first `_`, Go layout
+* The handshake (`pkg/device/devices.go` CheckHealth, lines 576-615; docs/hami-reference.md 1.6). A
+  value containing `Requesting` is judged by the time after its first `_`, Go layout
   `2006-01-02 15:04:05` read strictly (unparsable: healthy): younger than 60 s, healthy; older,
   healthy only while the node's allocatable `nvidia.com/gpu` is above 0. Any other value
   (absent, `Reported ...`, `Deleted_...`, garbage) gets `Requesting_<now>` written over it and

@@ -2,7 +2,7 @@
 
 Fed one event at a time (a node or pod added, changed or deleted), it never rescans the
 cluster: a pod update subtracts the pod's previous tallies and adds the new ones on its node,
-a node update only re-books that node's pods. Rules of reference 3.3:
+a node update only re-books that node's pods. Rules of docs/hami-reference.md 3.3:
 
 * a pod is tracked when it carries `hami.io/vgpu-node`; its usage is its decoded
   `hami.io/vgpu-devices-allocated` collapsed per GPU (`collapse_pod_devices`);
@@ -275,8 +275,8 @@ class Ledger:
             self._unbook(previous)
 
     def update_pod(self, info: PodInfo) -> None:
-        """Apply a pod add/update event (reference 3.3). A malformed allocation annotation
-        makes the pod untracked (logged)."""
+        """Apply a pod add/update event (docs/hami-reference.md 3.3). A malformed allocation
+        annotation makes the pod untracked (logged)."""
         node = info.annotations.get(ANNOTATION_VGPU_NODE)
         value = info.annotations.get(ANNOTATION_DEVICES_ALLOCATED)
         if not node or value is None or info.finished:

@@ -1,4 +1,5 @@
-"""GPU order and node order as values, built once from the parsed policies (reference 3.5.4).
+"""GPU order and node order as values, built once from the parsed policies
+(docs/hami-reference.md 3.5.4).
 
 HAMi sorts a node's GPUs with a comparator that re-reads the policy string on every call;
 here a `GpuOrder` is a tuple of sort keys decided once per pod. Fit walks the sorted list from
@@ -17,7 +18,7 @@ the end, so whatever sorts last is tried first.
 Chain keys: `binpack` = lower score first, `spread` = higher score first, `numa` = lower NUMA
 first; a chain naming none of them sorts as `spread`; every chain ends with "lower device
 index first". `mutex` and `topology-aware` in a chain are filters, not keys.
-With `numa_grouped_order` (the design note's order, decision 4) the numa-bind rows apply to
+With `numa_grouped_order` (the design note's order, docs/design.md 9.4) the numa-bind rows apply to
 single `binpack`/`spread` policies even without numa-bind.
 Equal keys keep the input order (Python's sort is stable, as Go's is for up to 12 GPUs).
 """

@@ -1,4 +1,4 @@
-"""Per-container GPU requests of a pod, by HAMi v2.10's rules (reference section 2).
+"""Per-container GPU requests of a pod, by HAMi v2.10's rules (docs/hami-reference.md 2).
 
 For each container (init containers first, then app containers, the order of the
 `hami.io/vgpu-devices-*` annotations) every resource is read from `limits`, else `requests`,
@@ -59,8 +59,8 @@ class ContainerRequest:
     type: str = NVIDIA_DEVICE_TYPE
 
     def memory_on(self, total_memory_mib: int) -> int:
-        """MiB booked on one GPU of this size (reference 2 item 6): a percentage of the card
-        when no MiB were asked, else the MiB. HAMi computes `Totalmem * pct / 100` in int32
+        """MiB booked on one GPU of this size (docs/hami-reference.md 2 item 6): a percentage of the
+        card when no MiB were asked, else the MiB. HAMi computes `Totalmem * pct / 100` in int32
         (only a card above 20 TiB, or a negative `devmem` below -20 TiB, overflows), and so
         does this."""
         if self.memory_percent != PERCENTAGE_UNSET and self.memory_mib == 0:

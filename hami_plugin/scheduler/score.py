@@ -1,4 +1,5 @@
-"""Node and GPU scores, computed in IEEE float32 exactly as HAMi's Go code does (reference 3.6).
+"""Node and GPU scores, computed in IEEE float32 exactly as HAMi's Go code does
+(docs/hami-reference.md 3.6).
 
 Every ratio is a float32 division of two integers converted to float32, each weighted term a
 float32 product, the three terms summed left to right in float32 and the sum multiplied by
@@ -83,8 +84,8 @@ def device_score(
     weights: ScoringWeights = _DEFAULT_WEIGHTS,
 ) -> float:
     """One GPU's score including the container's request, as the design note writes it
-    (decision 3): `request` is the number of GPUs asked, the memory a percentage of this card
-    when a percentage was asked (even next to MiB, as HAMi scores it), else the MiB. 0 when
+    (docs/design.md 9.3): `request` is the number of GPUs asked, the memory a percentage of this
+    card when a percentage was asked (even next to MiB, as HAMi scores it), else the MiB. 0 when
     the GPU has no slots, cores or memory."""
     if split_count == 0 or total_cores == 0 or total_memory_mib == 0:
         return 0.0

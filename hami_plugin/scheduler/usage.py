@@ -1,4 +1,5 @@
-"""GPU usage values: what one pod books (collapsed, reference 3.3) and a node's usage snapshot.
+"""GPU usage values: what one pod books (collapsed, docs/hami-reference.md 3.3) and a node's usage
+snapshot.
 
 `NodeUsage` is an immutable snapshot the ledger hands to the fit: a fit copies the few
 numbers it changes, so a decision never mutates the ledger it reads.

@@ -5,7 +5,7 @@ the AdmissionReview response in the same apiVersion comes out, with the changes 
 RFC 6902 JSON patch (`patchType: JSONPatch`) against the pod as it arrived. No I/O.
 
 The rules are HAMi v2.10's (`pkg/scheduler/webhook.go` Handle, `pkg/device/nvidia/device.go`
-MutateAdmission; hami-reference.md sections 2 and 3.11), in HAMi's order:
+MutateAdmission; docs/hami-reference.md 2 and 3.11), in HAMi's order:
 
 1. a pod without containers is denied `pod has no containers` (webhook.go 60-63);
 2. a pod whose `spec.schedulerName` names another scheduler is allowed untouched (64-69):

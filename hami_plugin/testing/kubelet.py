@@ -1,6 +1,6 @@
 """A test kubelet: the Registration service on a real unix socket, and the dial-back.
 
-It behaves as kubelet's device manager does (kubelet-deviceplugin.md 2.1-2.3):
+It behaves as kubelet's device manager does (docs/kubelet-deviceplugin.md 2.1-2.3):
 
 * serves `v1beta1.Registration` on `<dir>/kubelet.sock` (the directory is created 0750);
 * `Register` checks the version and the resource name and answers with kubelet's exact error
@@ -56,7 +56,7 @@ _QUALIFIED_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 
 
 def is_extended_resource_name(name: str) -> bool:
-    """Kubernetes' IsExtendedResourceName (kubelet-deviceplugin.md 2.2 step 3)."""
+    """Kubernetes' IsExtendedResourceName (docs/kubelet-deviceplugin.md 2.2 step 3)."""
     if "/" not in name or name.startswith("requests."):
         return False
     domain = name.split("/", 1)[0]

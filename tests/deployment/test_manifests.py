@@ -200,7 +200,7 @@ def test_the_scheduler_deployment(objects: list[Obj], tmp_path: Path) -> None:
     assert _port(service, "https")["targetPort"] == "https"
     assert _port(service, "metrics")["targetPort"] == "metrics"
 
-    # kube-scheduler: its configuration calls this Service as reference 3.8 says
+    # kube-scheduler: its configuration calls this Service as docs/hami-reference.md 3.8 says
     volume = _volume(deployment, kube_scheduler["volumeMounts"][0]["name"])
     assert (
         f"--config={kube_scheduler['volumeMounts'][0]['mountPath']}/config.yaml"
@@ -312,7 +312,8 @@ _TLS = {"insecure", "serverName", "certFile", "keyFile", "caFile", "certData", "
 
 def check_kube_scheduler_configuration(config: dict[str, Any]) -> None:
     """Raise AssertionError where kube-scheduler would refuse the configuration (unknown or
-    mistyped fields, its extender validation rules) or where it differs from reference 3.8."""
+    mistyped fields, its extender validation rules) or where it differs from
+    docs/hami-reference.md 3.8."""
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert config["kind"] == "KubeSchedulerConfiguration"
     assert set(config) <= _TOP, set(config) - _TOP
@@ -333,7 +334,7 @@ def check_kube_scheduler_configuration(config: dict[str, Any]) -> None:
         for item in extender["managedResources"]:
             assert set(item) == {"name", "ignoredByScheduler"}
             assert item["ignoredByScheduler"] is True
-        # reference 3.8: what kube-scheduler must send and how long it waits
+        # docs/hami-reference.md 3.8: what kube-scheduler must send and how long it waits
         assert (extender["filterVerb"], extender["bindVerb"]) == ("filter", "bind")
         assert extender["nodeCacheCapable"] is True
         assert extender["httpTimeout"] == "30s"

@@ -26,8 +26,8 @@ Invariants, checked after every step:
   hold, and the registered nodes are those with a register annotation.
 
 A pod holds GPUs when it carries `hami.io/vgpu-node` and `-devices-allocated`, has not
-finished, and is not `bind-phase: failed` while still Pending (DESIGN.md: the extender untracks
-those, our Allocate never serves them).
+finished, and is not `bind-phase: failed` while still Pending (docs/design.md 3.2: the extender
+untracks those, our Allocate never serves them).
 
 Races are also written out as plain tests, one by one.
 """

@@ -1,7 +1,7 @@
 """The kube-scheduler extender wire format, byte for byte as Go writes and reads it.
 
 Sources: kubernetes `staging/src/k8s.io/kube-scheduler/extender/v1/types.go` (the structs, no
-JSON tags), HAMi v2.10 `pkg/scheduler/routes/route.go` (the handlers), hami-reference.md 3.8.
+JSON tags), HAMi v2.10 `pkg/scheduler/routes/route.go` (the handlers), docs/hami-reference.md 3.8.
 The expected error messages were produced by Go's `encoding/json` (json.NewDecoder(...).Decode
 into the v1 structs, as route.go lines 64-77 do); they come from scanner.go and decode.go,
 whose texts have not changed between Go 1.19 and Go 1.26 (HAMi v2.10 builds with 1.26). Go's
@@ -43,6 +43,7 @@ from hami_plugin.protocol.model import GpuDevice
 from hami_plugin.protocol.objects import read_pod
 from hami_plugin.scheduler.requests import pod_requests
 from hami_plugin.scheduler.settings import SchedulerSettings
+from tests.protocol.strategies import json_names, json_values
 
 POD: dict[str, Any] = {
     "metadata": {"name": "p", "namespace": "ns", "uid": "u-1"},
@@ -62,7 +63,7 @@ def _body(document: object) -> bytes:
     [
         ({"Pod": POD, "Nodes": None, "NodeNames": ["n1", "n2"]},
          ExtenderArgs(POD, None, ("n1", "n2"))),
-        # no JSON tags: Go matches the field names case-insensitively (reference 3.8)
+        # no JSON tags: Go matches the field names case-insensitively (docs/hami-reference.md 3.8)
         ({"pod": POD, "nodenames": ["n1"]}, ExtenderArgs(POD, None, ("n1",))),
         ({"POD": POD, "NODENAMES": []}, ExtenderArgs(POD, None, ())),
         ({"pOd": POD, "NoDeS": {"items": [{"metadata": {"name": "n1"}}]}},
@@ -210,7 +211,7 @@ def test_parse_binding_args_errors(body: bytes, message: str) -> None:
 @pytest.mark.parametrize(
     ("result", "expected"),
     [
-        # reference 3.8, verbatim: the fit and the no-fit answers
+        # docs/hami-reference.md 3.8, verbatim: the fit and the no-fit answers
         (ExtenderFilterResult(node_names=("node2",)),
          b'{"Nodes":null,"NodeNames":["node2"],"FailedNodes":null,'
          b'"FailedAndUnresolvableNodes":null,"Error":""}'),
@@ -324,22 +325,7 @@ def test_binding_request_errors_are_http_200_with_error() -> None:
 
 # --- properties -----------------------------------------------------------------------------
 
-_names = st.text(min_size=0, max_size=12)
-_scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False),
-    _names,
-)
-_json_values = st.recursive(
-    _scalars,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=4), st.dictionaries(_names, inner, max_size=4)
-    ),
-    max_leaves=12,
-)
-_nodes = st.lists(st.dictionaries(_names, _json_values, max_size=4), max_size=3)
+_nodes = st.lists(st.dictionaries(json_names, json_values, max_size=4), max_size=3)
 
 
 def _same_json(left: object, right: object) -> bool:
@@ -360,10 +346,10 @@ def _same_json(left: object, right: object) -> bool:
 
 @given(
     nodes=st.none() | _nodes.map(tuple),
-    names=st.none() | st.lists(_names, max_size=6).map(tuple),
-    failed=st.none() | st.dictionaries(_names, _names, max_size=6),
-    unresolvable=st.none() | st.dictionaries(_names, _names, max_size=6),
-    error=_names,
+    names=st.none() | st.lists(json_names, max_size=6).map(tuple),
+    failed=st.none() | st.dictionaries(json_names, json_names, max_size=6),
+    unresolvable=st.none() | st.dictionaries(json_names, json_names, max_size=6),
+    error=json_names,
 )
 def test_filter_result_round_trip(
     nodes: tuple[dict[str, Any], ...] | None,

@@ -1,4 +1,4 @@
-"""The annotation codec against every example of hami-reference.md 1.4-1.7, plus properties."""
+"""The annotation codec against every example of docs/hami-reference.md 1.4-1.7, plus properties."""
 
 from __future__ import annotations
 

@@ -31,6 +31,7 @@ from hami_plugin.protocol.gojson import (
 )
 from hami_plugin.protocol.gojson_scanner import go_syntax_error
 from hami_plugin.protocol.model import GpuDevice
+from tests.protocol.strategies import json_values
 
 # --- decoding: Go's syntax errors -------------------------------------------------------------
 
@@ -245,25 +246,10 @@ def test_register_json_lone_surrogates_as_go() -> None:
 
 # --- properties -------------------------------------------------------------------------------
 
-_names = st.text(min_size=0, max_size=12)
-_scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False),
-    _names,
-)
-_json_values = st.recursive(
-    _scalars,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=4), st.dictionaries(_names, inner, max_size=4)
-    ),
-    max_leaves=12,
-)
 _JSONISH = st.sampled_from(list(b'{}[]:,"\\ \nabcdeflnrstu0123456789.+-E\x01\xc3'))
 
 
-@given(st.lists(_json_values, max_size=3), st.data())
+@given(st.lists(json_values, max_size=3), st.data())
 def test_go_scanner_agrees_with_pythons_json_on_validity(value: list[Any], data: Any) -> None:
     """Mutate a valid document: the Go-style scanner (which gives the error messages) and
     Python's parser (which gives the values) must agree on whether the first value is well
@@ -298,7 +284,7 @@ def test_any_input_decodes_or_gives_a_go_error(data: bytes) -> None:
             assert str(error)
 
 
-@given(_json_values)
+@given(json_values)
 def test_encoded_values_read_back(value: Any) -> None:
     encoded = encode_go_json(value)
     assert not any(char in encoded for char in b"<>&")

@@ -79,7 +79,7 @@ A100X8 = str(FIXTURES / "a100-numa.yaml")
 @pytest.mark.parametrize(
     ("pod", "extra", "expected"),
     [
-        # issue 7's table: HAMi v2.10 counts the GPUs picked (device.go:748, :872)
+        # the A100 fixture: HAMi v2.10 counts the GPUs picked (device.go:748, :872)
         (
             "pod-a100-four.yaml",
             (),
@@ -113,7 +113,7 @@ HEALTHY = ["gpu-live-0", "gpu-new-0", "gpu-waiting-0"]
 def test_nodes_whose_device_plugin_is_gone_are_unregistered(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Issue 7 part 3: HAMi v2.10 CheckHealth; --now 1741083600 is 2025-03-04 10:20:00 UTC."""
+    """HAMi v2.10 CheckHealth; --now 1741083600 is 2025-03-04 10:20:00 UTC."""
     code, output, _ = schedule(capsys, "pod-small.yaml", snapshot=HANDSHAKE)
     assert code == 0
     assert output["failedNodes"] == {

@@ -1,4 +1,5 @@
-"""The decision: node choice by policy (design note 2-4), annotations, failures, properties."""
+"""The decision: node choice by policy (docs/design.md 10.2-10.4), annotations, failures,
+properties."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def failures(result: FilterResult) -> dict[str, str]:
     return {name: render_failure(failure) for name, failure in result.failed_nodes.items()}
 
 
-# --- design note: binpack takes the fullest node, spread the emptiest ----------------------
+# --- docs/design.md 10.3: binpack takes the fullest node, spread the emptiest --------------
 
 
 def test_binpack_and_spread_choose_opposite_nodes() -> None:

@@ -1,4 +1,5 @@
-"""Fit: every check of reference 3.5.2 in order, failure strings, multi-container pods."""
+"""Fit: every check of docs/hami-reference.md 3.5.2 in order, failure strings, multi-container
+pods."""
 
 from __future__ import annotations
 
@@ -257,7 +258,7 @@ def devices_of(result: PodFit | FitFailure) -> str:
 
 
 def test_two_containers_share_a_card_sequentially() -> None:
-    """Reference 1.4.3 example 2: one card, 3000 MiB and 5000 MiB."""
+    """docs/hami-reference.md 1.4.3 example 2: one card, 3000 MiB and 5000 MiB."""
     target = node(gpu("GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"))
     result = fit_pod(target, pod(mib(1, 3000), mib(1, 5000)), context())
     assert devices_of(result) == (
@@ -289,7 +290,7 @@ def test_init_containers_fit_against_fresh_usage() -> None:
 
 
 def test_containers_without_gpu_are_padded() -> None:
-    """Reference 1.4.3 example 4 and HAMi's 'middle container uses one device'."""
+    """docs/hami-reference.md 1.4.3 example 4 and HAMi's 'middle container uses one device'."""
     target = node(gpu("GPU-aaa"))
     assert devices_of(fit_pod(target, pod(None, mib(1, 1000, 30)), context())) == (
         ";GPU-aaa,NVIDIA,1000,30:;"
@@ -305,7 +306,7 @@ def test_containers_without_gpu_are_padded() -> None:
 
 
 def test_multi_gpu_container_devices_in_pick_order() -> None:
-    """Reference 1.4.3 example 3: one container, two GPUs."""
+    """docs/hami-reference.md 1.4.3 example 3: one container, two GPUs."""
     target = node(gpu("GPU-aaa", 0), gpu("GPU-bbb", 1))
     result = fit_pod(target, pod(ContainerRequest(2, 4096, PERCENTAGE_UNSET, 50)), context())
     assert devices_of(result) == "GPU-bbb,NVIDIA,4096,50:GPU-aaa,NVIDIA,4096,50:;"

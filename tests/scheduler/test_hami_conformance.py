@@ -171,7 +171,7 @@ def usage_of(ledger: Ledger, name: str = "n1") -> tuple[tuple[int, ...], ...]:
     return snapshot.used, snapshot.used_memory_mib, snapshot.used_cores
 
 
-# --- reference 2: per-container requests ------------------------------------------------------
+# --- docs/hami-reference.md 2: per-container requests -----------------------------------------
 
 
 def test_2_1_count_is_read_from_limits_else_requests() -> None:
@@ -310,7 +310,7 @@ def test_2_6_memory_booked_per_gpu_is_integer_division_of_each_card() -> None:
     assert ContainerRequest(1, 0, 100, 0).memory_on(30_000_000) == -12949672
 
 
-# --- reference 3.3: usage tracking ------------------------------------------------------------
+# --- docs/hami-reference.md 3.3: usage tracking -----------------------------------------------
 
 
 @pytest.fixture
@@ -364,7 +364,7 @@ def test_3_3_only_pods_with_a_vgpu_node_are_tracked(ledger: Ledger) -> None:
     assert usage_of(ledger) == ((0, 0), (0, 0), (0, 0))
 
 
-# --- reference 3.4: the filter ----------------------------------------------------------------
+# --- docs/hami-reference.md 3.4: the filter ---------------------------------------------------
 
 
 def test_3_4_1_a_pod_without_gpu_passes_everywhere() -> None:
@@ -421,7 +421,7 @@ def test_3_4_5_every_failure_is_reported_when_no_node_fits() -> None:
     }
 
 
-# --- reference 3.5.1: candidates and NodeInsufficientDevice -----------------------------------
+# --- docs/hami-reference.md 3.5.1: candidates and NodeInsufficientDevice ----------------------
 
 
 def test_3_5_1_b_candidates_contain_the_type_case_insensitively() -> None:
@@ -454,7 +454,7 @@ def test_3_5_1_c_a_mig_request_skips_the_count_check() -> None:
     )
 
 
-# --- reference 3.5.2: per-GPU checks, in HAMi's order ----------------------------------------
+# --- docs/hami-reference.md 3.5.2: per-GPU checks, in HAMi's order ---------------------------
 
 
 def _one(target_gpu: GpuDevice, used: int = 0, memory: int = 0, cores: int = 0) -> NodeUsage:
@@ -655,7 +655,7 @@ def test_3_5_2_7_mutex_in_a_chain_still_forbids_used_gpus() -> None:
     )
 
 
-# --- reference 3.5.3: the failure string --------------------------------------------------------
+# --- docs/hami-reference.md 3.5.3: the failure string -------------------------------------------
 
 
 def test_3_5_3_counts_sorted_as_strings_over_the_candidate_count() -> None:
@@ -671,7 +671,7 @@ def test_3_5_3_counts_sorted_as_strings_over_the_candidate_count() -> None:
 
 
 # 8 x A100-80GB, NUMA 0: indexes 0-3, NUMA 1: 4-7; 50,000 MiB in use on GPUs 0, 1, 4, 5, 6
-# (issue 7's table; also tests/fixtures/scheduler/a100-numa.yaml through `hami schedule`).
+# (the A100 node of tests/fixtures/scheduler/a100-numa.yaml, also run through `hami schedule`).
 A100_80GB = "NVIDIA A100-SXM4-80GB"
 A100_NODE = node(
     *(gpu(f"GPU-{i}", i, numa=i // 4, type=A100_80GB, memory=81920) for i in range(8)),
@@ -698,7 +698,7 @@ def test_3_5_3_gpus_picked_count_in_the_failure_string() -> None:
     )
 
 
-# --- reference 3.5.4: GPU order (Fit walks from the end; a full pick shows the order) --------
+# --- docs/hami-reference.md 3.5.4: GPU order, shown by a full pick (Fit walks from the end) ---
 
 # A and C on NUMA 1, B and D on NUMA 0; fullness (score) B < C < A < D.
 ORDERED = node(
@@ -790,7 +790,7 @@ def test_3_5_4_mutex_puts_busier_gpus_first() -> None:
     assert picks(target, mib(3, 100), context("mutex")) == ["C", "A", "B"]
 
 
-# --- reference 3.6: scores in float32 ---------------------------------------------------------
+# --- docs/hami-reference.md 3.6: scores in float32 --------------------------------------------
 
 
 def test_3_6_node_score_is_float32_over_all_gpus() -> None:
@@ -818,7 +818,7 @@ def test_3_6_device_score_terms_and_weights() -> None:
     assert device_score(0, 100, 15109, 0, 0, 0, request) == 0.0
 
 
-# --- reference 3.7: several containers --------------------------------------------------------
+# --- docs/hami-reference.md 3.7: several containers -------------------------------------------
 
 WHOLE = ContainerRequest(1, 0, 100, 100)
 
@@ -905,7 +905,7 @@ def test_hami_schedule_reports_hami_strings(
     }
 
 
-# --- a literal model of HAMi's procedure (3.5.2, 3.5.4, 3.7), written from the reference -----
+# --- a literal model of HAMi's procedure (docs/hami-reference.md 3.5.2, 3.5.4, 3.7) ----------
 
 
 @dataclass
@@ -926,7 +926,7 @@ class _Dev:
 
 
 def _less(policy: str, numa_bind: bool, a: _Dev, b: _Dev) -> bool:
-    """DeviceUsageList.Less as reference 3.5.4 states it."""
+    """DeviceUsageList.Less as docs/hami-reference.md 3.5.4 states it."""
     if "," in policy or policy == "numa":
         keys: list[str] = []
         for item in (part.strip() for part in policy.split(",")):
@@ -966,7 +966,8 @@ def _insertion_sort(devices: list[_Dev], policy: str, numa_bind: bool) -> None:
 def _model_fit(
     devices: list[_Dev], request: ContainerRequest, numa_bind: bool, mutex: bool
 ) -> list[tuple[_Dev, int, int]] | str:
-    """NvidiaGPUDevices.Fit (reference 3.5.2) on the sorted list; picks or the reason string."""
+    """NvidiaGPUDevices.Fit (docs/hami-reference.md 3.5.2) on the sorted list; picks or the reason
+    string."""
     nums, origin, prevnuma, cores = request.count, request.count, -1, request.cores_percent
     picked: list[tuple[_Dev, int, int]] = []
     reasons: dict[str, int] = {}
@@ -1017,8 +1018,8 @@ def _model_fit(
 def _model_pod(
     devices: list[_Dev], requests: PodRequests, policy: str, numa_bind: bool
 ) -> list[list[str]] | str:
-    """scoreNode (reference 3.7): init containers on fresh copies, app containers on one
-    shared copy whose device list each container re-sorts in place."""
+    """scoreNode (docs/hami-reference.md 3.7): init containers on fresh copies, app containers on
+    one shared copy whose device list each container re-sorts in place."""
     mutex = "mutex" in (part.strip() for part in policy.split(","))
 
     def fit_on(shared: list[_Dev], request: ContainerRequest) -> list[str] | str:

@@ -1,5 +1,6 @@
 """HAMi v2.10 CheckHealth: the handshake (pkg/device/devices.go:576-615) and the NVIDIA
-allocatable/register memory (pkg/device/nvidia/device.go:234-272), reference 1.6 and 3.2."""
+allocatable/register memory (pkg/device/nvidia/device.go:234-272),
+docs/hami-reference.md 1.6 and 3.2."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Usage tracking (reference 3.3): collapsing, pod and node events, incremental == rebuilt."""
+"""Usage tracking (docs/hami-reference.md 3.3): collapsing, pod and node events, incremental ==
+rebuilt."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def test_collapse_init_peak_and_app_sum() -> None:
 
 
 def test_collapse_reference_fixture() -> None:
-    """Reference 1.4.3 example 6: two containers on two GPUs, and the trailing empty entry."""
+    """docs/hami-reference.md 1.4.3 example 6: two containers on two GPUs, and the trailing empty
+    entry."""
     devices = decode_pod_devices(
         "GPU-8dcd427f-483b-b48f-d7e5-75fb19a52b76,NVIDIA,500,3:;"
         "GPU-ebe7c3f7-303d-558d-435e-99a160631fe4,NVIDIA,500,3:;"

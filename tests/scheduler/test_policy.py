@@ -1,4 +1,5 @@
-"""GPU order: every comparator case of reference 3.5.4, plus the NUMA-grouped switch."""
+"""GPU order: every comparator case of docs/hami-reference.md 3.5.4, plus the NUMA-grouped
+switch."""
 
 from __future__ import annotations
 

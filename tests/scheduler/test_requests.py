@@ -1,4 +1,4 @@
-"""Per-container requests: every rule of reference section 2."""
+"""Per-container requests: every rule of docs/hami-reference.md 2."""
 
 from __future__ import annotations
 

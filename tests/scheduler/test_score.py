@@ -1,4 +1,5 @@
-"""Scores in float32 as HAMi's Go code computes them (reference 3.6, design note 2 and 5)."""
+"""Scores in float32 as HAMi's Go code computes them (docs/hami-reference.md 3.6,
+docs/design.md 10.2 and 10.5)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def test_node_score(
 
 
 def test_device_score_includes_the_request() -> None:
-    # design note 5: 10 * ((1+2)/10 + (20+30)/100 + (4096+8192)/32768)
+    # docs/design.md 10.5: 10 * ((1+2)/10 + (20+30)/100 + (4096+8192)/32768)
     request = ContainerRequest(1, 4096, PERCENTAGE_UNSET, 20)
     score = device_score(10, 100, 32768, 2, 30, 8192, request)
     assert score == _reference((3, 10), (50, 100), (12288, 32768))

@@ -103,7 +103,7 @@ def test_parse_pod() -> None:
 
 
 def test_nodes_whose_device_plugin_is_gone_are_not_registered() -> None:
-    """HAMi v2.10 CheckHealth (reference 1.6, 3.2): no allocatable nvidia.com/gpu and a
+    """HAMi v2.10 CheckHealth (docs/hami-reference.md 1.6, 3.2): no allocatable nvidia.com/gpu and a
     Requesting_ handshake 60 s old or more at the time given."""
     snapshot = parse_snapshot((FIXTURES / "handshake.yaml").read_text())
     assert unhealthy_nodes(snapshot, NOW) == ("gpu-gone-0", "gpu-zero-0")

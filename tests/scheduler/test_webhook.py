@@ -3,7 +3,7 @@
 Sources (HAMi v2.10.0): `pkg/scheduler/webhook.go` Handle (lines cited as webhook.go N),
 `pkg/device/nvidia/device.go` MutateAdmission and helpers (device.go N), and
 controller-runtime v0.24.1 `pkg/webhook/admission` (response.go, webhook.go Complete, http.go)
-for the shape of the answer; hami-reference.md sections 2 ("Webhook mutation") and 3.11.
+for the shape of the answer; docs/hami-reference.md 2 ("Webhook mutation") and 3.11.
 Every patch is checked by applying it to the pod as it arrived (RFC 6902, the API server
 double's `json_patch`) and comparing with the pod HAMi would produce.
 """
@@ -223,7 +223,7 @@ def test_scheduler_name_rules(scheduler: str, settings: WebhookSettings, ours_: 
         assert admission.patch == ()
 
 
-# --- MutateAdmission (device.go 347-450, reference 2 "Webhook mutation") ---------------------
+# --- MutateAdmission (device.go 347-450, docs/hami-reference.md 2 "Webhook mutation") --------
 
 
 def steps(*changes: Callable[[dict[str, Any]], object]) -> Callable[[dict[str, Any]], None]:

@@ -4,7 +4,7 @@ Pure: no I/O. `parse_region` takes a whole buffer (bytes, memoryview, mmap);
 `parse_region_from` takes a `read(offset, length)` callable and the file size, so the caller can
 read only the parts a scrape needs (header, tail, the used process slots) with `os.pread`.
 
-Rules, all from HAMi v2.10 (hami-reference.md 5.1):
+Rules, all from HAMi v2.10 (docs/hami-reference.md 5.1):
 
 * magic 19920718 at offset 0 (`pkg/monitor/nvidia/cudevshr.go:45,284`), a file smaller than the
   12-byte header is refused (cudevshr.go:266);
