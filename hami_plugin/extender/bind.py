@@ -194,6 +194,8 @@ class Binder:
                 return ""  # a retried bind of a pod bound by the first try
             message = f"pod {pod.key} is already bound to node {pod.node_name}"
             return message
+        if self._state.bound_node(pod) == node:
+            return ""  # the first try's Binding, which the watch has not shown yet
         plan = self._state.plan_bind(pod, node)
         if isinstance(plan, BindRefusal):
             message = refusal_message(plan)

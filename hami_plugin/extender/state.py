@@ -166,6 +166,17 @@ class SchedulerState:
         with self._lock:
             return self._pods.get(f"{namespace}/{name}")
 
+    def bound_node(self, pod: PodInfo) -> str | None:
+        """The node this process bound `pod` to, while the watch has not shown that yet (the
+        booking is BOUND); None otherwise."""
+        with self._lock:
+            booking = self._bookings.get(pod.key)
+            if booking is None or booking.phase is not BookingPhase.BOUND:
+                return None
+            if booking.uid and pod.uid and booking.uid != pod.uid:
+                return None
+            return booking.node
+
     def pod_exists(self, namespace: str, name: str) -> bool:
         with self._lock:
             return f"{namespace}/{name}" in self._pods

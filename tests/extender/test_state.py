@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -178,6 +179,21 @@ def test_bind_patch_event_replaces_the_booking_never_double(state: SchedulerStat
     assert used_slots(state, "n1") == 1
     add_pod(state, patched(pod, plan, bound=True))
     assert used_slots(state, "n1") == 1
+
+
+def test_a_bound_pod_is_known_bound_until_the_watch_shows_it(state: SchedulerState) -> None:
+    add_node(state, gpu_node("n1", 1, split=2))
+    pod = gpu_pod("a")
+    add_pod(state, pod)
+    info = read_pod(pod)
+    state.filter(info, ["n1"])
+    plan = bound_plan(state, pod, "n1")
+    assert state.bound_node(info) is None  # BINDING: the Binding may still fail
+    state.bind_succeeded(plan)
+    assert state.bound_node(info) == "n1"
+    assert state.bound_node(replace(info, uid="another-pod-of-that-name")) is None
+    add_pod(state, patched(pod, plan, bound=True))
+    assert state.bound_node(info) is None  # the watch shows it: the pod itself says so now
 
 
 def test_failed_pending_pod_is_not_counted(state: SchedulerState) -> None:
