@@ -52,8 +52,9 @@ from hami_plugin.protocol.model import (
     RESOURCE_GPU,
     ContainerDevice,
 )
+from hami_plugin.testing.admission import PodAdmitter
 from hami_plugin.testing.apiserver import FakeApiServer, json_patch, make_node
-from hami_plugin.testing.kubelet import FakeKubelet, PodAdmitter
+from hami_plugin.testing.kubelet import FakeKubelet
 
 __all__ = [
     "ContainerResult",

@@ -1,0 +1,6 @@
+"""`hami device-plugin`: the node daemon. NVML discovery (`nvml.py`, the fake NVML in `fakenvml/`),
+the vGPU devices kubelet sees (`inventory.py`, `board.py`), health, kubelet registration and
+restarts (`kubelet.py`), the register annotation (`register.py`); Allocate decided (`allocate.py`,
+`pending.py`, `preferred.py`, pure) and served (`server.py`, `allocator.py`); HAMi's vGPU
+monitor duties (`monitor/`) and the node's metrics.
+"""

@@ -96,7 +96,7 @@ def load_nvml_module(kind: str, fake_gpus_path: str | None) -> Any:
     if kind == "fake":
         if not fake_gpus_path:
             raise ValueError("--nvml fake needs --fake-gpus FILE")
-        from hami_plugin.deviceplugin.fake import FakeNvml
+        from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
 
         return FakeNvml(fake_gpus_path)
     raise ValueError(f"unknown NVML backend {kind!r} (expected nvml or fake)")

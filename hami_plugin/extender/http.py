@@ -5,8 +5,8 @@ Routes (HAMi v2.10 `pkg/scheduler/routes/route.go`, docs/hami-reference.md 3.8):
 * `POST /filter`, `POST /bind`: the extender v1 JSON (`hami_plugin.extender.wire`),
   always HTTP 200 with `Error` set on a problem (malformed JSON, a body over the cap, a pod
   missing, "not the leader" on a follower), as HAMi answers; an empty body is HTTP 400;
-* `POST /webhook`: the AdmissionReview (`hami_plugin.scheduler.webhook`), answered on every
-  replica (it needs no state);
+* `POST /webhook`: the AdmissionReview (`hami_plugin.scheduler.admission_review`), answered on
+  every replica (it needs no state);
 * `GET /healthz`: 200 while the process serves; `GET /readyz`: 200 once the first pod and node
   lists are in and, with leader election, while this replica leads, else 503 with the reason
   (HAMi always answers 200, so a Service could route to a replica that refuses everything).
@@ -55,11 +55,8 @@ from hami_plugin.extender.wire import (
     filter_reply,
 )
 from hami_plugin.protocol.objects import ObjectError, read_pod
-from hami_plugin.scheduler.webhook import (
-    WEBHOOK_MAX_BODY_BYTES,
-    WebhookSettings,
-    review_admission_body,
-)
+from hami_plugin.scheduler.admission_review import WEBHOOK_MAX_BODY_BYTES, review_admission_body
+from hami_plugin.scheduler.webhook import WebhookSettings
 
 __all__ = ["NOT_LEADER", "ExtenderApp", "ExtenderServer", "TlsFiles"]
 

@@ -50,7 +50,7 @@ from hami_plugin.protocol.gojson_struct import (
     string_map,
     string_slice,
 )
-from hami_plugin.scheduler.webhook import AdmissionOutcome, render_admission_review
+from hami_plugin.scheduler.admission_review import AdmissionOutcome, render_admission_review
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -278,7 +278,7 @@ def binding_reply(result: ExtenderBindingResult) -> HttpReply:
 def admission_reply(outcome: AdmissionOutcome) -> HttpReply:
     """HTTP 200 with the AdmissionReview, whatever the verdict: controller-runtime (HAMi's
     webhook server) answers a denial or an error inside the review, never with an HTTP error
-    (see `hami_plugin.scheduler.webhook`)."""
+    (see `hami_plugin.scheduler.admission_review`)."""
     return HttpReply(200, render_admission_review(outcome.review))
 
 

@@ -1,5 +1,5 @@
-"""GPU and vGPU usage for Prometheus: the node's collectors (device plugin daemon), HAMi-core's
-per-container shared regions, the priority feedback loop, and the scheduler's collectors.
-
-`prometheus_client` is imported only inside this package.
+"""What both daemons' Prometheus endpoints share: the text exposition, the `/metrics` server with
+its scrape guard, and the metric types (`families`). `prometheus_client` is imported only inside
+this package; each daemon keeps its own collectors (`deviceplugin/metrics.py`,
+`deviceplugin/monitor/vgpu.py`, `extender/metrics.py`).
 """

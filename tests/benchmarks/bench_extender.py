@@ -90,7 +90,7 @@ sys.path.insert(0, str(REPO))  # `make bench` runs this file as a script
 from tests.processes import LoggedProcess, hami_command, wait_until  # noqa: E402
 
 if TYPE_CHECKING:
-    from hami_plugin.testing.kubelet import PodAdmitter
+    from hami_plugin.testing.admission import PodAdmitter
 GPUS_PER_NODE = 8
 SPLIT = 10
 MEMORY_MIB = 81920
@@ -591,7 +591,9 @@ def burst_node(
     """`hami device-plugin --nvml fake` for node `burst-<mode>` with the test kubelet and its
     PodAdmitter. Mode `lock`: the allocate-protocol annotation is taken away after the plugin
     registered (it re-checks only hourly here), so the scheduler uses HAMi's node lock."""
-    from hami_plugin.testing.kubelet import FakeKubelet, PodAdmitter  # grpc: after main's env
+    # grpc: after main's env
+    from hami_plugin.testing.admission import PodAdmitter
+    from hami_plugin.testing.kubelet import FakeKubelet
 
     name = f"burst-{mode}"
     gpus_file = workdir / f"{name}-gpus.yaml"

@@ -41,8 +41,9 @@ from hami_plugin.protocol.model import (
     ContainerDevice,
     PodDevices,
 )
+from hami_plugin.testing.admission import PodAdmitter
 from hami_plugin.testing.apiserver import FakeApiServer, make_container, make_pod
-from hami_plugin.testing.kubelet import FakeKubelet, PodAdmitter
+from hami_plugin.testing.kubelet import FakeKubelet
 from tests.processes import wait_until
 
 NODE = "gpu-node-1"

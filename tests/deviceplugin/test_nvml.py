@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hami_plugin.deviceplugin import fake
-from hami_plugin.deviceplugin.fake import FakeNvml
+from hami_plugin.deviceplugin.fakenvml import errors, values
+from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
 from hami_plugin.deviceplugin.nvml import (
     EventsNotSupportedError,
     GpuEvent,
@@ -155,9 +155,9 @@ def test_known_gpu_whose_handle_fails_keeps_its_record(tmp_path: Path) -> None:
     class LostHandles(FakeNvml):
         lost = False
 
-        def nvmlDeviceGetHandleByIndex(self, index: int) -> fake.FakeDeviceHandle:
+        def nvmlDeviceGetHandleByIndex(self, index: int) -> values.FakeDeviceHandle:
             if self.lost and index == 1:
-                raise fake.NVMLError_GpuIsLost()
+                raise errors.NVMLError_GpuIsLost()
             return super().nvmlDeviceGetHandleByIndex(index)
 
     path = tmp_path / "gpus.yaml"
@@ -251,8 +251,8 @@ def test_register_events_failures(tmp_path: Path) -> None:
         backend.register_events(event_set, UUID_A)
 
     class NoEvents(FakeNvml):
-        def nvmlDeviceGetSupportedEventTypes(self, handle: fake.FakeDeviceHandle) -> int:
-            return fake.nvmlEventTypePState
+        def nvmlDeviceGetSupportedEventTypes(self, handle: values.FakeDeviceHandle) -> int:
+            return values.nvmlEventTypePState
 
     old = NvmlBackend(NoEvents(str(path)))
     write(path, f"gpus:\n  - {{uuid: {UUID_A}}}\n")
@@ -304,7 +304,7 @@ def test_read_usage_skips_a_failing_gpu_logging_once_until_it_recovers(
 def test_read_usage_raises_when_the_count_fails(tmp_path: Path) -> None:
     class NoCount(FakeNvml):
         def nvmlDeviceGetCount(self) -> int:
-            raise fake.NVMLError_Unknown()
+            raise errors.NVMLError_Unknown()
 
     path = tmp_path / "gpus.yaml"
     write(path, "gpus: []\n")

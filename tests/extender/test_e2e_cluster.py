@@ -47,8 +47,9 @@ from hami_plugin.protocol.model import (
     ANNOTATION_NODE_REGISTER,
     ANNOTATION_VGPU_NODE,
 )
+from hami_plugin.testing.admission import PodAdmitter
 from hami_plugin.testing.apiserver import FakeApiServer
-from hami_plugin.testing.kubelet import FakeKubelet, PodAdmitter
+from hami_plugin.testing.kubelet import FakeKubelet
 from tests.extender.helpers import gpu_pod
 from tests.extender.test_ledger_invariant import held
 from tests.processes import LoggedProcess, hami_command, wait_until

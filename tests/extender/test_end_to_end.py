@@ -31,8 +31,9 @@ from hami_plugin.protocol.model import (
     ANNOTATION_NODE_LOCK,
     ContainerDevice,
 )
+from hami_plugin.testing.admission import PodAdmitter
 from hami_plugin.testing.apiserver import FakeApiServer
-from hami_plugin.testing.kubelet import FakeKubelet, PodAdmitter
+from hami_plugin.testing.kubelet import FakeKubelet
 from tests.extender.cluster import FAST_RETRY, Scheduler, running_scheduler
 from tests.extender.helpers import gpu_pod
 from tests.processes import wait_until

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami_plugin.deviceplugin.fake import FakeNvml
+from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
 from hami_plugin.deviceplugin.inventory import VgpuDevice
 from hami_plugin.deviceplugin.metrics import start_device_plugin_metrics
 from hami_plugin.deviceplugin.nvml import NvmlBackend

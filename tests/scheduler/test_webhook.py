@@ -21,21 +21,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hami_plugin.extender.wire import HttpReply, admission_reply
-from hami_plugin.scheduler.settings import ResourceNames
-from hami_plugin.scheduler.webhook import (
+from hami_plugin.scheduler.admission_review import (
     ADMISSION_V1,
     ADMISSION_V1BETA1,
+    WEBHOOK_MAX_BODY_BYTES,
+    render_admission_review,
+    review_admission,
+    review_admission_body,
+)
+from hami_plugin.scheduler.settings import ResourceNames
+from hami_plugin.scheduler.webhook import (
     SCHEDULER_OWNED_ANNOTATIONS,
     SCHEDULER_OWNED_LABELS,
-    WEBHOOK_MAX_BODY_BYTES,
     AdmissionVerdict,
     GpuCorePolicy,
     PodAdmission,
     WebhookSettings,
     admit_pod,
-    render_admission_review,
-    review_admission,
-    review_admission_body,
 )
 from hami_plugin.testing.apiserver import json_patch
 

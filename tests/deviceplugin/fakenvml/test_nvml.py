@@ -10,13 +10,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from hami_plugin.deviceplugin import fake
-from hami_plugin.deviceplugin.fake import (
-    FakeGpuFileError,
-    FakeNvml,
-    load_fake_gpus,
-    parse_fake_gpus,
-)
+from hami_plugin.deviceplugin.fakenvml import errors, values
+from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
 
 UUID_A = "GPU-03f69c50-207a-2038-9b45-23cac89cb67a"
 UUID_B = "GPU-1afede84-4e70-2174-49af-f07ebb94d1ae"
@@ -64,22 +59,22 @@ def rewrite(path: Path, text: str) -> None:
 
 
 def test_error_classes_match_pynvml_names_and_codes() -> None:
-    for code, cls in fake._ERROR_CLASSES.items():
+    for code, cls in errors.ERROR_CLASSES.items():
         real = getattr(pynvml, cls.__name__)
         assert real().value == code == cls().value
         assert pynvml.nvmlExceptionClass(code) is real
-        assert fake.nvmlExceptionClass(code) is cls
-        assert issubclass(cls, fake.NVMLError)
+        assert errors.nvmlExceptionClass(code) is cls
+        assert issubclass(cls, errors.NVMLError)
         assert getattr(FakeNvml, cls.__name__) is cls
 
 
 def test_error_strings_match_pynvml() -> None:
     for cls in (
-        fake.NVMLError_LibraryNotFound,
-        fake.NVMLError_Timeout,
-        fake.NVMLError_GpuIsLost,
-        fake.NVMLError_NotSupported,
-        fake.NVMLError_Uninitialized,
+        errors.NVMLError_LibraryNotFound,
+        errors.NVMLError_Timeout,
+        errors.NVMLError_GpuIsLost,
+        errors.NVMLError_NotSupported,
+        errors.NVMLError_Uninitialized,
     ):
         assert str(cls()) == str(getattr(pynvml, cls.__name__)())
 
@@ -108,90 +103,19 @@ def test_the_calls_we_use_exist_on_both() -> None:
         assert hasattr(pynvml, name), name
 
 
-# --- the file format ---------------------------------------------------------------------------
-
-
-def test_defaults_are_filled_in(tmp_path: Path) -> None:
-    parsed = parse_fake_gpus(f"gpus:\n  - uuid: {UUID_A}\n  - uuid: {UUID_B}\n", "f.yaml")
-    first, second = parsed.gpus
-    assert (first.name, first.memory_mib, first.numa_node, first.healthy) == (
-        "NVIDIA Fake GPU",
-        16384,
-        None,
-        True,
-    )
-    assert (first.index, second.index) == (0, 1)
-    assert (first.minor_number, second.minor_number) == (0, 1)
-    assert first.pci_bus_id == "00000000:10:00.0"
-    assert second.pci_bus_id == "00000000:11:00.0"
-    assert first.xid is None and not first.mig
-    assert parsed.init_error is None
-
-
-def test_explicit_indexes_order_the_gpus() -> None:
-    parsed = parse_fake_gpus(
-        f"gpus:\n  - {{uuid: {UUID_A}, index: 1}}\n  - {{uuid: {UUID_B}, index: 0}}\n", "f"
-    )
-    assert [gpu.uuid for gpu in parsed.gpus] == [UUID_B, UUID_A]
-
-
-@pytest.mark.parametrize(
-    ("content", "problem"),
-    [
-        ("gpus:\n  - name: x\n", "gpus[0]: 'uuid' is required"),
-        ("gpus:\n  - uuid: 12\n", "gpus[0]: 'uuid' must be an NVML GPU UUID"),
-        ("gpus:\n  - uuid: 'GPU-a,b'\n", "gpus[0]: 'uuid' must be an NVML GPU UUID"),
-        ("gpus:\n  - uuid: GPU-a100-0\n", "gpus[0]: 'uuid' must be an NVML GPU UUID"),
-        (f"gpus:\n  - uuid: {UUID_A}\n  - uuid: {UUID_A}\n", f"uuid {UUID_A} appears twice"),
-        (f"gpus:\n  - uuid: {UUID_A}\n    memroy_mib: 1\n", "gpus[0]: unknown key 'memroy_mib'"),
-        (f"gpus:\n  - uuid: {UUID_A}\n    memory_mib: lots\n", "'memory_mib' must be an integer"),
-        (f"gpus:\n  - uuid: {UUID_A}\n    memory_mib: 0\n", "'memory_mib' must be >= 1"),
-        (f"gpus:\n  - uuid: {UUID_A}\n    healthy: 'no'\n", "'healthy' must be true or false"),
-        (f"gpus:\n  - uuid: {UUID_A}\n    xid: true\n", "'xid' must be an integer"),
-        (f"gpus:\n  - uuid: {UUID_A}\n    index: 3\n", "GPU indexes must be 0..0, each once"),
-        (f"gpus:\n  - uuid: {UUID_A}\n    pci_bus_id: 3b\n", "'pci_bus_id' must look like"),
-        ("gpus: {}\n", "'gpus' must be a list"),
-        ("gpus:\n  - just-a-string\n", "gpus[0]: expected a mapping"),
-        ("gpu: []\n", "unknown key 'gpu'"),
-        ("init_error: Boom\ngpus: []\n", "'init_error' must be an NVML error name"),
-        ("[1, 2]\n", "expected a mapping with a 'gpus' list"),
-        (
-            f"gpus:\n  - {{uuid: {UUID_A}, memory_mib: 10, memory_used_mib: 11}}\n",
-            "'memory_used_mib' (11) exceeds 'memory_mib' (10)",
-        ),
-        (f"gpus:\n  - {{uuid: {UUID_A}, memory_used_mib: -1}}\n", "'memory_used_mib' must be >="),
-        (f"gpus:\n  - {{uuid: {UUID_A}, utilization_percent: 101}}\n", "must be <= 100, got 101"),
-        (f"gpus:\n  - {{uuid: {UUID_A}, memory_utilization_percent: x}}\n", "must be an integer"),
-        ("gpus: [\n", "not valid YAML at line 2"),
-    ],
-)
-def test_bad_files_give_one_clear_error(content: str, problem: str) -> None:
-    with pytest.raises(FakeGpuFileError) as caught:
-        parse_fake_gpus(content, "/etc/gpus.yaml")
-    message = str(caught.value)
-    assert message.startswith("fake GPU file /etc/gpus.yaml: ")
-    assert problem in message
-    assert "\n" not in message
-
-
-def test_load_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(FakeGpuFileError, match=r"fake GPU file .*nope.yaml: cannot read"):
-        load_fake_gpus(str(tmp_path / "nope.yaml"))
-
-
 # --- init and queries -----------------------------------------------------------------------
 
 
 def test_calls_before_init_raise_uninitialized(gpus_file: Path) -> None:
     module = FakeNvml(str(gpus_file))
-    with pytest.raises(fake.NVMLError_Uninitialized):
+    with pytest.raises(errors.NVMLError_Uninitialized):
         module.nvmlDeviceGetCount()
     module.nvmlInit()
     module.nvmlInit()
     module.nvmlShutdown()
     assert module.nvmlDeviceGetCount() == 2  # init is refcounted
     module.nvmlShutdown()
-    with pytest.raises(fake.NVMLError_Uninitialized):
+    with pytest.raises(errors.NVMLError_Uninitialized):
         module.nvmlDeviceGetCount()
 
 
@@ -199,7 +123,7 @@ def test_init_error_simulates_a_missing_driver_until_removed(tmp_path: Path) -> 
     path = tmp_path / "gpus.yaml"
     path.write_text("init_error: LibraryNotFound\n" + gpu_yaml())
     module = FakeNvml(str(path))
-    with pytest.raises(fake.NVMLError_LibraryNotFound) as caught:
+    with pytest.raises(errors.NVMLError_LibraryNotFound) as caught:
         module.nvmlInit()
     assert caught.value.value == 12
     assert str(caught.value) == "NVML Shared Library Not Found"
@@ -212,7 +136,7 @@ def test_invalid_file_at_init_names_file_and_problem(tmp_path: Path) -> None:
     path = tmp_path / "gpus.yaml"
     path.write_text("gpus:\n  - name: no-uuid\n")
     module = FakeNvml(str(path))
-    with pytest.raises(fake.NVMLError) as caught:
+    with pytest.raises(errors.NVMLError) as caught:
         module.nvmlInit()
     assert str(caught.value) == f"fake GPU file {path}: gpus[0]: 'uuid' is required"
 
@@ -226,18 +150,18 @@ def test_device_queries(nvml: FakeNvml) -> None:
     assert nvml.nvmlDeviceGetPciInfo(handle).busId == "00000000:10:00.0"
     assert nvml.nvmlDeviceGetMigMode(handle) == [0, 0]
     assert nvml.nvmlDeviceGetIndex(nvml.nvmlDeviceGetHandleByUUID(UUID_B)) == 1
-    with pytest.raises(fake.NVMLError_NotSupported):
+    with pytest.raises(errors.NVMLError_NotSupported):
         nvml.nvmlDeviceGetNumaNodeId(nvml.nvmlDeviceGetHandleByIndex(1))
-    with pytest.raises(fake.NVMLError_InvalidArgument):
+    with pytest.raises(errors.NVMLError_InvalidArgument):
         nvml.nvmlDeviceGetHandleByIndex(2)
-    with pytest.raises(fake.NVMLError_NotFound):
+    with pytest.raises(errors.NVMLError_NotFound):
         nvml.nvmlDeviceGetHandleByUUID("GPU-unknown")
 
 
 def test_unhealthy_gpu_is_lost_until_flipped_back(nvml: FakeNvml, gpus_file: Path) -> None:
     handle = nvml.nvmlDeviceGetHandleByUUID(UUID_B)
     rewrite(gpus_file, gpu_yaml(healthy_b=False))
-    with pytest.raises(fake.NVMLError_GpuIsLost) as caught:
+    with pytest.raises(errors.NVMLError_GpuIsLost) as caught:
         nvml.nvmlDeviceGetMemoryInfo(handle)
     assert caught.value.value == 15
     assert nvml.nvmlDeviceGetUUID(handle) == UUID_B  # still nameable, as for event matching
@@ -250,14 +174,14 @@ def test_memory_null_means_not_supported(tmp_path: Path) -> None:
     path.write_text(f"gpus:\n  - {{uuid: {UUID_A}, memory_mib: null}}\n")
     module = FakeNvml(str(path))
     module.nvmlInit()
-    with pytest.raises(fake.NVMLError_NotSupported):
+    with pytest.raises(errors.NVMLError_NotSupported):
         module.nvmlDeviceGetMemoryInfo(module.nvmlDeviceGetHandleByIndex(0))
 
 
 # --- events -----------------------------------------------------------------------------------
 
 
-def registered_set(nvml: FakeNvml, *uuids: str) -> fake.FakeEventSet:
+def registered_set(nvml: FakeNvml, *uuids: str) -> values.FakeEventSet:
     event_set = nvml.nvmlEventSetCreate()
     for uuid in uuids:
         handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
@@ -268,7 +192,7 @@ def registered_set(nvml: FakeNvml, *uuids: str) -> fake.FakeEventSet:
 
 def test_wait_times_out_with_nvml_timeout(nvml: FakeNvml) -> None:
     event_set = registered_set(nvml, UUID_A, UUID_B)
-    with pytest.raises(fake.NVMLError_Timeout) as caught:
+    with pytest.raises(errors.NVMLError_Timeout) as caught:
         nvml.nvmlEventSetWait(event_set, 30)
     assert caught.value.value == pynvml.NVML_ERROR_TIMEOUT
     nvml.nvmlEventSetFree(event_set)
@@ -282,7 +206,7 @@ def test_flip_to_unhealthy_delivers_xid_79(nvml: FakeNvml, gpus_file: Path) -> N
     assert event.eventType == XID
     assert event.eventData == 79
     assert event.gpuInstanceId == 0xFFFFFFFF
-    with pytest.raises(fake.NVMLError_Timeout):  # one event per change, not per poll
+    with pytest.raises(errors.NVMLError_Timeout):  # one event per change, not per poll
         nvml.nvmlEventSetWait(event_set, 250)
 
 
@@ -291,7 +215,7 @@ def test_new_xid_value_delivers_that_xid(nvml: FakeNvml, gpus_file: Path) -> Non
     rewrite(gpus_file, gpu_yaml(xid_b=48))
     assert nvml.nvmlEventSetWait(event_set, 1000).eventData == 48
     rewrite(gpus_file, gpu_yaml(xid_b=48, extra="# unrelated edit\n"))
-    with pytest.raises(fake.NVMLError_Timeout):
+    with pytest.raises(errors.NVMLError_Timeout):
         nvml.nvmlEventSetWait(event_set, 250)
     rewrite(gpus_file, gpu_yaml(xid_b=13))
     assert nvml.nvmlEventSetWait(event_set, 1000).eventData == 13
@@ -300,7 +224,7 @@ def test_new_xid_value_delivers_that_xid(nvml: FakeNvml, gpus_file: Path) -> Non
 def test_events_only_reach_sets_the_gpu_is_registered_with(nvml: FakeNvml, gpus_file: Path) -> None:
     only_a = registered_set(nvml, UUID_A)
     rewrite(gpus_file, gpu_yaml(healthy_b=False))
-    with pytest.raises(fake.NVMLError_Timeout):
+    with pytest.raises(errors.NVMLError_Timeout):
         nvml.nvmlEventSetWait(only_a, 150)
 
 
@@ -319,9 +243,9 @@ def test_invalid_edit_keeps_last_state_and_is_logged_once(
     nvml: FakeNvml, gpus_file: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     event_set = registered_set(nvml, UUID_B)
-    caplog.set_level(logging.ERROR, logger="hami_plugin.deviceplugin.fake")
+    caplog.set_level(logging.ERROR, logger="hami_plugin.deviceplugin.fakenvml.nvml")
     rewrite(gpus_file, "gpus: [\n")
-    with pytest.raises(fake.NVMLError_Timeout):
+    with pytest.raises(errors.NVMLError_Timeout):
         nvml.nvmlEventSetWait(event_set, 250)
     assert nvml.nvmlDeviceGetCount() == 2
     problems = [r.getMessage() for r in caplog.records]
@@ -334,10 +258,10 @@ def test_invalid_edit_keeps_last_state_and_is_logged_once(
 def test_injected_wait_error_and_event(nvml: FakeNvml) -> None:
     event_set = registered_set(nvml, UUID_A)
     nvml.inject_wait_error(pynvml.NVML_ERROR_UNKNOWN)
-    with pytest.raises(fake.NVMLError_Unknown):
+    with pytest.raises(errors.NVMLError_Unknown):
         nvml.nvmlEventSetWait(event_set, 1000)
-    nvml.inject_event(UUID_A, fake.nvmlEventTypeDoubleBitEccError, 0)
-    with pytest.raises(fake.NVMLError_Timeout):  # registered for Xid only
+    nvml.inject_event(UUID_A, values.nvmlEventTypeDoubleBitEccError, 0)
+    with pytest.raises(errors.NVMLError_Timeout):  # registered for Xid only
         nvml.nvmlEventSetWait(event_set, 50)
     nvml.inject_event(UUID_A, XID, 31)
     assert nvml.nvmlEventSetWait(event_set, 1000).eventData == 31
@@ -346,7 +270,7 @@ def test_injected_wait_error_and_event(nvml: FakeNvml) -> None:
 def test_freed_set_rejects_waits(nvml: FakeNvml) -> None:
     event_set = registered_set(nvml, UUID_A)
     nvml.nvmlEventSetFree(event_set)
-    with pytest.raises(fake.NVMLError_InvalidArgument):
+    with pytest.raises(errors.NVMLError_InvalidArgument):
         nvml.nvmlEventSetWait(event_set, 10)
 
 
@@ -383,8 +307,8 @@ def test_usage_has_pynvml_field_names() -> None:
     # The adapter reads these attributes off pynvml's ctypes structures.
     assert [name for name, _ in pynvml.c_nvmlUtilization_t._fields_] == ["gpu", "memory"]
     assert {"total", "free", "used"} <= {name for name, _ in pynvml.c_nvmlMemory_t._fields_}
-    assert set(fake.FakeUtilization.__dataclass_fields__) == {"gpu", "memory"}
-    assert set(fake.FakeMemoryInfo.__dataclass_fields__) == {"total", "free", "used"}
+    assert set(values.FakeUtilization.__dataclass_fields__) == {"gpu", "memory"}
+    assert set(values.FakeMemoryInfo.__dataclass_fields__) == {"total", "free", "used"}
 
 
 def test_null_utilization_means_not_supported(tmp_path: Path) -> None:
@@ -392,12 +316,12 @@ def test_null_utilization_means_not_supported(tmp_path: Path) -> None:
     path.write_text(f"gpus:\n  - {{uuid: {UUID_A}, memory_utilization_percent: null}}\n")
     module = FakeNvml(str(path))
     module.nvmlInit()
-    with pytest.raises(fake.NVMLError_NotSupported):
+    with pytest.raises(errors.NVMLError_NotSupported):
         module.nvmlDeviceGetUtilizationRates(module.nvmlDeviceGetHandleByIndex(0))
 
 
 def test_lost_gpu_cannot_report_usage(nvml: FakeNvml, gpus_file: Path) -> None:
     handle = nvml.nvmlDeviceGetHandleByUUID(UUID_B)
     rewrite(gpus_file, gpu_yaml(healthy_b=False))
-    with pytest.raises(fake.NVMLError_GpuIsLost):
+    with pytest.raises(errors.NVMLError_GpuIsLost):
         nvml.nvmlDeviceGetUtilizationRates(handle)

@@ -1,0 +1,8 @@
+"""A fake NVML driven by a YAML file, so every daemon code path runs without a GPU
+(`hami device-plugin --nvml fake --fake-gpus FILE`, the tests, the demo).
+
+* `nvml`: `FakeNvml`, the module-like pynvml look-alike, and how it follows the file;
+* `gpufile`: the fake GPU file's format, parsed and validated (`FakeGpuSpec`);
+* `errors`: NVML's error classes and codes, as pynvml has them;
+* `values`: what the calls return (handles, memory, utilisation, PCI info, events).
+"""

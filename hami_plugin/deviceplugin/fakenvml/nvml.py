@@ -1,0 +1,401 @@
+"""`FakeNvml`: a pynvml look-alike driven by the fake GPU file (`fakenvml.gpufile`).
+
+`FakeNvml(path)` is module-like: it has the attributes of `pynvml` that hami-plugin calls
+(`nvmlInit`, `nvmlDeviceGetHandleByIndex`, the event-set calls, `NVMLError` and its
+subclasses, the event-type constants ...), with pynvml's semantics: errors are `NVMLError`
+subclasses carrying the NVML `.value` code, calls before `nvmlInit` raise
+`NVMLError_Uninitialized`, `nvmlEventSetWait` raises `NVMLError_Timeout` when nothing arrived.
+
+The file is re-read when it changes: on every call when its stat changes, and every ~100 ms
+inside `nvmlEventSetWait`. `healthy` going from true to false, or `xid` taking a new value,
+delivers one XidCriticalError event (event data = `xid`, default 79) to every event set the GPU
+is registered with. A file that turns invalid while running is reported once in the log and
+the last good content stays in force; an invalid file at `nvmlInit` makes init fail with a
+message naming the file and the problem.
+"""
+
+# The names below copy pynvml's (NVMLError_GpuIsLost, nvmlEventTypeXidCriticalError ...) so that
+# the fake is a drop-in for the module.
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+
+from hami_plugin.deviceplugin.fakenvml.errors import (
+    ERROR_CODES,
+    NVML_SUCCESS,
+    NVMLError,
+    NVMLError_AlreadyInitialized,
+    NVMLError_CorruptedInforom,
+    NVMLError_DriverNotLoaded,
+    NVMLError_FunctionNotFound,
+    NVMLError_GpuIsLost,
+    NVMLError_GpuNotFound,
+    NVMLError_InsufficientSize,
+    NVMLError_InUse,
+    NVMLError_InvalidArgument,
+    NVMLError_LibraryNotFound,
+    NVMLError_LibRmVersionMismatch,
+    NVMLError_Memory,
+    NVMLError_NoData,
+    NVMLError_NoPermission,
+    NVMLError_NotFound,
+    NVMLError_NotReady,
+    NVMLError_NotSupported,
+    NVMLError_ResetRequired,
+    NVMLError_Timeout,
+    NVMLError_Uninitialized,
+    NVMLError_Unknown,
+    nvml_error,
+    nvmlExceptionClass,
+)
+from hami_plugin.deviceplugin.fakenvml.gpufile import (
+    FakeGpuFile,
+    FakeGpuFileError,
+    FakeGpuSpec,
+    parse_fake_gpus,
+)
+from hami_plugin.deviceplugin.fakenvml.values import (
+    NVML_DEVICE_MIG_DISABLE,
+    NVML_DEVICE_MIG_ENABLE,
+    SUPPORTED_EVENTS,
+    FakeDeviceHandle,
+    FakeEventData,
+    FakeEventSet,
+    FakeMemoryInfo,
+    FakePciInfo,
+    FakeUtilization,
+    nvmlEventTypeClock,
+    nvmlEventTypeDoubleBitEccError,
+    nvmlEventTypeNone,
+    nvmlEventTypePState,
+    nvmlEventTypeSingleBitEccError,
+    nvmlEventTypeXidCriticalError,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_XID = 79
+"""Xid reported when a GPU turns `healthy: false` without an explicit `xid` (fallen off the bus)."""
+
+_POLL_SECONDS = 0.1
+
+_NvmlErrorType = NVMLError
+
+
+class FakeNvml:
+    """pynvml look-alike backed by a YAML file (the format: `fakenvml.gpufile`)."""
+
+    NVML_SUCCESS = NVML_SUCCESS
+    NVML_DEVICE_MIG_DISABLE = NVML_DEVICE_MIG_DISABLE
+    NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
+    NVML_ERROR_UNINITIALIZED = 1
+    NVML_ERROR_NOT_SUPPORTED = 3
+    NVML_ERROR_TIMEOUT = 10
+    NVML_ERROR_LIBRARY_NOT_FOUND = 12
+    NVML_ERROR_FUNCTION_NOT_FOUND = 13
+    NVML_ERROR_GPU_IS_LOST = 15
+    NVML_ERROR_UNKNOWN = 999
+    nvmlEventTypeSingleBitEccError = nvmlEventTypeSingleBitEccError
+    nvmlEventTypeDoubleBitEccError = nvmlEventTypeDoubleBitEccError
+    nvmlEventTypePState = nvmlEventTypePState
+    nvmlEventTypeXidCriticalError = nvmlEventTypeXidCriticalError
+    nvmlEventTypeClock = nvmlEventTypeClock
+    nvmlEventTypeNone = nvmlEventTypeNone
+
+    NVMLError = NVMLError
+    NVMLError_Uninitialized = NVMLError_Uninitialized
+    NVMLError_InvalidArgument = NVMLError_InvalidArgument
+    NVMLError_NotSupported = NVMLError_NotSupported
+    NVMLError_NoPermission = NVMLError_NoPermission
+    NVMLError_AlreadyInitialized = NVMLError_AlreadyInitialized
+    NVMLError_NotFound = NVMLError_NotFound
+    NVMLError_InsufficientSize = NVMLError_InsufficientSize
+    NVMLError_DriverNotLoaded = NVMLError_DriverNotLoaded
+    NVMLError_Timeout = NVMLError_Timeout
+    NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
+    NVMLError_FunctionNotFound = NVMLError_FunctionNotFound
+    NVMLError_CorruptedInforom = NVMLError_CorruptedInforom
+    NVMLError_GpuIsLost = NVMLError_GpuIsLost
+    NVMLError_ResetRequired = NVMLError_ResetRequired
+    NVMLError_LibRmVersionMismatch = NVMLError_LibRmVersionMismatch
+    NVMLError_InUse = NVMLError_InUse
+    NVMLError_Memory = NVMLError_Memory
+    NVMLError_NoData = NVMLError_NoData
+    NVMLError_NotReady = NVMLError_NotReady
+    NVMLError_GpuNotFound = NVMLError_GpuNotFound
+    NVMLError_Unknown = NVMLError_Unknown
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._init_count = 0
+        self._gpus: dict[str, FakeGpuSpec] = {}
+        self._by_index: dict[int, str] = {}
+        self._init_error: str | None = None
+        self._stat: tuple[int, int, int, int] | None = None
+        self._raw: bytes | None = None
+        self._problem: str | None = None
+        self._event_sets: list[FakeEventSet] = []
+        self._wait_errors: deque[int] = deque()
+
+    @staticmethod
+    def nvmlExceptionClass(code: int) -> type[_NvmlErrorType]:
+        return nvmlExceptionClass(code)
+
+    @staticmethod
+    def nvmlErrorString(result: int) -> str:
+        return str(NVMLError(result))
+
+    # -- file watching --
+
+    def _refresh(self, *, force_read: bool = False) -> None:
+        """Re-read the file if it changed; apply it and deliver the events its changes mean."""
+        try:
+            status = os.stat(self.path)
+        except OSError as error:
+            self._set_problem(f"cannot read: {error.strerror or error}")
+            return
+        signature = (status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
+        with self._lock:
+            if signature == self._stat and not force_read and self._problem is None:
+                return
+            self._stat = signature
+        try:
+            with open(self.path, "rb") as stream:
+                data = stream.read()
+        except OSError as error:
+            self._set_problem(f"cannot read: {error.strerror or error}")
+            return
+        with self._lock:
+            if data == self._raw:
+                return
+            self._raw = data
+        try:
+            parsed = parse_fake_gpus(data, self.path)
+        except FakeGpuFileError as error:
+            self._set_problem(str(error).removeprefix(f"fake GPU file {self.path}: "))
+            return
+        self._apply(parsed)
+
+    def _set_problem(self, problem: str) -> None:
+        with self._lock:
+            if problem == self._problem:
+                return
+            self._problem = problem
+            # A later good read must not be mistaken for "unchanged".
+            self._raw = None
+            had_state = bool(self._gpus) or self._init_error is not None
+        if had_state:
+            logger.error("fake GPU file %s: %s; keeping the last good content", self.path, problem)
+
+    def _apply(self, parsed: FakeGpuFile) -> None:
+        with self._changed:
+            previous = self._gpus
+            recovered = self._problem is not None and bool(previous)
+            self._problem = None
+            self._gpus = {gpu.uuid: gpu for gpu in parsed.gpus}
+            self._by_index = {gpu.index: gpu.uuid for gpu in parsed.gpus}
+            self._init_error = parsed.init_error
+            for gpu in parsed.gpus:
+                old = previous.get(gpu.uuid)
+                if old is None:
+                    continue
+                went_bad = old.healthy and not gpu.healthy
+                new_xid = gpu.xid is not None and gpu.xid != old.xid
+                if went_bad or new_xid:
+                    xid = gpu.xid if gpu.xid is not None else DEFAULT_XID
+                    logger.info("fake GPU %s: Xid %d event (from %s)", gpu.uuid, xid, self.path)
+                    self._deliver_locked(gpu.uuid, nvmlEventTypeXidCriticalError, xid)
+            self._changed.notify_all()
+        if recovered:
+            logger.info("fake GPU file %s is valid again: %d GPU(s)", self.path, len(parsed.gpus))
+        else:
+            logger.debug("fake GPU file %s loaded: %d GPU(s)", self.path, len(parsed.gpus))
+
+    def _deliver_locked(self, uuid: str, event_type: int, data: int) -> None:
+        for event_set in self._event_sets:
+            if event_set.registered.get(uuid, 0) & event_type:
+                event_set.queue.append(FakeEventData(FakeDeviceHandle(uuid), event_type, data))
+
+    # -- test hooks (not part of pynvml) --
+
+    def inject_event(
+        self, uuid: str, event_type: int = nvmlEventTypeXidCriticalError, data: int = DEFAULT_XID
+    ) -> None:
+        """Deliver an event as if NVML had reported it (for tests)."""
+        with self._changed:
+            self._deliver_locked(uuid, event_type, data)
+            self._changed.notify_all()
+
+    def inject_wait_error(self, code: int = 999) -> None:
+        """Make the next `nvmlEventSetWait` raise the NVML error with this code (for tests)."""
+        with self._changed:
+            self._wait_errors.append(code)
+            self._changed.notify_all()
+
+    # -- init --
+
+    def _check_init(self) -> None:
+        if self._init_count == 0:
+            raise NVMLError_Uninitialized()
+
+    def nvmlInit(self) -> None:
+        self._refresh(force_read=True)
+        with self._lock:
+            if self._problem is not None:
+                raise NVMLError_Unknown(f"fake GPU file {self.path}: {self._problem}")
+            if self._init_error is not None:
+                raise nvml_error(ERROR_CODES[self._init_error])
+            self._init_count += 1
+
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        self.nvmlInit()
+
+    def nvmlShutdown(self) -> None:
+        with self._lock:
+            if self._init_count == 0:
+                raise NVMLError_Uninitialized()
+            self._init_count -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._check_init()
+        return "0.0.0-fake"
+
+    # -- devices --
+
+    def _lookup(self, handle: FakeDeviceHandle, *, live: bool) -> FakeGpuSpec:
+        self._check_init()
+        self._refresh()
+        if not isinstance(handle, FakeDeviceHandle):
+            raise NVMLError_InvalidArgument()
+        with self._lock:
+            gpu = self._gpus.get(handle.uuid)
+        if gpu is None or (live and not gpu.healthy):
+            raise NVMLError_GpuIsLost()
+        return gpu
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._check_init()
+        self._refresh()
+        with self._lock:
+            return len(self._gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeDeviceHandle:
+        self._check_init()
+        self._refresh()
+        with self._lock:
+            uuid = self._by_index.get(index)
+        if uuid is None:
+            raise NVMLError_InvalidArgument()
+        return FakeDeviceHandle(uuid)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> FakeDeviceHandle:
+        self._check_init()
+        self._refresh()
+        text = uuid.decode() if isinstance(uuid, bytes) else uuid
+        with self._lock:
+            known = text in self._gpus
+        if not known:
+            raise NVMLError_NotFound()
+        return FakeDeviceHandle(text)
+
+    def nvmlDeviceGetUUID(self, handle: FakeDeviceHandle) -> str:
+        return self._lookup(handle, live=False).uuid
+
+    def nvmlDeviceGetIndex(self, handle: FakeDeviceHandle) -> int:
+        return self._lookup(handle, live=False).index
+
+    def nvmlDeviceGetName(self, handle: FakeDeviceHandle) -> str:
+        return self._lookup(handle, live=True).name
+
+    def nvmlDeviceGetMemoryInfo(
+        self, handle: FakeDeviceHandle, version: object = None
+    ) -> FakeMemoryInfo:
+        gpu = self._lookup(handle, live=True)
+        if gpu.memory_mib is None:
+            raise NVMLError_NotSupported()
+        total = gpu.memory_mib * 1024 * 1024
+        used = gpu.memory_used_mib * 1024 * 1024
+        return FakeMemoryInfo(total=total, free=total - used, used=used)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeDeviceHandle) -> FakeUtilization:
+        gpu = self._lookup(handle, live=True)
+        if gpu.utilization_percent is None or gpu.memory_utilization_percent is None:
+            raise NVMLError_NotSupported()
+        return FakeUtilization(gpu=gpu.utilization_percent, memory=gpu.memory_utilization_percent)
+
+    def nvmlDeviceGetNumaNodeId(self, handle: FakeDeviceHandle) -> int:
+        gpu = self._lookup(handle, live=True)
+        if gpu.numa_node is None:
+            raise NVMLError_NotSupported()
+        return gpu.numa_node
+
+    def nvmlDeviceGetPciInfo(self, handle: FakeDeviceHandle) -> FakePciInfo:
+        gpu = self._lookup(handle, live=True)
+        return FakePciInfo(busId=gpu.pci_bus_id, busIdLegacy=gpu.pci_bus_id[-12:])
+
+    def nvmlDeviceGetMigMode(self, handle: FakeDeviceHandle) -> list[int]:
+        gpu = self._lookup(handle, live=True)
+        mode = NVML_DEVICE_MIG_ENABLE if gpu.mig else NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetMinorNumber(self, handle: FakeDeviceHandle) -> int:
+        return self._lookup(handle, live=True).minor_number
+
+    # -- events --
+
+    def nvmlEventSetCreate(self) -> FakeEventSet:
+        self._check_init()
+        event_set = FakeEventSet()
+        with self._lock:
+            self._event_sets.append(event_set)
+        return event_set
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: FakeDeviceHandle) -> int:
+        self._lookup(handle, live=True)
+        return SUPPORTED_EVENTS
+
+    def nvmlDeviceRegisterEvents(
+        self, handle: FakeDeviceHandle, event_types: int, event_set: FakeEventSet
+    ) -> None:
+        gpu = self._lookup(handle, live=True)
+        if event_types & ~SUPPORTED_EVENTS:
+            raise NVMLError_NotSupported()
+        with self._lock:
+            if event_set.freed:
+                raise NVMLError_InvalidArgument()
+            event_set.registered[gpu.uuid] = event_set.registered.get(gpu.uuid, 0) | event_types
+
+    def nvmlEventSetWait(self, event_set: FakeEventSet, timeoutms: int) -> FakeEventData:
+        """Next event of the set; raises NVMLError_Timeout after `timeoutms` without one."""
+        self._check_init()
+        deadline = time.monotonic() + max(timeoutms, 0) / 1000.0
+        while True:
+            self._refresh(force_read=True)
+            with self._changed:
+                if event_set.freed:
+                    raise NVMLError_InvalidArgument()
+                if self._wait_errors:
+                    raise nvml_error(self._wait_errors.popleft())
+                if event_set.queue:
+                    return event_set.queue.popleft()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise NVMLError_Timeout()
+                self._changed.wait(min(_POLL_SECONDS, remaining))
+
+    nvmlEventSetWait_v2 = nvmlEventSetWait
+
+    def nvmlEventSetFree(self, event_set: FakeEventSet) -> None:
+        self._check_init()
+        with self._changed:
+            event_set.freed = True
+            if event_set in self._event_sets:
+                self._event_sets.remove(event_set)
+            self._changed.notify_all()
