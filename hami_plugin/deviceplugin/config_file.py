@@ -5,15 +5,16 @@ The config file (`--config-file`) is YAML and accepts two shapes at once:
 * HAMi's device ConfigMap (`/device-config.yaml`): a top-level `nvidia:` mapping with
   `deviceSplitCount`, `deviceMemoryScaling`, `deviceCoreScaling`, `libCudaLogLevel`,
   `resourceCountName`, `disableCoreLimit`, `preConfiguredDeviceMemory` (keys matched
-  case-insensitively, as Go's JSON decoding does; the scheduler's keys in the same section are
-  ignored);
+  case-insensitively with Go's field-name folding, `protocol.gojson.fold_name`, as HAMi's
+  decoding does; the scheduler's keys in the same section are ignored);
 * our own flat keys, named like the `DevicePluginSettings` fields (`split_count: 4`), which win
   over the `nvidia:` section.
 
 Per-node overrides use HAMi's shape (`docs/hami-reference.md` 4.1): `nodeconfig: [{name,
 devicesplitcount, devicememoryscaling, devicecorescaling, ...}]`, either inside the config file
 or in a separate `--node-config-file` (HAMi's `/config/config.json`; JSON is valid YAML). The
-entry whose `name` equals the node name overrides only the fields it sets.
+entry whose `name` equals the node name overrides only the fields it sets. Its keys are folded
+as Go folds them too.
 """
 
 from __future__ import annotations
@@ -22,21 +23,22 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from hami_plugin.config import ConfigError, Layer, read_yaml
+from hami_plugin.protocol.gojson import fold_name
 
 __all__ = ["NODE_KEYS", "NVIDIA_KEYS", "config_file_layer", "node_config_entries", "node_layer"]
 
 logger = logging.getLogger(__name__)
 
 NVIDIA_KEYS = {
-    "devicesplitcount": "split_count",
-    "devicememoryscaling": "memory_scaling",
-    "devicecorescaling": "cores_scaling",
-    "resourcecountname": "resource_name",
-    "libcudaloglevel": "libcuda_log_level",
-    "disablecorelimit": "disable_core_limit",
-    "preconfigureddevicememory": "preconfigured_device_memory_mib",
+    "deviceSplitCount": "split_count",
+    "deviceMemoryScaling": "memory_scaling",
+    "deviceCoreScaling": "cores_scaling",
+    "resourceCountName": "resource_name",
+    "libCudaLogLevel": "libcuda_log_level",
+    "disableCoreLimit": "disable_core_limit",
+    "preConfiguredDeviceMemory": "preconfigured_device_memory_mib",
 }
-"""The `nvidia:` keys of HAMi's device ConfigMap, lower-cased, and the setting each sets."""
+"""The `nvidia:` keys of HAMi's device ConfigMap and the setting each sets."""
 
 NODE_KEYS = {
     "devicesplitcount": "split_count",
@@ -47,11 +49,17 @@ NODE_KEYS = {
     "preconfigureddevicememory": "preconfigured_device_memory_mib",
     "enablegetpreferredallocation": "enable_preferred_allocation",
 }
-"""The keys of a HAMi `nodeconfig` entry, lower-cased, and the setting each overrides."""
+"""The keys of a HAMi `nodeconfig` entry and the setting each overrides."""
 
+# The tables by folded key, as a key read from a file is matched (`fold_name`).
+_NVIDIA_FIELDS = {fold_name(key): setting for key, setting in NVIDIA_KEYS.items()}
+_NODE_FIELDS = {fold_name(key): setting for key, setting in NODE_KEYS.items()}
 # HAMi node-config keys we read but that only have one supported value here.
-_NODE_KEYS_CHECKED = {"operatingmode": "hami-core", "migstrategy": "none"}
-_NODE_KEYS_IGNORED = frozenset({"name"})
+_NODE_FIELDS_CHECKED = {fold_name("operatingmode"): "hami-core", fold_name("migstrategy"): "none"}
+_NODE_FIELDS_IGNORED = frozenset({fold_name("name")})
+_NODE_FILTER_DEVICES = fold_name("filterdevices")
+_FILTER_UUID = fold_name("uuid")
+_FILTER_INDEX = fold_name("index")
 
 
 def _filter_devices_values(raw: object, where: str) -> dict[str, object]:
@@ -61,10 +69,10 @@ def _filter_devices_values(raw: object, where: str) -> dict[str, object]:
         raise ConfigError(f"{where}: expected a mapping with 'uuid' and 'index' lists")
     values: dict[str, object] = {}
     for key, value in raw.items():
-        name = str(key).lower()
-        if name == "uuid":
+        name = fold_name(str(key))
+        if name == _FILTER_UUID:
             values["filter_uuids"] = [] if value is None else value
-        elif name == "index":
+        elif name == _FILTER_INDEX:
             values["filter_indexes"] = [] if value is None else value
         else:
             raise ConfigError(f"{where}: unknown key {key!r} (known: uuid, index)")
@@ -88,7 +96,7 @@ def config_file_layer(path: str, flat_keys: frozenset[str]) -> tuple[Layer, list
         if not isinstance(nvidia, Mapping):
             raise ConfigError(f"{layer.label}: 'nvidia' must be a mapping")
         for key, value in nvidia.items():
-            name = NVIDIA_KEYS.get(str(key).lower())
+            name = _NVIDIA_FIELDS.get(fold_name(str(key)))
             if name is not None and value is not None:
                 layer.put(name, value, f"nvidia.{key}")
     node_entries: list[object] = []
@@ -126,20 +134,20 @@ def node_layer(entries: Sequence[object], node_name: str, source: str) -> Layer 
             continue
         layer = Layer(label)
         for key, value in entry.items():
-            name = str(key).lower()
-            if value is None or name in _NODE_KEYS_IGNORED:
+            name = fold_name(str(key))
+            if value is None or name in _NODE_FIELDS_IGNORED:
                 continue
-            if name in _NODE_KEYS_CHECKED:
-                expected = _NODE_KEYS_CHECKED[name]
+            if name in _NODE_FIELDS_CHECKED:
+                expected = _NODE_FIELDS_CHECKED[name]
                 if str(value).lower() != expected:
                     raise ConfigError(
                         f"{label}: {key}={value!r} is not supported (only {expected!r})"
                     )
-            elif name == "filterdevices":
+            elif name == _NODE_FILTER_DEVICES:
                 for setting, item in _filter_devices_values(value, f"{label}: {key}").items():
                     layer.put(setting, item, str(key))
-            elif name in NODE_KEYS:
-                layer.put(NODE_KEYS[name], value, str(key))
+            elif name in _NODE_FIELDS:
+                layer.put(_NODE_FIELDS[name], value, str(key))
             else:
                 logger.warning("%s: ignoring unknown key %r", label, key)
         return layer

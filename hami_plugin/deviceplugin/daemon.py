@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.config import ConfigError
 from hami_plugin.deviceplugin.settings import (
     DevicePluginSettings,
@@ -48,7 +49,9 @@ class DevicePluginDaemon:
     """The running device plugin. `run()` blocks until `stop()` (thread-safe, idempotent).
 
     `kube`, `nvml_module` and `restart_watch` replace the production adapters in tests;
-    `vgpulock_path` is the host directory mounted at /tmp/vgpulock in containers.
+    `vgpulock_path` is the host directory mounted at /tmp/vgpulock in containers. `clock` is the
+    one clock every part reads (health recovery, pod lists, directory ages, metrics, the
+    Kubernetes client it creates); the system clock when None.
     """
 
     def __init__(
@@ -61,8 +64,10 @@ class DevicePluginDaemon:
         vgpulock_path: str = VGPU_LOCK_HOST_PATH,
         sysfs_root: str = "/sys",
         nvml_retry_seconds: float = NVML_RETRY_SECONDS,
+        clock: Clock | None = None,
     ) -> None:
         self.settings = settings
+        self._clock: Clock = clock or SystemClock()
         self._kube = kube
         self._nvml_module = nvml_module
         self._restart_watch = restart_watch
@@ -153,7 +158,7 @@ class DevicePluginDaemon:
         kube = self._kube
         if kube is None:
             try:
-                kube = owned_kube = KubeClient.from_config(settings.kubeconfig)
+                kube = owned_kube = KubeClient.from_config(settings.kubeconfig, clock=self._clock)
             except KubeError as error:
                 logger.error("%s", error)
                 return EXIT_FAILURE
@@ -182,7 +187,9 @@ class DevicePluginDaemon:
             resource_name=settings.resource_name,
             watch=self._restart_watch,
         )
-        health = self._health = HealthMonitor(backend, settings, self._on_health_change)
+        health = self._health = HealthMonitor(
+            backend, settings, self._on_health_change, clock=self._clock
+        )
         publisher = self._publisher = RegisterPublisher(
             kube,
             settings.node_name,
@@ -194,12 +201,13 @@ class DevicePluginDaemon:
         # HAMi-core's per-container shared regions: read for /metrics, cleaned up and
         # arbitrated by priority (HAMi's vGPU monitor), over one watch of this node's pods and
         # one set of files.
-        pods = NodePods.watching(kube, settings.node_name, self._stop)
+        pods = NodePods.watching(kube, settings.node_name, self._stop, clock=self._clock)
         scanner = ContainerScanner(
             containers_dir(settings.hook_path),
             pods,
             resync_interval_seconds=settings.vgpu_resync_interval_seconds,
             pod_refresh_seconds=0.0,  # the watch keeps the list current
+            clock=self._clock,
         )
         feedback = FeedbackLoop(scanner) if settings.priority_feedback else None
         try:
@@ -216,6 +224,7 @@ class DevicePluginDaemon:
                 kube=kube,
                 scanner=scanner,
                 pods=pods,
+                clock=self._clock,
             )
             self.started.set()
             self._stop.wait()

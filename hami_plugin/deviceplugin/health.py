@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.deviceplugin.nvml import (
     EventsNotSupportedError,
     GpuEvent,
@@ -126,12 +126,12 @@ class HealthMonitor:
         backend: NvmlBackend,
         settings: DevicePluginSettings,
         on_change: Callable[[HealthChange], None],
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | None = None,
     ) -> None:
         self._backend = backend
         self._settings = settings
         self._on_change = on_change
-        self._clock = clock
+        self._clock: Clock = clock or SystemClock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -203,14 +203,15 @@ class HealthMonitor:
                 try:
                     event = self._backend.wait_event(event_set, slice_ms)
                 except NvmlError as error:
+                    now = self._clock.monotonic()
                     with self._lock:
-                        changes = self._tracker.mark_all_unhealthy(str(error), self._clock())
+                        changes = self._tracker.mark_all_unhealthy(str(error), now)
                     self._emit(changes)
                     self._stop.wait(slice_ms / 1000.0)
                     continue
                 if event is not None:
                     with self._lock:
-                        changes = self._tracker.on_event(event, self._clock())
+                        changes = self._tracker.on_event(event, self._clock.monotonic())
                     self._emit(changes)
                 self._recover(event_set, unregistered)
         except Exception:
@@ -226,14 +227,14 @@ class HealthMonitor:
             logger.warning("%s; GPU %s is not watched for errors", error, uuid)
         except NvmlError as error:
             with self._lock:
-                changes = self._tracker.mark_unhealthy(uuid, str(error), self._clock())
+                changes = self._tracker.mark_unhealthy(uuid, str(error), self._clock.monotonic())
             self._emit(changes)
             return False
         return True
 
     def _recover(self, event_set: Any, unregistered: set[str]) -> None:
         with self._lock:
-            candidates = self._tracker.recovery_candidates(self._clock())
+            candidates = self._tracker.recovery_candidates(self._clock.monotonic())
         for uuid in candidates:
             if not self._backend.is_responsive(uuid):
                 continue

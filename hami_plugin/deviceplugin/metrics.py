@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.deviceplugin.inventory import PhysicalGpu, VgpuDevice
 from hami_plugin.deviceplugin.monitor.containers import ContainerScanner
 from hami_plugin.deviceplugin.monitor.vgpu import VgpuCollector
@@ -130,17 +130,24 @@ class NodePods:
         list_pods: Callable[[], Sequence[PodInfo]],
         *,
         max_age_seconds: float = 5.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | None = None,
     ) -> None:
         self._list_pods = list_pods
         self._max_age = max_age_seconds
-        self._clock = clock
+        self._clock: Clock = clock or SystemClock()
         self._lock = threading.Lock()
         self._pods: Sequence[PodInfo] = ()
         self._listed_at: float | None = None
 
     @classmethod
-    def from_kube(cls, kube: Any, node_name: str, *, timeout_seconds: float = 3.0) -> NodePods:
+    def from_kube(
+        cls,
+        kube: Any,
+        node_name: str,
+        *,
+        timeout_seconds: float = 3.0,
+        clock: Clock | None = None,
+    ) -> NodePods:
         """Pods of `node_name` from a `KubeClient` (or any object with `list_pods_on_node`).
 
         With `KubeClient.deadline` the list is bounded to `timeout_seconds`, retries included,
@@ -156,17 +163,19 @@ class NodePods:
                 pods = kube.list_pods_on_node(node_name)
                 return pods
 
-        return cls(list_pods)
+        return cls(list_pods, clock=clock)
 
     @classmethod
-    def watching(cls, kube: Any, node_name: str, stop: threading.Event) -> NodePods:
+    def watching(
+        cls, kube: Any, node_name: str, stop: threading.Event, *, clock: Clock | None = None
+    ) -> NodePods:
         """Pods of `node_name` from a watch (`hami_plugin.kube.informer.Informer` on a daemon
         thread until `stop`): always current, and one watch per node instead of a list per
         scrape and per feedback round. Until the first list is in, reading raises (so the
         directory clean-up keeps everything). A `kube` without watches falls back to
         `from_kube`."""
         if not hasattr(kube, "watch_objects"):
-            return cls.from_kube(kube, node_name)
+            return cls.from_kube(kube, node_name, clock=clock)
         from hami_plugin.kube.informer import Informer
         from hami_plugin.protocol.objects import read_pod
 
@@ -188,12 +197,12 @@ class NodePods:
                 raise RuntimeError(f"the watch of node {node_name}'s pods has not listed yet")
             return informer.items()
 
-        return cls(list_pods, max_age_seconds=0.0)
+        return cls(list_pods, max_age_seconds=0.0, clock=clock)
 
     def __call__(self) -> Sequence[PodInfo]:
         """The pods, listed now unless a list younger than `max_age_seconds` is at hand."""
         with self._lock:
-            now = self._clock()
+            now = self._clock.monotonic()
             if self._listed_at is None or now - self._listed_at >= self._max_age:
                 self._pods = tuple(self._list_pods())
                 self._listed_at = now
@@ -368,6 +377,7 @@ def start_device_plugin_metrics(
     kube: Any,
     scanner: ContainerScanner | None = None,
     pods: NodePods | None = None,
+    clock: Clock | None = None,
 ) -> DevicePluginMetrics | None:
     """Serve the device plugin daemon's `/metrics` on `settings.metrics_bind_address`.
 
@@ -376,16 +386,17 @@ def start_device_plugin_metrics(
     (`NodePods`). `scanner`: the daemon's region scanner when it runs the priority feedback
     loop too (pass it so both read one set of open files); None creates one for the metrics
     alone, closed by `stop()`. `pods`: the pod list the scanner already reads, so that the
-    node collector shares it (None lists them here).
+    node collector shares it (None lists them here). `clock`: the daemon's clock, read by the
+    pod list, the collectors and the scrape timing (the system clock when None).
 
     Returns None when the address is `0`, does not parse, or cannot be bound: a metrics problem
     is one error line and never stops the daemon from serving GPUs.
     """
     if pods is None:
-        pods = NodePods.from_kube(kube, settings.node_name)
+        pods = NodePods.from_kube(kube, settings.node_name, clock=clock)
     owns_scanner = scanner is None
     if scanner is None:
-        scanner = ContainerScanner(containers_dir(settings.hook_path), pods)
+        scanner = ContainerScanner(containers_dir(settings.hook_path), pods, clock=clock)
     collectors: dict[str, Collector] = {
         "node": NodeCollector(
             settings.node_name,
@@ -394,10 +405,11 @@ def start_device_plugin_metrics(
             devices=devices,
             pods=pods,
         ),
-        "vgpu": VgpuCollector(scanner, settings.node_name),
+        "vgpu": VgpuCollector(scanner, settings.node_name, clock=clock),
     }
     try:
-        server = start_metrics_server(settings.metrics_bind_address, guarded_registry(collectors))
+        registry = guarded_registry(collectors, clock)
+        server = start_metrics_server(settings.metrics_bind_address, registry)
     except MetricsServerError as error:
         logger.error("%s; running without metrics", error)
         server = None

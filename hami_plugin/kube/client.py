@@ -37,7 +37,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
@@ -49,6 +48,7 @@ from kubernetes.client.api_client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import RESTClientObject, RESTResponse
 
+from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.kube.config import load_configuration, throttled_refresh
 from hami_plugin.kube.errors import Conflict, Gone, KubeError
 from hami_plugin.kube.records import (
@@ -107,7 +107,9 @@ class KubeClient:
 
     The client takes ownership of `api_client`: it switches off urllib3's built-in retries when
     the configuration left them at the default (the policy here does the retrying) and closes
-    it in `close()`. Safe to share between threads.
+    it in `close()`. Safe to share between threads. `clock` times the `deadline()` budgets, the
+    watches and the token refreshes, and dates the events (the system clock when None); backoffs
+    are waited out with `sleep`, in real time.
     """
 
     def __init__(
@@ -117,20 +119,20 @@ class KubeClient:
         *,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | None = None,
     ) -> None:
+        self._clock: Clock = clock or SystemClock()
         if api_client.configuration.retries is None:
             api_client.configuration.retries = False
             api_client.rest_client.close()
             api_client.rest_client = RESTClientObject(api_client.configuration)
         hook = api_client.configuration.refresh_api_key_hook
         if hook is not None:
-            api_client.configuration.refresh_api_key_hook = throttled_refresh(hook, clock)
+            api_client.configuration.refresh_api_key_hook = throttled_refresh(hook, self._clock)
         self._api_client = api_client
         self._retry = retry
         self._sleep = sleep
         self._rng = rng or random.Random()
-        self._clock = clock
         self._local = threading.local()
 
     @classmethod
@@ -138,6 +140,8 @@ class KubeClient:
         cls,
         kubeconfig: str | None = None,
         retry: RetryPolicy = _DEFAULT_RETRY,
+        *,
+        clock: Clock | None = None,
     ) -> KubeClient:
         """Connect with the kubeconfig file given, else `$KUBECONFIG`, else in-cluster config.
 
@@ -145,7 +149,7 @@ class KubeClient:
         """
         configuration = load_configuration(kubeconfig)
         logger.info("Kubernetes API server %s", configuration.host)
-        return cls(ApiClient(configuration), retry)
+        return cls(ApiClient(configuration), retry, clock=clock)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -175,7 +179,7 @@ class KubeClient:
         are not affected.
         """
         previous = getattr(self._local, "budget", None)
-        self._local.budget = (self._clock() + seconds, seconds)
+        self._local.budget = (self._clock.monotonic() + seconds, seconds)
         try:
             yield
         finally:
@@ -187,7 +191,7 @@ class KubeClient:
         if budget is None:
             return None
         end, seconds = budget
-        return end - self._clock(), seconds
+        return end - self._clock.monotonic(), seconds
 
     # --- nodes ----------------------------------------------------------------------------
 
@@ -406,7 +410,7 @@ class KubeClient:
         if field_selector:
             query.append(("fieldSelector", field_selector))
         request = _Request("GET", path, query=tuple(query))
-        end = self._clock() + timeout_seconds + read_timeout_seconds
+        end = self._clock.monotonic() + timeout_seconds + read_timeout_seconds
 
         def open_stream(timeout: float) -> urllib3.BaseHTTPResponse:
             response = self._send(request, (timeout, timeout))
@@ -476,7 +480,7 @@ class KubeClient:
         kind = ref.kind.lower()
         where = f"{ref.namespace}/{ref.name}" if ref.namespace else ref.name
         what = f"create event {reason} for {kind} {where}"
-        body = event_body(ref, reason, message, event_type, component, datetime.now(UTC))
+        body = event_body(ref, reason, message, event_type, component, self._clock.now())
         request = _Request(
             "POST",
             "/api/v1/namespaces/{namespace}/events",
@@ -572,6 +576,7 @@ class KubeClient:
             rng=self._rng,
             sleep=self._sleep,
             time_left=self._time_left,
+            clock=self._clock,
             stop=stop,
         )
 

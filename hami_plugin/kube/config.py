@@ -11,6 +11,7 @@ from kubernetes.client.configuration import Configuration
 from kubernetes.config.incluster_config import load_incluster_config
 from kubernetes.config.kube_config import load_kube_config
 
+from hami_plugin.clock import Clock
 from hami_plugin.kube.errors import KubeError
 
 
@@ -49,9 +50,9 @@ _AUTH_REFRESH_SECONDS = 1.0
 
 
 def throttled_refresh(
-    hook: Callable[[Configuration], None], clock: Callable[[], float]
+    hook: Callable[[Configuration], None], clock: Clock
 ) -> Callable[[Configuration], None]:
-    """`hook`, run at most once per `_AUTH_REFRESH_SECONDS`.
+    """`hook`, run at most once per `_AUTH_REFRESH_SECONDS` of `clock.monotonic()`.
 
     The kubeconfig loader's hook re-applies the whole loaded configuration on every request,
     and setting `host` re-reads the proxy environment: about a tenth of a busy scheduler's CPU.
@@ -62,7 +63,7 @@ def throttled_refresh(
     inner = [hook]
 
     def refresh(configuration: Configuration) -> None:
-        now = clock()
+        now = clock.monotonic()
         with lock:
             if last and now - last[0] < _AUTH_REFRESH_SECONDS:
                 return

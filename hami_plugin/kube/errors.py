@@ -12,11 +12,12 @@ import contextlib
 import email.utils
 import json
 from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import urllib3
 from kubernetes.client.exceptions import ApiException
+
+from hami_plugin.clock import Clock
 
 
 class KubeError(Exception):
@@ -61,18 +62,19 @@ TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
 
 
 @contextlib.contextmanager
-def translate_errors(what: str) -> Iterator[None]:
+def translate_errors(what: str, *, clock: Clock) -> Iterator[None]:
     """Map client-library failures inside the block to `KubeError` types, chained with `from`.
 
     `what` names the call and the object ("get pod default/p1"). A `ValueError` means a body we
-    could not decode (bad JSON, wrong shape) and becomes a plain `KubeError`.
+    could not decode (bad JSON, wrong shape) and becomes a plain `KubeError`. `clock.now()`
+    turns a `Retry-After` date into seconds.
     """
     try:
         yield
     except KubeError:
         raise
     except ApiException as exc:
-        raise _from_api_exception(what, exc) from exc
+        raise _from_api_exception(what, exc, clock) from exc
     except TRANSPORT_ERRORS as exc:
         raise Retryable(f"{what}: {describe_transport_error(exc)}") from exc
     except ValueError as exc:
@@ -103,7 +105,7 @@ def describe_transport_error(exc: BaseException) -> str:
     return f"connection failed: {type(exc).__name__}: {exc}"
 
 
-def _from_api_exception(what: str, exc: ApiException) -> KubeError:
+def _from_api_exception(what: str, exc: ApiException, clock: Clock) -> KubeError:
     status = exc.status if isinstance(exc.status, int) else None
     detail = _status_message(exc.body) or str(exc.reason or "").strip() or "no detail"
     if not status:
@@ -117,7 +119,7 @@ def _from_api_exception(what: str, exc: ApiException) -> KubeError:
     if status == 410:
         return Gone(message, status)
     if status == 429 or 500 <= status <= 599:
-        return Retryable(message, status, _retry_after_seconds(exc))
+        return Retryable(message, status, _retry_after_seconds(exc, clock))
     return KubeError(message, status)
 
 
@@ -136,7 +138,7 @@ def _status_message(body: object) -> str:
     return body.strip()[:200]
 
 
-def _retry_after_seconds(exc: ApiException) -> float | None:
+def _retry_after_seconds(exc: ApiException, clock: Clock) -> float | None:
     headers = exc.headers
     if not headers:
         return None
@@ -151,4 +153,4 @@ def _retry_after_seconds(exc: ApiException) -> float | None:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+    return max(0.0, (when - clock.now()).total_seconds())

@@ -17,9 +17,9 @@ import copy
 import dataclasses
 import threading
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
+from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.kube.errors import Conflict, NotFound
 from hami_plugin.kube.records import LeaseRecord, ObjectList, ObjectRef, event_body
 from hami_plugin.protocol.objects import NodeInfo, PodInfo, read_node, read_pod
@@ -31,12 +31,17 @@ class FakeKube:
     """Nodes, pods, leases and events in memory; every call of `KubeClient` the daemons use.
 
     Safe to share between threads. `calls` lists the calls made, by name, in order; `writes`
-    counts the writes that landed.
+    counts the writes that landed. `clock.now()` dates the events (the system clock when None).
     """
 
     def __init__(
-        self, nodes: Iterable[Mapping[str, Any]] = (), pods: Iterable[Mapping[str, Any]] = ()
+        self,
+        nodes: Iterable[Mapping[str, Any]] = (),
+        pods: Iterable[Mapping[str, Any]] = (),
+        *,
+        clock: Clock | None = None,
     ) -> None:
+        self._clock: Clock = clock or SystemClock()
         self._lock = threading.RLock()
         self._version = 0
         self._failures: dict[str, list[BaseException]] = {}
@@ -247,7 +252,7 @@ class FakeKube:
         with self._lock:
             self._enter("create_event")
             self.events.append(
-                event_body(ref, reason, message, event_type, component, datetime.now(UTC))
+                event_body(ref, reason, message, event_type, component, self._clock.now())
             )
 
     def create_pod_event(

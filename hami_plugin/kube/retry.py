@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from hami_plugin.clock import Clock
 from hami_plugin.kube.errors import Retryable, translate_errors
 
 logger = logging.getLogger(__name__)
@@ -61,10 +62,11 @@ def call_with_retries(
     rng: random.Random,
     sleep: Callable[[float], None],
     time_left: TimeLeft,
+    clock: Clock,
     stop: threading.Event | None = None,
 ) -> _T:
     """Run `attempt(timeout_seconds)` with retries, its failures translated (`what` names the
-    call in every message).
+    call in every message; `clock` reads a `Retry-After` date, see `translate_errors`).
 
     Raises NotFound, Conflict, Gone, KubeError at once and Retryable after the last attempt, as
     soon as `time_left` does not allow another one, or when `stop` is set during a backoff.
@@ -78,7 +80,7 @@ def call_with_retries(
                 raise Retryable(f"{what}: not sent, its {left[1]:g} s time budget is spent")
             timeout = min(timeout, left[0])
         try:
-            with translate_errors(what):
+            with translate_errors(what, clock=clock):
                 return attempt(timeout)
         except Retryable as exc:
             retry += 1

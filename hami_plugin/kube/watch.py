@@ -10,10 +10,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import urllib3
 
+from hami_plugin.clock import Clock
 from hami_plugin.kube.errors import (
     TRANSPORT_ERRORS,
     KubeError,
@@ -43,12 +44,12 @@ def read_events(
     *,
     stop: threading.Event | None,
     end: float,
-    clock: Callable[[], float],
+    clock: Clock,
 ) -> Iterator[WatchEvent]:
     """The events of an open watch `response` until the server ends the stream, the connection
-    drops or stays silent past its read timeout, `clock()` passes `end`, or `stop` is set (a
-    blocked read is woken). The response is closed (or released for reuse when read to its end)
-    however the iterator ends.
+    drops or stays silent past its read timeout, `clock.monotonic()` passes `end`, or `stop` is
+    set (a blocked read is woken). The response is closed (or released for reuse when read to
+    its end) however the iterator ends.
 
     Raises Gone, Retryable or KubeError for an ERROR event (by its code) and KubeError for a
     malformed event, naming `what`.
@@ -67,12 +68,12 @@ def read_events(
                 if stop is None or not stop.is_set():
                     logger.debug("%s: stream ended: %s", what, describe_transport_error(exc))
                 return
-            with translate_errors(what):
+            with translate_errors(what, clock=clock):
                 event = _watch_event(line)
                 if event.type == "ERROR":
                     raise status_exception(event.object)
             yield event
-            if clock() > end:
+            if clock.monotonic() > end:
                 logger.debug("%s: past its timeout; ending it", what)
                 return
     finally:

@@ -19,11 +19,12 @@ import gzip
 import logging
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from hami_plugin.clock import Clock, SystemClock
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -196,13 +197,16 @@ def start_metrics_server(bind_address: str, registry: CollectorRegistry) -> Metr
     return MetricsServer(address, registry).start()
 
 
-def guarded_registry(collectors: Mapping[str, Collector]) -> CollectorRegistry:
+def guarded_registry(
+    collectors: Mapping[str, Collector], clock: Clock | None = None
+) -> CollectorRegistry:
     """A fresh registry (never prometheus_client's global one) holding `collectors` under one
-    `ScrapeGuard`. Raises ValueError when two collectors describe the same metric name."""
+    `ScrapeGuard` timed by `clock` (the system clock when None). Raises ValueError when two
+    collectors describe the same metric name."""
     from prometheus_client.registry import CollectorRegistry
 
     registry = CollectorRegistry()
-    registry.register(ScrapeGuard(collectors))
+    registry.register(ScrapeGuard(collectors, clock))
     return registry
 
 
@@ -222,15 +226,14 @@ class ScrapeGuard:
     output is dropped for this scrape, the traceback logged, and the other collectors' metrics
     are still served, so Prometheus never sees a failed scrape for one bad collector).
 
+    Durations are read from `clock.monotonic()` (the system clock when None).
     Raises ValueError when two collectors' `describe()` name the same metric (the exposition
     would hold the family twice, which Prometheus rejects).
     """
 
-    def __init__(
-        self, collectors: Mapping[str, Collector], clock: Callable[[], float] = time.perf_counter
-    ) -> None:
+    def __init__(self, collectors: Mapping[str, Collector], clock: Clock | None = None) -> None:
         self._collectors = dict(collectors)
-        self._clock = clock
+        self._clock: Clock = clock or SystemClock()
         owners: dict[str, str] = {SCRAPE_DURATION: "ScrapeGuard", SCRAPE_SUCCESS: "ScrapeGuard"}
         for name, collector in self._collectors.items():
             describe = getattr(collector, "describe", None)
@@ -259,7 +262,7 @@ class ScrapeGuard:
         duration = GaugeMetricFamily(SCRAPE_DURATION, _DURATION_HELP, labels=["collector"])
         success = GaugeMetricFamily(SCRAPE_SUCCESS, _SUCCESS_HELP, labels=["collector"])
         for name, collector in self._collectors.items():
-            started = self._clock()
+            started = self._clock.monotonic()
             try:
                 families = list(collector.collect())
             except Exception:
@@ -269,7 +272,7 @@ class ScrapeGuard:
                 success.add_metric([name], 0)
             else:
                 success.add_metric([name], 1)
-            duration.add_metric([name], self._clock() - started)
+            duration.add_metric([name], self._clock.monotonic() - started)
             yield from families
         yield duration
         yield success

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hami_plugin.clock import ManualClock
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
 from hami_plugin.kube.client import KubeClient
@@ -67,6 +68,7 @@ class Running:
     gpus_file: Path
     hook_path: str
     thread: threading.Thread
+    clock: ManualClock
 
 
 @pytest.fixture
@@ -85,17 +87,20 @@ def running(
         fake_gpus=str(gpus_file),
         split_count=SPLIT,
         hook_path=hook,
-        health_recovery_seconds=0.5,
+        health_recovery_seconds=30.0,  # of the daemon's clock: passes when a test moves it
         register_interval_seconds=0.3,
     )
-    daemon = DevicePluginDaemon(settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"))
+    clock = ManualClock()
+    daemon = DevicePluginDaemon(
+        settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"), clock=clock
+    )
     kubelet = FakeKubelet(sock_dir).start()
     exit_codes: list[int] = []
     thread = threading.Thread(target=lambda: exit_codes.append(daemon.run()))
     thread.start()
     try:
         assert daemon.started.wait(10)
-        yield Running(daemon, kubelet, apiserver, gpus_file, hook, thread)
+        yield Running(daemon, kubelet, apiserver, gpus_file, hook, thread, clock)
     finally:
         daemon.stop()
         thread.join(10)
@@ -262,6 +267,7 @@ def test_a_health_flip_reaches_kubelet_and_recovers(running: Running) -> None:
     )
 
     write_gpus(running.gpus_file, healthy_1=True)
+    running.clock.advance(30.0)  # the recovery window passes on the clock the daemon was given
     kubelet.wait_for_list(lambda s: len(healthy_ids(s)) == 2 * SPLIT, timeout=5.0)
     wait_until(
         lambda: (

@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from hami_plugin.deviceplugin.fake import FakeNvml
+from hami_plugin.clock import Clock, ManualClock
+from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
 from hami_plugin.deviceplugin.health import HealthChange, HealthMonitor, HealthTracker
 from hami_plugin.deviceplugin.nvml import GpuEvent, NvmlBackend, NvmlError, PhysicalGpu
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
@@ -100,20 +100,6 @@ def test_recovery_zero_disables_it() -> None:
 # --- HealthMonitor through the fake NVML ----------------------------------------------------------
 
 
-class ManualClock:
-    def __init__(self, start: float = 1000.0) -> None:
-        self._now = start
-        self._lock = threading.Lock()
-
-    def __call__(self) -> float:
-        with self._lock:
-            return self._now
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self._now += seconds
-
-
 def gpus_yaml(healthy_b: bool = True, xid_b: int | None = None, healthy_a: bool = True) -> str:
     text = (
         f"gpus:\n  - {{uuid: {UUID_A}, healthy: {str(healthy_a).lower()}}}\n"
@@ -147,7 +133,7 @@ class Harness:
     def monitor(
         self,
         settings: DevicePluginSettings = SETTINGS,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | None = None,
         on_change: Callable[[HealthChange], None] | None = None,
     ) -> HealthMonitor:
         monitor = HealthMonitor(self.backend, settings, on_change or self.changes.put, clock)

@@ -14,8 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.metrics_core import Metric
 
-from hami_plugin.deviceplugin import fake
-from hami_plugin.deviceplugin.fake import FakeNvml
+from hami_plugin.clock import ManualClock
+from hami_plugin.deviceplugin.fakenvml import errors
+from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
 from hami_plugin.deviceplugin.inventory import PhysicalGpu, VgpuDevice
 from hami_plugin.deviceplugin.metrics import (
     NodeCollector,
@@ -207,7 +208,7 @@ def test_nvml_failing_as_a_whole_leaves_out_only_host_usage(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     def broken() -> list[GpuUsage]:
-        raise fake.NVMLError_Unknown()
+        raise errors.NVMLError_Unknown()
 
     node = NodeCollector(
         NODE, read_usage=broken, gpus=lambda: INVENTORY, devices=lambda: slots(GPU_A, 2)
@@ -330,20 +331,21 @@ def test_app_containers_book_one_slot_per_entry(pods: list[list[list[str]]]) -> 
 
 
 def test_node_pods_lists_at_most_once_per_max_age() -> None:
-    now = [100.0]
+    clock = ManualClock()
     calls: list[float] = []
 
     def list_pods() -> list[PodInfo]:
-        calls.append(now[0])
+        calls.append(clock.monotonic())
         return [pod_info(f"p{len(calls)}", [[dev(GPU_A)]])]
 
-    pods = NodePods(list_pods, max_age_seconds=5, clock=lambda: now[0])
+    pods = NodePods(list_pods, max_age_seconds=5, clock=clock)
+    start = clock.monotonic()
     first = pods()
-    now[0] = 104.9
+    clock.advance(4.5)
     assert pods() is first
-    now[0] = 105.0
+    clock.advance(0.5)
     assert [p.name for p in pods()] == ["p2"]
-    assert calls == [100.0, 105.0]
+    assert calls == [start, start + 5.0]
 
 
 def test_node_pods_retries_after_a_failed_list() -> None:
@@ -355,7 +357,7 @@ def test_node_pods_retries_after_a_failed_list() -> None:
             raise outcome
         return outcome
 
-    pods = NodePods(list_pods, max_age_seconds=60, clock=lambda: 0.0)
+    pods = NodePods(list_pods, max_age_seconds=60, clock=ManualClock())
     with pytest.raises(ConnectionError):
         pods()
     assert pods() == ()

@@ -21,6 +21,7 @@ import grpc
 import pytest
 import yaml
 
+from hami_plugin.clock import ManualClock
 from hami_plugin.deviceplugin.allocate import AllocateConfig
 from hami_plugin.deviceplugin.allocator import PodAllocator
 from hami_plugin.deviceplugin.api import api_pb2, api_pb2_grpc
@@ -245,13 +246,9 @@ def test_allocate_with_the_api_server_down(stack: Stack) -> None:
 
 def test_a_deadline_bounds_the_calls_of_its_thread_only(apiserver: FakeApiServer) -> None:
     apiserver.add_node(NODE)
-    now = [0.0]
-
-    def sleep(seconds: float) -> None:
-        now[0] += seconds
-
+    clock = ManualClock()  # the backoffs move it instead of waiting
     policy = RetryPolicy(attempts=5, initial_backoff_seconds=1, max_backoff_seconds=1)
-    with KubeClient(apiserver.api_client(), policy, sleep=sleep, clock=lambda: now[0]) as kube:
+    with KubeClient(apiserver.api_client(), policy, sleep=clock.advance, clock=clock) as kube:
         apiserver.inject_fault(status=503, times=None)
         with kube.deadline(1.9), pytest.raises(Retryable, match="time budget is spent"):
             kube.get_node(NODE)  # waits of 0.5-1 s: the budget allows 2 to 4 attempts, not 5
@@ -259,7 +256,7 @@ def test_a_deadline_bounds_the_calls_of_its_thread_only(apiserver: FakeApiServer
         apiserver.clear_faults()
         apiserver.clear_requests()
         with kube.deadline(1.0):
-            now[0] += 1.0
+            clock.advance(1.0)
             with pytest.raises(Retryable, match="not sent"):
                 kube.get_node(NODE)
             with kube.deadline(1.0):  # a nested budget of its own (failure reporting)

@@ -185,6 +185,23 @@ def test_nvidia_keys_match_case_insensitively(tmp_path: Path) -> None:
     assert (settings.split_count, settings.memory_scaling) == (3, 0.5)
 
 
+def test_config_keys_fold_as_go_folds_them(tmp_path: Path) -> None:
+    # Go's field-name folding (protocol.gojson.fold_name), not Python's lower(): the long s
+    # (U+017F) folds to S and the dotted capital I (U+0130) to I, where lower() leaves the one
+    # and turns the other into two characters.
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "nvidia:\n  device\u017fplitCount: 3\n  dev\u0130ceCoreScaling: 0.5\n"
+        "nodeconfig:\n  - name: n\n    dev\u0130cememoryscaling: 2\n"
+        "    filterdevices: {uu\u0130d: [GPU-x]}\n",
+        encoding="utf-8",
+    )
+    settings = resolve(["--node-name", "n", "--config-file", str(config)])
+    assert (settings.split_count, settings.cores_scaling) == (3, 0.5)
+    assert settings.memory_scaling == 2
+    assert settings.filter_uuids == frozenset({"GPU-x"})
+
+
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from hami_plugin.clock import ManualClock
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import Conflict, NotFound
 from hami_plugin.kube.records import LeaseRecord, ObjectRef
@@ -256,12 +257,12 @@ def test_create_pod_event_records_core_v1_event(
 
 def test_create_pod_event_stamps_whole_seconds_and_omits_unknown_uid(
     apiserver: FakeApiServer,
-    kube: KubeClient,
 ) -> None:
     pod = PodInfo(namespace="ml", name="p")
-    before = datetime.now(UTC).replace(microsecond=0)
+    clock = ManualClock(datetime(2026, 3, 4, 5, 6, 7, 890_000, tzinfo=UTC))
 
-    kube.create_pod_event(pod, "R", "m")
+    with KubeClient(apiserver.api_client(), FAST, clock=clock) as kube:
+        kube.create_pod_event(pod, "R", "m")
 
     [event] = apiserver.events("ml")
     assert event["involvedObject"] == {
@@ -271,10 +272,7 @@ def test_create_pod_event_stamps_whole_seconds_and_omits_unknown_uid(
         "name": "p",
     }
     assert re.fullmatch(r"p\.[0-9a-f]+", event["metadata"]["name"])
-    stamp = event["firstTimestamp"]
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", stamp)
-    assert event["lastTimestamp"] == stamp
-    assert before <= datetime.fromisoformat(stamp) <= datetime.now(UTC)
+    assert event["firstTimestamp"] == event["lastTimestamp"] == "2026-03-04T05:06:07Z"
 
 
 def test_create_pod_event_failure_is_logged_not_raised(

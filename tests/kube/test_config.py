@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import pytest
 from kubernetes.client.api_client import ApiClient
 from kubernetes.client.configuration import Configuration
 
+from hami_plugin.clock import ManualClock
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import KubeError
 from hami_plugin.testing.apiserver import FakeApiServer
-from tests.kube.support import FAST, SleepRecorder
+from tests.kube.support import FAST
 
 # --- configuration ----------------------------------------------------------------------------
 
@@ -46,7 +46,7 @@ def test_bearer_token_is_read_from_the_configuration_again_on_a_later_attempt(
     apiserver: FakeApiServer,
 ) -> None:
     # The in-cluster loader rotates the service-account token through this hook (run at most
-    # once a second: this clock moves 2 s per reading).
+    # once a second: here the backoff before the retry takes 2 s of the test clock).
     apiserver.add_node("gpu-1")
     apiserver.inject_fault("GET", ".*", status=503)
     tokens = iter(["first", "second"])
@@ -59,8 +59,12 @@ def test_bearer_token_is_read_from_the_configuration_again_on_a_later_attempt(
     # The library annotates the hook as None only.
     configuration.refresh_api_key_hook = refresh  # type: ignore[assignment]
 
-    clock = itertools.count(0.0, 2.0).__next__
-    with KubeClient(ApiClient(configuration), FAST, sleep=SleepRecorder(), clock=clock) as kube:
+    clock = ManualClock()
+
+    def sleep(seconds: float) -> None:
+        clock.advance(2.0)
+
+    with KubeClient(ApiClient(configuration), FAST, sleep=sleep, clock=clock) as kube:
         kube.get_node("gpu-1")
 
     assert [r.headers["authorization"] for r in apiserver.requests] == [
@@ -110,19 +114,22 @@ def test_the_token_refresh_hook_runs_at_most_once_a_second(
     # a busy scheduler makes hundreds a second. Rotated tokens still reach requests in 1 s.
     apiserver.add_node("n1")
     api_client = apiserver.api_client()
+    clock = ManualClock()
+    start = clock.monotonic()
     calls: list[float] = []
-    now = [100.0]
-    api_client.configuration.refresh_api_key_hook = lambda configuration: calls.append(now[0])
-    with KubeClient(api_client, FAST, clock=lambda: now[0]) as client:
+    api_client.configuration.refresh_api_key_hook = lambda configuration: calls.append(
+        clock.monotonic() - start
+    )
+    with KubeClient(api_client, FAST, clock=clock) as client:
         for _ in range(5):
             client.get_node("n1")
-        assert calls == [100.0]
-        now[0] = 100.5
+        assert calls == [0.0]
+        clock.advance(0.5)
         client.get_node("n1")
-        assert calls == [100.0]
-        now[0] = 101.2
+        assert calls == [0.0]
+        clock.advance(0.75)
         client.get_node("n1")
-        assert calls == [100.0, 101.2]
+        assert calls == [0.0, 1.25]
 
 
 def test_a_refresh_hook_that_reinstalls_itself_stays_throttled(tmp_path: Path) -> None:

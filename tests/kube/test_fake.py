@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
+from hami_plugin.clock import ManualClock
 from hami_plugin.kube.errors import Conflict, NotFound, Retryable
 from hami_plugin.kube.fake import FakeKube
 from hami_plugin.kube.records import LeaseRecord, ObjectRef
@@ -93,7 +96,7 @@ def test_leases_keep_the_create_and_update_rules() -> None:
 
 
 def test_events_are_kept_as_the_client_writes_them() -> None:
-    kube = FakeKube()
+    kube = FakeKube(clock=ManualClock(datetime(2026, 5, 6, 7, 8, 9, tzinfo=UTC)))
     pod = kube.put_pod(make_pod("p", uid="u-1"))
 
     kube.create_pod_event(pod, "AllocateFailed", "no GPU", "Warning")
@@ -103,6 +106,7 @@ def test_events_are_kept_as_the_client_writes_them() -> None:
     assert first["involvedObject"]["uid"] == "u-1" and first["type"] == "Warning"
     assert first["source"] == {"component": "hami-device-plugin"}
     assert second["metadata"]["namespace"] == "default"
+    assert first["firstTimestamp"] == second["lastTimestamp"] == "2026-05-06T07:08:09Z"
 
 
 def test_injected_failures() -> None:

@@ -3,8 +3,10 @@ through the real kubernetes client against the HTTP API server double."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
+from datetime import UTC, datetime
 
 import pytest
 import urllib3
@@ -12,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
 
+from hami_plugin.clock import ManualClock
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import KubeError, Retryable
 from hami_plugin.kube.retry import RetryPolicy
@@ -83,6 +86,23 @@ def test_retry_after_is_capped_by_max_backoff(
     kube.get_node("gpu-1")
 
     assert sleeps.waits == [FAST.max_backoff_seconds]
+
+
+def test_retry_after_as_a_date_is_read_against_the_clients_clock(
+    apiserver: FakeApiServer,
+) -> None:
+    apiserver.add_node("gpu-1")
+    clock = ManualClock(datetime(2026, 1, 1, tzinfo=UTC))
+    sleeps = SleepRecorder()
+    apiserver.inject_fault(
+        "GET", ".*", status=503, headers={"Retry-After": "Thu, 01 Jan 2026 00:00:03 GMT"}
+    )
+    policy = dataclasses.replace(FAST, max_backoff_seconds=10.0)
+
+    with KubeClient(apiserver.api_client(), policy, sleep=sleeps, clock=clock) as kube:
+        kube.get_node("gpu-1")
+
+    assert sleeps.waits == [3.0]
 
 
 @pytest.mark.parametrize("status", [400, 403, 422])

@@ -15,6 +15,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
+from hami_plugin.clock import ManualClock
 from hami_plugin.metrics.server import (
     BindAddress,
     MetricsServer,
@@ -40,6 +41,19 @@ class Fixed:
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(self.name, "fixed", value=self.value)
+
+
+class Slow(Fixed):
+    """A collector that takes `seconds` of `clock` to collect."""
+
+    def __init__(self, name: str, value: float, clock: ManualClock, seconds: float) -> None:
+        super().__init__(name, value)
+        self.clock = clock
+        self.seconds = seconds
+
+    def collect(self) -> Iterator[Metric]:
+        self.clock.advance(self.seconds)
+        return super().collect()
 
 
 class Broken:
@@ -177,9 +191,9 @@ def test_start_from_the_flag_value() -> None:
 
 
 def test_guard_times_each_collector_and_reports_success() -> None:
-    ticks = iter([10.0, 10.25, 20.0, 21.5])
+    clock = ManualClock()
     guard = ScrapeGuard(
-        {"a": Fixed("a_value", 1), "b": Fixed("b_value", 2)}, clock=lambda: next(ticks)
+        {"a": Slow("a_value", 1, clock, 0.25), "b": Slow("b_value", 2, clock, 1.5)}, clock=clock
     )
     families = {family.name: family for family in guard.collect()}
     assert samples(families["hami_scrape_collector_duration_seconds"]) == {

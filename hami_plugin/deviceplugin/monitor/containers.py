@@ -39,10 +39,10 @@ import shutil
 import stat
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.deviceplugin.monitor.feedback import ContainerActivity, decide_feedback
 from hami_plugin.deviceplugin.monitor.region import Region, RegionError, parse_region_from
 from hami_plugin.protocol.hostpaths import split_container_dir
@@ -108,9 +108,7 @@ class _PodCache:
     others use the current list meanwhile.
     """
 
-    def __init__(
-        self, list_pods: PodLister, refresh_seconds: float, clock: Callable[[], float]
-    ) -> None:
+    def __init__(self, list_pods: PodLister, refresh_seconds: float, clock: Clock) -> None:
         self._list_pods = list_pods
         self._refresh_seconds = refresh_seconds
         self._clock = clock
@@ -122,10 +120,11 @@ class _PodCache:
 
     def get(self) -> tuple[dict[str, PodInfo], bool]:
         """(pods by UID, whether the last list call succeeded)."""
-        if self._clock() >= self._next_refresh and self._refreshing.acquire(blocking=False):
+        clock = self._clock
+        if clock.monotonic() >= self._next_refresh and self._refreshing.acquire(blocking=False):
             try:
-                if self._clock() >= self._next_refresh:
-                    self._next_refresh = self._clock() + self._refresh_seconds
+                if clock.monotonic() >= self._next_refresh:
+                    self._next_refresh = clock.monotonic() + self._refresh_seconds
                     self._refresh()
             finally:
                 self._refreshing.release()
@@ -156,8 +155,8 @@ class ContainerScanner:
     """Reads every container region under `containers_dir`; thread-safe.
 
     `list_pods` returns the pods on this node (e.g. `lambda: kube.list_pods_on_node(node)`); it
-    is called at most every `pod_refresh_seconds`. `wall_clock` is compared with directory
-    mtimes; `clock` is monotonic.
+    is called at most every `pod_refresh_seconds` of `clock.monotonic()`; `clock.now()` is
+    compared with directory mtimes.
     """
 
     def __init__(
@@ -167,13 +166,12 @@ class ContainerScanner:
         *,
         resync_interval_seconds: float = DEFAULT_RESYNC_INTERVAL_SECONDS,
         pod_refresh_seconds: float = DEFAULT_POD_REFRESH_SECONDS,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
+        clock: Clock | None = None,
     ) -> None:
         self.containers_dir = containers_dir.rstrip("/") or "/"
         self.resync_interval_seconds = resync_interval_seconds
-        self._wall_clock = wall_clock
-        self._pods = _PodCache(list_pods, pod_refresh_seconds, clock)
+        self._clock: Clock = clock or SystemClock()
+        self._pods = _PodCache(list_pods, pod_refresh_seconds, self._clock)
         self._lock = threading.Lock()
         self._open: dict[str, _OpenRegion] = {}
         self._once = _OnceLog()
@@ -202,7 +200,7 @@ class ContainerScanner:
         if not fresh:
             return []
         removed: list[str] = []
-        now = self._wall_clock()
+        now = self._clock.now().timestamp()
         with self._lock:
             for entry in self._container_dirs():
                 parts = split_container_dir(entry.name)

@@ -17,10 +17,10 @@ Register it in a registry passed in: `registry.register(VgpuCollector(scanner, n
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.deviceplugin.monitor.containers import ContainerScanner
 from hami_plugin.metrics.families import GaugeMetricFamily, Metric
 from hami_plugin.protocol.model import LABEL_VGPU_NODE
@@ -79,7 +79,8 @@ class VgpuCollector:
     """Collector of the per-container vGPU gauges of this node.
 
     `scanner` reads the regions, `node_name` selects the pods HAMi would (label
-    `hami.io/vgpu-node`), `clock` gives Unix seconds for the last-kernel age.
+    `hami.io/vgpu-node`), `clock.now()` is the time the last-kernel age is measured to (the
+    system clock when None).
     """
 
     def __init__(
@@ -87,11 +88,11 @@ class VgpuCollector:
         scanner: ContainerScanner,
         node_name: str,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | None = None,
     ) -> None:
         self._scanner = scanner
         self._node_name = node_name
-        self._clock = clock
+        self._clock: Clock = clock or SystemClock()
 
     def describe(self) -> Iterator[Metric]:
         """The metric names, without reading anything (the registry checks clashes)."""
@@ -100,7 +101,7 @@ class VgpuCollector:
     def collect(self) -> Iterator[Metric]:
         """Scan the regions now and yield the gauges."""
         families = _empty_families()
-        now_seconds = int(self._clock())
+        now_seconds = int(self._clock.now().timestamp())
         for usage in self._scanner.scan():
             pod = usage.pod
             if pod is None or pod.labels.get(LABEL_VGPU_NODE) != self._node_name:

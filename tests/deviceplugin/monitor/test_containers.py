@@ -7,10 +7,12 @@ import os
 import struct
 import threading
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from hami_plugin.clock import ManualClock
 from hami_plugin.deviceplugin.monitor.containers import ContainerScanner, FeedbackLoop
 from hami_plugin.deviceplugin.monitor.region import LAYOUT_V1
 from hami_plugin.kube.errors import Retryable
@@ -39,12 +41,12 @@ def spec(total: int = 100, **kwargs: object) -> RegionSpec:
     return RegionSpec(**values)  # type: ignore[arg-type]
 
 
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
+NOW = 2_000_000_000.0
+"""The test clock's wall time, in Unix seconds (directory mtimes are set relative to it)."""
 
-    def __call__(self) -> float:
-        return self.now
+
+def clock_at(unix_seconds: float = NOW) -> ManualClock:
+    return ManualClock(datetime.fromtimestamp(unix_seconds, UTC))
 
 
 class Pods:
@@ -65,16 +67,14 @@ class Pods:
 def scanner_for(
     hook: Path,
     pods: Callable[[], Iterable[PodInfo]],
-    clock: Clock | None = None,
-    wall_clock: Clock | None = None,
+    clock: ManualClock | None = None,
 ) -> ContainerScanner:
     return ContainerScanner(
         containers_dir(str(hook)),
         pods,
         resync_interval_seconds=300.0,
         pod_refresh_seconds=5.0,
-        clock=clock or Clock(),
-        wall_clock=wall_clock or Clock(2_000_000_000.0),
+        clock=clock or clock_at(),
     )
 
 
@@ -258,12 +258,12 @@ def test_descriptors_are_cached_and_closed(tmp_path: Path, monkeypatch: pytest.M
 def test_pods_listed_at_most_every_refresh_interval(tmp_path: Path) -> None:
     region_file(tmp_path, "uid-1", "main", spec())
     pods = Pods([pod("uid-1", "a")])
-    clock = Clock()
+    clock = clock_at()
     scanner = scanner_for(tmp_path, pods, clock=clock)
     for _ in range(10):
         scanner.scan()
     assert pods.calls == 1
-    clock.now += 5.0
+    clock.advance(5.0)
     scanner.scan()
     assert pods.calls == 2
 
@@ -273,13 +273,13 @@ def test_a_failing_pod_list_keeps_the_last_good_one(
 ) -> None:
     region_file(tmp_path, "uid-1", "main", spec())
     pods = Pods([pod("uid-1", "a")])
-    clock = Clock()
+    clock = clock_at()
     scanner = scanner_for(tmp_path, pods, clock=clock)
     assert scanner.scan()[0].pod is not None
     pods.error = Retryable("apiserver down")
     caplog.set_level(logging.WARNING, LOGGER)
     for _ in range(3):
-        clock.now += 10.0
+        clock.advance(10.0)
         [usage] = scanner.scan()
         assert usage.pod is not None and usage.pod.name == "a"
     assert pods.calls == 4
@@ -293,14 +293,14 @@ def old_dir(hook: Path, uid: str, age_seconds: float, now: float) -> Path:
 
 
 def test_cleanup_removes_old_directories_of_gone_pods(tmp_path: Path) -> None:
-    now = 2_000_000_000.0
+    now = NOW
     gone_old = old_dir(tmp_path, "uid-gone", 301, now)
     gone_recent = old_dir(tmp_path, "uid-new", 299, now)
     alive_old = old_dir(tmp_path, "uid-alive", 10_000, now)
     odd_name = Path(containers_dir(str(tmp_path))) / "odd"
     odd_name.mkdir()
     os.utime(odd_name, (0, 0))
-    scanner = scanner_for(tmp_path, Pods([pod("uid-alive", "a")]), wall_clock=Clock(now))
+    scanner = scanner_for(tmp_path, Pods([pod("uid-alive", "a")]), clock=clock_at(now))
     assert len(scanner.scan()) == 3
     assert scanner.open_files == 3
     assert scanner.remove_stale_dirs() == [str(gone_old)]
@@ -311,11 +311,11 @@ def test_cleanup_removes_old_directories_of_gone_pods(tmp_path: Path) -> None:
 
 
 def test_no_cleanup_while_the_pod_list_fails(tmp_path: Path) -> None:
-    now = 2_000_000_000.0
+    now = NOW
     gone = old_dir(tmp_path, "uid-gone", 10_000, now)
     pods = Pods()
     pods.error = Retryable("down")
-    scanner = scanner_for(tmp_path, pods, wall_clock=Clock(now))
+    scanner = scanner_for(tmp_path, pods, clock=clock_at(now))
     assert scanner.remove_stale_dirs() == []
     assert gone.exists()
 

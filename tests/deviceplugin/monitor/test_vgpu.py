@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import urllib.request
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
+from hami_plugin.clock import ManualClock
 from hami_plugin.deviceplugin.monitor.containers import ContainerScanner
 from hami_plugin.deviceplugin.monitor.vgpu import FAMILIES, VgpuCollector
 from hami_plugin.protocol.hostpaths import containers_dir
@@ -81,10 +83,11 @@ def registry_for(tmp_path: Path) -> Iterator[RegistryFor]:
     scanners: list[ContainerScanner] = []
 
     def build(pods: list[PodInfo]) -> CollectorRegistry:
-        scanner = ContainerScanner(containers_dir(str(tmp_path)), lambda: pods)
+        clock = ManualClock(datetime.fromtimestamp(NOW, UTC))
+        scanner = ContainerScanner(containers_dir(str(tmp_path)), lambda: pods, clock=clock)
         scanners.append(scanner)
         registry = CollectorRegistry()
-        registry.register(VgpuCollector(scanner, NODE, clock=lambda: NOW))
+        registry.register(VgpuCollector(scanner, NODE, clock=clock))
         return registry
 
     yield build
