@@ -193,7 +193,9 @@ class SchedulerDaemon:
                 return
             kube = self._kube
             if kube is None:
-                kube = self._kube = self._owned_kube = KubeClient.from_config(config.kubeconfig)
+                kube = self._kube = self._owned_kube = KubeClient.from_config(
+                    config.kubeconfig, clock=self.state.clock
+                )
             self._start_metrics()
             events = self._events = EventRecorder(kube, config.scheduler_name)
             binder = Binder(
@@ -275,7 +277,7 @@ class SchedulerDaemon:
         from hami_plugin.extender.metrics import SchedulerMetrics
         from hami_plugin.metrics.server import MetricsServerError
 
-        metrics = SchedulerMetrics(_View(self))
+        metrics = SchedulerMetrics(_View(self), clock=self.state.clock)
         try:
             self._metrics_server = metrics.serve(self.config.metrics_bind_address)
         except MetricsServerError as error:

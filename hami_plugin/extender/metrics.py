@@ -58,6 +58,7 @@ from hami_plugin.metrics.families import (
 from hami_plugin.metrics.server import MetricsServer, ScrapeGuard, start_metrics_server
 
 if TYPE_CHECKING:
+    from hami_plugin.clock import Clock
     from hami_plugin.scheduler.ledger import TrackedPod
     from hami_plugin.scheduler.usage import NodeUsage
 
@@ -211,12 +212,19 @@ class SchedulerMetrics:
     """The scheduler's registry: usage gauges over `view` and the `SchedulerObserver` events.
 
     Thread-safe (prometheus_client's metrics lock internally); observer calls never block.
-    `registry`: a fresh one when None (never prometheus_client's global registry).
+    `registry`: a fresh one when None (never prometheus_client's global registry); `clock` times
+    the scrapes (the system clock when None).
     """
 
-    def __init__(self, view: SchedulerView, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        view: SchedulerView,
+        registry: CollectorRegistry | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.registry.register(ScrapeGuard({"scheduler": SchedulerUsageCollector(view)}))
+        guard = ScrapeGuard({"scheduler": SchedulerUsageCollector(view)}, clock=clock)
+        self.registry.register(guard)
         self._filter_seconds = Histogram(
             "hami_scheduler_filter_duration_seconds",
             "Seconds a /filter call took, by outcome (fit, no_fit, error, no_gpu)",
