@@ -132,9 +132,10 @@ def read_yaml(path: str, what: str) -> object:
 def add_bool_flag(
     parser: argparse.ArgumentParser, *flags: str, help: str, default: str | None = None
 ) -> None:
-    """A boolean flag as Go's flag packages take it: `--x` alone is true, `--x=false` sets it
-    (`--x false` too). The value stays text until `values.parse_bool` reads it, so that a flag,
-    its variable and a file are parsed by one grammar."""
+    """A boolean flag as Go's flag packages take it: `--x` alone is true, `--x=false` sets it.
+    `--x false` is taken as well (Go would read the `false` as a positional argument; the
+    daemons take none). The value stays text until `values.parse_bool` reads it, so that a
+    flag, its variable and a file are parsed by one grammar."""
     parser.add_argument(
         *flags,
         dest=flag_dest(flags[0]),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from hami_plugin.protocol.govalues import parse_go_bool, parse_go_duration
+from hami_plugin.protocol.govalues import GO_FALSE, GO_TRUE, parse_go_bool, parse_go_duration
 
 __all__ = [
     "BOOL_SPELLINGS",
@@ -41,7 +41,11 @@ class ConfigError(ValueError):
     it came from and the bad value."""
 
 
-BOOL_SPELLINGS = "true: 1, t, T, TRUE, true, True; false: 0, f, F, FALSE, false, False"
+_SPELLING_ORDER = ("1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False")
+BOOL_SPELLINGS = "true: {}; false: {}".format(
+    ", ".join(s for s in _SPELLING_ORDER if s in GO_TRUE),
+    ", ".join(s for s in _SPELLING_ORDER if s in GO_FALSE),
+)
 """Every spelling Go's `strconv.ParseBool` takes (`protocol.govalues.GO_TRUE`/`GO_FALSE`), in
 its documentation's order, for error messages."""
 

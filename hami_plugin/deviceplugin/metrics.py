@@ -382,8 +382,8 @@ def start_device_plugin_metrics(
     """Serve the device plugin daemon's `/metrics` on `settings.metrics_bind_address`.
 
     One fresh registry, one `ScrapeGuard` over two collectors: `node` (this module) and `vgpu`
-    (per-container usage from HAMi-core's regions, `metrics.vgpu`). Both share one pod list
-    (`NodePods`). `scanner`: the daemon's region scanner when it runs the priority feedback
+    (per-container usage from HAMi-core's regions, `deviceplugin.monitor.vgpu`). Both share one
+    pod list (`NodePods`). `scanner`: the daemon's region scanner when it runs the priority feedback
     loop too (pass it so both read one set of open files); None creates one for the metrics
     alone, closed by `stop()`. `pods`: the pod list the scanner already reads, so that the
     node collector shares it (None lists them here). `clock`: the daemon's clock, read by the

@@ -22,9 +22,7 @@ from hami_plugin.protocol.model import (
     ANNOTATION_VGPU_NODE,
     BindPhase,
 )
-from hami_plugin.protocol.objects import PodInfo
-
-POD_PHASE_PENDING = "Pending"
+from hami_plugin.protocol.objects import POD_PENDING, PodInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +54,7 @@ def is_pending_on(pod: PodInfo, node_name: str) -> bool:
     """
     annotations = pod.annotations
     return (
-        pod.phase == POD_PHASE_PENDING
+        pod.phase == POD_PENDING
         and pod.node_name == node_name
         and ANNOTATION_BIND_TIME in annotations
         and annotations.get(ANNOTATION_BIND_PHASE) == BindPhase.ALLOCATING
@@ -132,7 +130,7 @@ def select_pending_pod(
     if lock is not None:
         # A legacy lock (time only) is owned by no pod.
         for pod in pods:
-            if lock.owned_by(pod.namespace, pod.name) and pod.phase == POD_PHASE_PENDING:
+            if lock.owned_by(pod.namespace, pod.name) and pod.phase == POD_PENDING:
                 return PendingPodChoice(pod=pod, via_lock=True)
     candidates = sorted((p for p in pods if is_pending_on(p, node_name)), key=_bind_time_key)
     if not candidates:

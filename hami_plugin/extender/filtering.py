@@ -27,7 +27,13 @@ from hami_plugin.scheduler.ledger import Ledger
 from hami_plugin.scheduler.requests import PodRequests
 from hami_plugin.scheduler.settings import SchedulerSettings
 
-__all__ = ["FilterAnswer", "annotation_error_message", "filter_answer", "simulate"]
+__all__ = [
+    "FilterAnswer",
+    "annotation_error_message",
+    "failure_counts",
+    "filter_answer",
+    "simulate",
+]
 
 logger = logging.getLogger(__name__)
 

@@ -24,13 +24,12 @@ from hami_plugin.protocol.model import (
     ANNOTATION_VGPU_NODE,
     BindPhase,
 )
-from hami_plugin.protocol.objects import PodInfo
+from hami_plugin.protocol.objects import POD_PENDING, PodInfo
 
-__all__ = ["PENDING", "InFlightTracker", "StaleAllocation", "same_pod"]
+__all__ = ["InFlightTracker", "StaleAllocation", "same_pod"]
 
 logger = logging.getLogger(__name__)
 
-PENDING = "Pending"
 _UNREADABLE = inflight.InFlightPod("", "", 0, (), ())
 """Stands for an in-flight pod whose booking cannot be read (it blocks its node)."""
 
@@ -127,7 +126,7 @@ class InFlightTracker:
         allocating = (
             bool(node)
             and info.annotations.get(ANNOTATION_BIND_PHASE) == BindPhase.ALLOCATING
-            and info.phase in (PENDING, "")
+            and info.phase in (POD_PENDING, "")
         )
         entry = None
         if allocating:
@@ -172,7 +171,7 @@ class InFlightTracker:
         time `monotonic`); forget it otherwise."""
         if (
             phase == BindPhase.ALLOCATING
-            and info.phase in (PENDING, "")
+            and info.phase in (POD_PENDING, "")
             and not info.deleting
             and info.annotations.get(ANNOTATION_VGPU_NODE)
         ):

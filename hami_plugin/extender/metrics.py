@@ -1,7 +1,8 @@
 """The scheduler daemon's metrics: HAMi's usage gauges read from the ledger at scrape time, and
 the daemon's events (filter, bind, bookings, recovery, leadership) as histograms and counters.
 
-Entry point for the daemon (`hami_plugin.extender`), which never imports prometheus_client:
+Entry point for the daemon (`hami_plugin.extender.daemon`); the Prometheus types come from
+`hami_plugin.metrics.families`, the one importer of prometheus_client:
 
     metrics = SchedulerMetrics(view)           # view: extender.observer.SchedulerView
     state.observer = metrics                   # it is the SchedulerObserver

@@ -1,10 +1,10 @@
 """What the scheduler daemon tells its metrics: the observer it calls and the view it offers.
 
 The daemon calls a `SchedulerObserver` as things happen (a filter answered, a bind done, a
-booking expired...); the metrics package implements it (`hami_plugin.extender.metrics`), so
-the extender never imports `prometheus_client`. `NullObserver` is the default when no metrics
-server runs. Usage gauges are not pushed: a collector reads `SchedulerView.usage_snapshot()`
-at scrape time.
+booking expired...); `hami_plugin.extender.metrics` implements it over the Prometheus types of
+`hami_plugin.metrics.families`, so the rest of the daemon knows nothing of Prometheus.
+`NullObserver` is the default when no metrics server runs. Usage gauges are not pushed: a
+collector reads `SchedulerView.usage_snapshot()` at scrape time.
 
 Observer methods are called on request and worker threads, never under the state lock; an
 implementation must be thread-safe and must not block.

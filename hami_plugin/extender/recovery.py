@@ -42,6 +42,7 @@ from hami_plugin.protocol.model import (
     BindPhase,
 )
 from hami_plugin.protocol.nodelock import LockAction, TakeoverReason, stale_lock
+from hami_plugin.protocol.objects import POD_PENDING
 
 __all__ = ["Recovery"]
 
@@ -168,7 +169,7 @@ class Recovery:
                     current is None
                     or current.annotations.get(ANNOTATION_BIND_PHASE) != BindPhase.ALLOCATING
                     or current.annotations.get(ANNOTATION_BIND_TIME) != bind_time
-                    or current.phase not in ("Pending", "")
+                    or current.phase not in (POD_PENDING, "")
                 ):
                     return False  # it moved on meanwhile
                 version = current.resource_version or None

@@ -45,7 +45,6 @@ from hami_plugin.extender.bookings import (
 )
 from hami_plugin.extender.filtering import FilterAnswer, filter_answer, simulate
 from hami_plugin.extender.inflight_tracker import (
-    PENDING,
     InFlightTracker,
     StaleAllocation,
     same_pod,
@@ -60,7 +59,7 @@ from hami_plugin.protocol.model import (
     LABEL_VGPU_NODE,
     BindPhase,
 )
-from hami_plugin.protocol.objects import NodeInfo, PodInfo
+from hami_plugin.protocol.objects import POD_PENDING, NodeInfo, PodInfo
 from hami_plugin.scheduler.filter import FitCache, assume, decide
 from hami_plugin.scheduler.health import NodeHealthTracker
 from hami_plugin.scheduler.ledger import Ledger, TrackedPod
@@ -173,9 +172,7 @@ class SchedulerState:
             booking = self._bookings.get(pod.key)
             if booking is None or booking.phase is not BookingPhase.BOUND:
                 return None
-            if booking.uid and pod.uid and booking.uid != pod.uid:
-                return None
-            return booking.node
+            return booking.node if same_pod(booking.uid, pod.uid) else None
 
     def pod_exists(self, namespace: str, name: str) -> bool:
         with self._lock:
@@ -241,7 +238,7 @@ class SchedulerState:
     # --- informer events: pods ----------------------------------------------------------------
 
     def pod_upserted(self, info: PodInfo) -> None:
-        """A pod was added or changed (see the module docstring for the booking rules)."""
+        """A pod was added or changed (the booking rules: `extender.bookings`)."""
         with self._lock:
             self._pods[info.key] = info
             self._pod_changed(info)
@@ -295,7 +292,7 @@ class SchedulerState:
         """Count what the pod's own annotations book, except for a pod whose bind failed while
         it is still Pending (our Allocate never serves it)."""
         phase = info.annotations.get(ANNOTATION_BIND_PHASE)
-        if phase == BindPhase.FAILED and info.phase in (PENDING, ""):
+        if phase == BindPhase.FAILED and info.phase in (POD_PENDING, ""):
             self.ledger.untrack(info.key)
         else:
             self.ledger.update_pod(info)
@@ -397,13 +394,13 @@ class SchedulerState:
             self._bookings.mark_unshown(deadline, self._shown)
         self.pods_synced.set()
 
-    def _shown(self, booking: Booking) -> bool:
-        stored = self._pods.get(booking.key)
-        return stored is not None and same_pod(stored.uid, booking.uid)
+    def _watched(self, key: str, uid: str) -> bool:
+        """The watch shows the pod `key` of that UID (an unknown UID matches any)."""
+        stored = self._pods.get(key)
+        return stored is not None and same_pod(stored.uid, uid)
 
-    def _seen(self, pod: PodInfo) -> bool:
-        stored = self._pods.get(pod.key)
-        return stored is not None and same_pod(stored.uid, pod.uid)
+    def _shown(self, booking: Booking) -> bool:
+        return self._watched(booking.key, booking.uid)
 
     def _drop_booking(self, key: str) -> None:
         if self._bookings.pop(key) is None:
@@ -471,7 +468,7 @@ class SchedulerState:
                         info.uid,
                         result.node,
                         result,
-                        seen=self._seen(info),
+                        seen=self._watched(info.key, info.uid),
                         expires=self.clock.monotonic() + self.booking_ttl_seconds,
                     )
             answer = filter_answer(info, names, result)
@@ -496,7 +493,7 @@ class SchedulerState:
                 booking is not None
                 and booking.node == node
                 and booking.phase is BookingPhase.FILTERED
-                and (not booking.uid or not pod.uid or booking.uid == pod.uid)
+                and same_pod(booking.uid, pod.uid)
             )
             if booking is None or not usable:
                 self._drop_booking(pod.key)
@@ -508,7 +505,9 @@ class SchedulerState:
                 if result.node is None:
                     return BindRefusal(pod, node, failure=result.failed_nodes.get(node))
                 assume(self.ledger, pod.key, result)
-                booking = self._bookings.book(pod.key, pod.uid, node, result, seen=self._seen(pod))
+                booking = self._bookings.book(
+                    pod.key, pod.uid, node, result, seen=self._watched(pod.key, pod.uid)
+                )
             bind_time = str(int(now.timestamp()))
             self._bookings.put(
                 replace(

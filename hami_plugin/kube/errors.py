@@ -12,6 +12,7 @@ import contextlib
 import email.utils
 import json
 from collections.abc import Iterator, Mapping
+from datetime import UTC
 from typing import Any
 
 import urllib3
@@ -153,4 +154,6 @@ def _retry_after_seconds(exc: ApiException, clock: Clock) -> float | None:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
+    if when.tzinfo is None:  # "-0000" says UTC without claiming a zone; the parser leaves it naive
+        when = when.replace(tzinfo=UTC)
     return max(0.0, (when - clock.now()).total_seconds())

@@ -31,7 +31,8 @@ class FakeKube:
     """Nodes, pods, leases and events in memory; every call of `KubeClient` the daemons use.
 
     Safe to share between threads. `calls` lists the calls made, by name, in order; `writes`
-    counts the writes that landed. `clock.now()` dates the events (the system clock when None).
+    counts the writes that landed (the set-up's `put_*` too). `clock.now()` dates the events
+    (the system clock when None).
     """
 
     def __init__(

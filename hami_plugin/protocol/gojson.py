@@ -85,14 +85,30 @@ def _reject_constant(text: str) -> object:
 
 # Integers are parsed in C; only one longer than Python converts (rare) needs the slow
 # decoder that keeps it as text. Floats always go through the hook, to catch 1e999.
+def _members_in_order(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's members, a repeated key placed where it last appears: Go's decoder assigns
+    fields in document order, so when `fold_keys` later folds `id` and `ID` together the member
+    written last wins, as in Go (a plain dict keeps a repeated key at its first place)."""
+    members = dict(pairs)
+    if len(members) == len(pairs):
+        return members
+    members.clear()
+    for name, item in pairs:
+        members.pop(name, None)
+        members[name] = item
+    return members
+
+
 _DECODER = json.JSONDecoder(
     parse_float=_number_or_text(float),
     parse_constant=_reject_constant,
+    object_pairs_hook=_members_in_order,
 )
 _LONG_INT_DECODER = json.JSONDecoder(
     parse_int=_number_or_text(int),
     parse_float=_number_or_text(float),
     parse_constant=_reject_constant,
+    object_pairs_hook=_members_in_order,
 )
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")

@@ -39,6 +39,7 @@ def go_quote(text: str) -> str:
 
 
 def excerpt(text: str, limit: int = 80) -> str:
+    """`text` quoted as `%q`, cut to `limit` characters with "..." (for error messages)."""
     return go_quote(text if len(text) <= limit else text[:limit] + "...")
 
 

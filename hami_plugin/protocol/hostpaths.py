@@ -51,6 +51,7 @@ def license_path(hook_path: str) -> str:
 
 
 def vgpu_validator_path(hook_path: str) -> str:
+    """HAMi's `vgpuvalidator` in the hook directory, mounted into the container."""
     return f"{vgpu_dir(hook_path)}/vgpuvalidator"
 
 

@@ -75,7 +75,11 @@ class NodeLock:
     pod_name: str | None = None
 
     def owned_by(self, namespace: str, pod_name: str) -> bool:
-        """True when pod `namespace/pod_name` holds this lock (a legacy lock: no pod does)."""
+        """True when pod `namespace/pod_name` holds this lock (a legacy lock: no pod does).
+
+        The parsed reading, as HAMi's `LockNode` compares the owner; `held_by` is the textual
+        one of its `ReleaseNodeLock`. HAMi has both, and they differ only on values the parse
+        refuses, so each side keeps HAMi's."""
         return self.namespace == namespace and self.pod_name == pod_name
 
 

@@ -2,9 +2,14 @@
 
 `read_pod` and `read_node` take an object as the API server sends it (a GET answer, a list item,
 a watch event's object) or as a YAML file writes it: a mapping with the API's camelCase keys.
-The scheduler, the webhook's decisions, the device plugin and the test kubelet all read pods
+The scheduler, the device plugin, the Kubernetes adapter and the test kubelet all read pods
 through them, so a field means the same thing everywhere. The few fields the daemons need are
 copied once into frozen values; nothing here imports `kubernetes`.
+
+One reader stays apart on purpose: the admission webhook (`scheduler.webhook`) validates the
+raw pod of an AdmissionReview, which the API server has not validated yet, and answers in
+controller-runtime's words with the JSON-patch paths of each field it saw; it reads no more
+than the mutation needs.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from datetime import datetime
 from typing import Any
 
 __all__ = [
+    "POD_FAILED",
+    "POD_PENDING",
+    "POD_SUCCEEDED",
     "ContainerSpec",
     "NodeInfo",
     "ObjectError",
@@ -23,6 +31,7 @@ __all__ = [
     "read_pod",
 ]
 
+POD_PENDING = "Pending"
 POD_FAILED = "Failed"
 POD_SUCCEEDED = "Succeeded"
 

@@ -32,6 +32,7 @@ from hami_plugin.scheduler.webhook import (
     PodAdmission,
     WebhookSettings,
     admit_pod,
+    errored,
 )
 
 __all__ = [
@@ -63,11 +64,6 @@ class AdmissionOutcome:
     review: Mapping[str, Any]
 
 
-def _errored(code: int, message: str) -> PodAdmission:
-    """controller-runtime's Errored: not allowed, with the code and the reason."""
-    return PodAdmission(AdmissionVerdict.ERRORED, code, message)
-
-
 def _review(api_version: str, uid: str, admission: PodAdmission) -> dict[str, Any]:
     # metav1.Status: metadata (a struct, never omitted), message, reason, code.
     status: dict[str, Any] = {"metadata": {}}
@@ -94,23 +90,23 @@ def review_admission(review: object, settings: WebhookSettings) -> AdmissionOutc
     controller-runtime does, `allowed: false` with code 400. Never raises."""
     api_version, uid = ADMISSION_V1, ""
     if not isinstance(review, Mapping):
-        return _outcome(api_version, uid, _errored(400, "the admission review is not an object"))
+        return _outcome(api_version, uid, errored(400, "the admission review is not an object"))
     given_version = review.get("apiVersion") or ADMISSION_V1
     kind = review.get("kind") or ADMISSION_REVIEW
     if given_version not in (ADMISSION_V1, ADMISSION_V1BETA1) or kind != ADMISSION_REVIEW:
         message = f'no kind "{kind}" is registered for version "{given_version}"'
-        return _outcome(api_version, uid, _errored(400, message))
+        return _outcome(api_version, uid, errored(400, message))
     api_version = str(given_version)
     request = review.get("request")
     if not isinstance(request, Mapping):
-        return _outcome(api_version, uid, _errored(400, "there is no content to decode"))
+        return _outcome(api_version, uid, errored(400, "there is no content to decode"))
     given_uid = request.get("uid")
     uid = given_uid if isinstance(given_uid, str) else ""
     try:
         admission = admit_pod(request.get("object"), settings)
     except Exception as error:  # a bug here must not take the webhook down
         logger.exception("admission of pod %s failed unexpectedly", _pod_key(request))
-        admission = _errored(500, f"internal error: {error}")
+        admission = errored(500, f"internal error: {error}")
     if admission.verdict is AdmissionVerdict.DENIED:
         logger.info("denying pod %s (uid %s): %s", _pod_key(request), uid, admission.message)
     elif admission.verdict is AdmissionVerdict.ERRORED:
@@ -137,17 +133,17 @@ def review_admission_body(
     JSON are answered `allowed: false` with the reason; anything else goes to
     `review_admission`. Never raises."""
     if not body:
-        return _outcome(ADMISSION_V1, "", _errored(400, "request body is empty"))
+        return _outcome(ADMISSION_V1, "", errored(400, "request body is empty"))
     if len(body) > max_bytes:
         message = f"request entity is too large; limit is {max_bytes} bytes"
-        return _outcome(ADMISSION_V1, "", _errored(413, message))
+        return _outcome(ADMISSION_V1, "", errored(413, message))
     if content_type != JSON_CONTENT_TYPE:
         message = f"contentType={content_type}, expected {JSON_CONTENT_TYPE}"
-        return _outcome(ADMISSION_V1, "", _errored(400, message))
+        return _outcome(ADMISSION_V1, "", errored(400, message))
     try:
         review = decode_go_json(body)
     except GoJsonError as error:
-        return _outcome(ADMISSION_V1, "", _errored(400, str(error)))
+        return _outcome(ADMISSION_V1, "", errored(400, str(error)))
     return review_admission(review, settings)
 
 

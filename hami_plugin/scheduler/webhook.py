@@ -165,7 +165,8 @@ def _denied(message: str) -> PodAdmission:
     return PodAdmission(AdmissionVerdict.DENIED, 403, message)
 
 
-def _errored(code: int, message: str) -> PodAdmission:
+def errored(code: int, message: str) -> PodAdmission:
+    """controller-runtime's Errored: not allowed, with the code and the reason."""
     return PodAdmission(AdmissionVerdict.ERRORED, code, message)
 
 
@@ -479,9 +480,9 @@ def admit_pod(pod: object, settings: WebhookSettings) -> PodAdmission:
         for container in view.containers:
             has_resource = _mutate_container(container, settings) or has_resource
     except _BadPodError as error:
-        return _errored(400, str(error))
+        return errored(400, str(error))
     except _RejectedError as error:
-        return _errored(500, str(error))
+        return errored(500, str(error))
 
     if has_resource:
         privileged = next((c for c in view.containers if c.privileged), None)

@@ -401,3 +401,8 @@ def test_codec_and_wire_escape_strings_alike(text: str) -> None:
     assert codec.encode_node_devices([device]) == (
         '[{"id":"GPU-0","count":1,"type":' + expected + "}]"
     )
+
+
+def test_of_field_names_that_fold_alike_the_one_written_last_wins_as_in_go() -> None:
+    body = b'{"PodName":"x","podname":"y","PodName":"z","PodNamespace":"n","PodUID":"u","Node":"m"}'
+    assert parse_binding_args(body).pod_name == "z"

@@ -88,15 +88,16 @@ def test_retry_after_is_capped_by_max_backoff(
     assert sleeps.waits == [FAST.max_backoff_seconds]
 
 
+@pytest.mark.parametrize(
+    "date", ["Thu, 01 Jan 2026 00:00:03 GMT", "Thu, 01 Jan 2026 00:00:03 -0000"]
+)
 def test_retry_after_as_a_date_is_read_against_the_clients_clock(
-    apiserver: FakeApiServer,
+    apiserver: FakeApiServer, date: str
 ) -> None:
     apiserver.add_node("gpu-1")
     clock = ManualClock(datetime(2026, 1, 1, tzinfo=UTC))
     sleeps = SleepRecorder()
-    apiserver.inject_fault(
-        "GET", ".*", status=503, headers={"Retry-After": "Thu, 01 Jan 2026 00:00:03 GMT"}
-    )
+    apiserver.inject_fault("GET", ".*", status=503, headers={"Retry-After": date})
     policy = dataclasses.replace(FAST, max_backoff_seconds=10.0)
 
     with KubeClient(apiserver.api_client(), policy, sleep=sleeps, clock=clock) as kube:

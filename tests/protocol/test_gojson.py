@@ -23,6 +23,7 @@ from hami_plugin.protocol.gojson import (
     NumberText,
     decode_go_json,
     encode_go_json,
+    fold_keys,
     fold_name,
     go_json_string,
     go_json_string_list,
@@ -220,6 +221,13 @@ def test_register_json_matches_keys_as_go_does() -> None:
     profile = '[{"id":"G","migProfiles":[{"name":"p","placement\u017f":[{"\u017ftart":3}]}]}]'
     (device,) = codec.decode_node_devices(profile)
     assert device.mig_profiles[0].placements[0].start == 3
+
+
+def test_of_keys_that_fold_alike_the_one_written_last_wins_as_in_go() -> None:
+    """Go assigns struct fields in document order: `id`, `ID`, `id` leaves the third value."""
+    value = '[{"id":"GPU-a","ID":"GPU-b","id":"GPU-c","count":2}]'
+    assert codec.decode_node_devices(value)[0].uuid == "GPU-c"
+    assert fold_keys(unmarshal_go_json('{"a":1,"A":2,"a":3}')) == {"A": 3}
 
 
 def test_register_json_errors_carry_gos_message() -> None:
