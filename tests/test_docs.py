@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-SCANNED = ("hami_plugin", "tests", "daemonset", "README.md")
+SCANNED = ("hami_plugin", "tests", "daemonset", "README.md", "docs")
 SUFFIXES = {".py", ".yaml", ".yml", ".md", ".txt", ".toml"}
 SKIPPED_DIRS = {"__pycache__", "api"}
 THIS_FILE = Path(__file__).resolve()

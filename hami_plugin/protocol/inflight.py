@@ -24,7 +24,8 @@ The rules (both sides must agree; docs/design.md 5 is the contract):
 
 Residual risks (no rule over these inputs can exclude them): kubelet rejecting a pod before its
 Allocate (eviction, sysctl, node shutdown admission handlers) or between two of its containers,
-and a pod force-deleted after kubelet received it; see the README.
+and a pod force-deleted after kubelet received it; see docs/scheduler.md
+("Residual risks").
 """
 
 from __future__ import annotations

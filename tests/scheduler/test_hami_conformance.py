@@ -4,9 +4,9 @@ Every test names the reference section it checks. Expected values are HAMi's beh
 out by hand from the reference (and, where the reference is loose, from HAMi's own code and
 tests: see the notes at `NumaNotFit`/`AllocatedCardsInsufficientRequest`, type and UUID
 lists, `vgpu-mode`, and the device order kept between app containers). The deliberate
-differences (README "Where we differ from HAMi, on purpose") are not tested here as HAMi's:
-the device score includes the request, ties between nodes go to the smaller name, GPUs start
-in index order, and an unknown policy is an error.
+differences (docs/scheduling.md, "Where we differ from HAMi, on purpose") are not tested here
+as HAMi's: the device score includes the request, ties between nodes go to the smaller name,
+GPUs start in index order, and an unknown policy is an error.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The fake GPU file: the YAML file that drives the fake NVML, parsed and validated.
 
-The format (documented in the README):
+The format (documented in docs/device-plugin.md, "Fake GPUs"):
 
 ```yaml
 init_error: LibraryNotFound   # optional: nvmlInit fails with this NVML error
