@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from hami_plugin.deviceplugin.inventory import physical_uuid_of
 from hami_plugin.protocol import codec, govalues, hostpaths
 from hami_plugin.protocol.model import (
+    ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_DEVICES_TO_ALLOCATE,
     ContainerDevice,
     ContainerDevices,
@@ -65,6 +66,9 @@ class FailureReason(enum.StrEnum):
     DEVICE_COUNT_MISMATCH = "DeviceCountMismatch"
     INVALID_REQUEST = "InvalidRequest"
     INVALID_POD = "InvalidPod"
+    BOOKING_NOT_SIGNED = "BookingNotSigned"
+    """A booking key is configured and the pod's booking is not the one the scheduler signed
+    (no or a wrong signature, or a to-allocate that is not the signed booking)."""
 
 
 class AllocateFailure(Exception):  # noqa: N818 - an answer to kubelet, not a bug
@@ -174,6 +178,46 @@ def decode_to_allocate(pod: PodInfo) -> PodDevices:
                     f"negative memory ({device.used_mem_mib}) or cores ({device.used_cores})",
                 )
     return entries
+
+
+def _entry_text(entry: ContainerDevices) -> str:
+    return codec.encode_container_devices(entry, ANNOTATION_DEVICES_TO_ALLOCATE) or "(none)"
+
+
+def to_allocate_problem(pod: PodInfo) -> str | None:
+    """Why the pod's `hami.io/vgpu-devices-to-allocate` is not its booking with some entries
+    consumed; None when it is. For a pod whose booking signature verified.
+
+    The booking is `hami.io/vgpu-devices-allocated` (what the scheduler signed; nothing changes
+    it after the bind). Our Allocate only ever empties entries of to-allocate, so each entry
+    must equal the booked one or be empty. Empty entries past the end on either side do not
+    count: `decode_pod_devices("A:;")` has two entries and its re-encoding `";;"` three, so every
+    Allocate's write adds a trailing empty one. A missing or unreadable to-allocate is no
+    problem here: nothing can be served from it (`decide_allocation` says why).
+    """
+    text = pod.annotations.get(ANNOTATION_DEVICES_TO_ALLOCATE)
+    if text is None:
+        return None
+    try:
+        current = codec.decode_pod_devices(text, ANNOTATION_DEVICES_TO_ALLOCATE)
+    except ValueError:
+        return None
+    mismatch = f"{ANNOTATION_DEVICES_TO_ALLOCATE} does not match the signed booking"
+    try:
+        booked = codec.decode_pod_devices(
+            pod.annotations.get(ANNOTATION_DEVICES_ALLOCATED, ""), ANNOTATION_DEVICES_ALLOCATED
+        )
+    except ValueError as error:
+        return f"{mismatch}: the booking does not decode: {error}"
+    for index in range(max(len(current), len(booked))):
+        entry = current[index] if index < len(current) else ()
+        booked_entry = booked[index] if index < len(booked) else ()
+        if entry and entry != booked_entry:
+            return (
+                f"{mismatch} ({ANNOTATION_DEVICES_ALLOCATED}): entry {index} is "
+                f"{_entry_text(entry)}, booked {_entry_text(booked_entry)}"
+            )
+    return None
 
 
 def _container_at(pod: PodInfo, index: int) -> ContainerSpec:

@@ -3,10 +3,13 @@
 `PodAllocator` asks the API server for the node lock and the pods, lets `deviceplugin.pending`
 pick the pod and `deviceplugin.allocate` decide (both pure), creates the host directories and
 writes the result back (to-allocate consumed, bind-phase, node lock released); any failure
-marks the pod `failed`, releases the lock and records a Warning event. Kubelet waits for
-Allocate without a deadline (and admits nothing else meanwhile), so the API calls of one
-Allocate share a time budget, and reporting a failure gets a budget of its own: a hanging API
-server costs seconds, not the minutes its retry policy allows per call.
+marks the pod `failed`, releases the lock and records a Warning event. With booking keys (asked
+for on every call, so a rotated key file counts without a restart) a pod whose booking the
+scheduler did not sign is failed that way instead of served (`pending.booking_refusal`).
+
+Kubelet waits for Allocate without a deadline (and admits nothing else meanwhile), so the API
+calls of one Allocate share a time budget, and reporting a failure gets a budget of its own: a
+hanging API server costs seconds, not the minutes its retry policy allows per call.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from hami_plugin.deviceplugin.allocate import (
     AllocateConfig,
     AllocateFailure,
     AllocationDecision,
+    FailureReason,
     check_requests,
     decide_allocation,
 )
@@ -31,6 +35,7 @@ from hami_plugin.deviceplugin.preferred import PreferredAnswer, PreferredRequest
 from hami_plugin.kube.api import AllocateApi
 from hami_plugin.kube.errors import Conflict
 from hami_plugin.protocol import hostpaths, nodelock
+from hami_plugin.protocol.booking import BookingKeys
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_DEVICES_TO_ALLOCATE,
@@ -103,7 +108,11 @@ def libvgpu_version() -> str:
 
 
 class PodAllocator:
-    """Allocate and GetPreferredAllocation against the API server, for one node."""
+    """Allocate and GetPreferredAllocation against the API server, for one node.
+
+    `booking_keys` returns the current booking keys (`config.keys.BookingKeyFile.keys`); None
+    trusts every booking, as HAMi does.
+    """
 
     def __init__(
         self,
@@ -111,6 +120,7 @@ class PodAllocator:
         node_name: str,
         config: AllocateConfig,
         *,
+        booking_keys: Callable[[], BookingKeys] | None = None,
         new_cache_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         version: str | None = None,
         allocate_budget_seconds: float = ALLOCATE_BUDGET_SECONDS,
@@ -120,6 +130,7 @@ class PodAllocator:
         self._kube = kube
         self._node_name = node_name
         self._config = config
+        self._booking_keys = booking_keys
         self._new_cache_id = new_cache_id
         self._version = version if version is not None else libvgpu_version()
         self._allocate_budget = allocate_budget_seconds
@@ -149,7 +160,11 @@ class PodAllocator:
         node = self._kube.get_node(self._node_name)
         pods = self._kube.list_pods_on_node(self._node_name)
         choice = select_pending_pod(
-            self._node_name, node.annotations.get(ANNOTATION_NODE_LOCK), pods, device_count
+            self._node_name,
+            node.annotations.get(ANNOTATION_NODE_LOCK),
+            pods,
+            device_count,
+            self._booking_keys() if self._booking_keys is not None else None,
         )
         if choice.lock_warning:
             logger.warning("node %s: %s", self._node_name, choice.lock_warning)
@@ -164,7 +179,8 @@ class PodAllocator:
         Raises AllocateFailure(NO_PENDING_POD, NO_MATCHING_POD or INVALID_REQUEST) or a
         KubeError when no pod could be chosen (nothing is patched then), or PodAllocationError
         when the chosen pod failed (it is then marked `failed`, its lock released and a Warning
-        event recorded).
+        event recorded), its cause an AllocateFailure(BOOKING_NOT_SIGNED) when its booking was
+        refused.
         """
         check_requests(requests)
         with self._within(self._allocate_budget):
@@ -172,6 +188,8 @@ class PodAllocator:
             node, choice = self._pending_pod(len(requests[0]))
             pod = choice.pod
             try:
+                if choice.refusal is not None:
+                    raise AllocateFailure(FailureReason.BOOKING_NOT_SIGNED, choice.refusal)
                 decision = decide_allocation(
                     pod, requests, self._current_config(), self._new_cache_id, advertised
                 )
@@ -219,6 +237,15 @@ class PodAllocator:
             with self._within(self._preferred_budget):
                 _, choice = self._pending_pod(requests[0].size if requests else 0)
             pod = choice.pod
+            if choice.refusal is not None:
+                # Told when kubelet's Allocate comes; the answer only falls back here.
+                logger.info(
+                    "preferred allocation without a pod: pod %s/%s: %s",
+                    pod.namespace,
+                    pod.name,
+                    choice.refusal,
+                )
+                pod = None
         except AllocateFailure as error:
             logger.info("preferred allocation without a pod: %s", error)
             pod = None

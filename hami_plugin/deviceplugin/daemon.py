@@ -1,9 +1,11 @@
 """`hami device-plugin`: the node daemon, wired together.
 
-settings → NVML backend → inventory → gRPC server + kubelet registration → health monitor →
-node register annotation. NVML failing at start is one log line and exit status 1, or, with
-`--fail-on-init-error=false`, the daemon stays up advertising nothing and retries. SIGTERM or
-SIGINT stops serving, removes the socket and exits 0.
+settings → booking keys → NVML backend → inventory → gRPC server + kubelet registration →
+health monitor → node register annotation. A booking key file that cannot be read is one log
+line and exit status 2; without `--booking-key-file` every booking is trusted, as in HAMi, and
+the daemon says so in one warning once NVML is up. NVML failing at start is one log line and
+exit status 1, or, with `--fail-on-init-error=false`, the daemon stays up advertising nothing
+and retries. SIGTERM or SIGINT stops serving, removes the socket and exits 0.
 
 Heavy imports (grpc, kubernetes, the NVML adapter) happen in `run`, so `hami --help` stays fast.
 """
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.config import ConfigError
+from hami_plugin.config.keys import BookingKeyFile
 from hami_plugin.deviceplugin.settings import (
     DevicePluginSettings,
     add_arguments,
@@ -78,6 +81,7 @@ class DevicePluginDaemon:
         self._lock = threading.Lock()
         self._gpus: list[PhysicalGpu] = []
         self._backend: NvmlBackend | None = None
+        self._booking_keys: BookingKeyFile | None = None
         self._health: HealthMonitor | None = None
         self._publisher: RegisterPublisher | None = None
         self.board: DeviceBoard | None = None
@@ -95,6 +99,12 @@ class DevicePluginDaemon:
         from hami_plugin.deviceplugin.nvml import NvmlBackend, NvmlUnavailable, load_nvml_module
 
         settings = self.settings
+        if settings.booking_key_file is not None:
+            try:
+                self._booking_keys = BookingKeyFile(settings.booking_key_file, clock=self._clock)
+            except ConfigError as error:
+                logger.error("%s", error)
+                return EXIT_USAGE
         try:
             nvml = self._nvml_module or load_nvml_module(settings.nvml, settings.fake_gpus)
         except (NvmlUnavailable, ValueError) as error:
@@ -149,6 +159,15 @@ class DevicePluginDaemon:
         from hami_plugin.protocol.inflight import ALLOCATE_PROTOCOL, ANNOTATION_ALLOCATE_PROTOCOL
 
         settings = self.settings
+        keys = self._booking_keys
+        if keys is None:
+            # Once, after NVML: a node that cannot start says only why (one line).
+            logger.warning(
+                "no --booking-key-file: Allocate serves every pod's hami.io booking "
+                "annotations as HAMi does, so anyone who can create a pod can claim GPUs"
+            )
+        else:
+            logger.info("serving only bookings signed by the scheduler (keys from %s)", keys.path)
         try:
             gpus = backend.scan()
         except NvmlError as error:
@@ -176,6 +195,7 @@ class DevicePluginDaemon:
                 enable_preferred_allocation=settings.enable_preferred_allocation,
                 vgpulock_host_path=self._vgpulock_path,
             ),
+            booking_keys=keys.keys if keys is not None else None,
         )
         service = DevicePluginService(
             board, allocator, preferred_allocation=settings.enable_preferred_allocation
@@ -225,6 +245,7 @@ class DevicePluginDaemon:
                 scanner=scanner,
                 pods=pods,
                 clock=self._clock,
+                booking_keys=keys.keys if keys is not None else None,
             )
             self.started.set()
             self._stop.wait()

@@ -22,7 +22,9 @@ What HAMi lacks, same `hami_` prefix and labels, no zone (they are not HAMi's):
   its `hami.io/vgpu-devices-allocated` collapsed per GPU (init containers by their peak, app
   containers one slot each). Pods still `allocating` count: their slots are taken. Kubelet's
   device IDs are not used: HAMi's Allocate serves the scheduler's booking, not the ID kubelet
-  picked, so the ID says nothing about which GPU a container got.
+  picked, so the ID says nothing about which GPU a container got. With booking keys
+  (`--booking-key-file`) only pods whose booking signature verifies count: any pod author can
+  write the annotation, and our Allocate serves no other booking.
 
 A GPU that fails an NVML query is left out of the scrape (the adapter logs it); NVML failing as
 a whole, or the pod list failing, leaves out only the metrics that need it, with one log line.
@@ -47,6 +49,7 @@ from hami_plugin.metrics.server import (
     guarded_registry,
     start_metrics_server,
 )
+from hami_plugin.protocol.booking import BookingKeys
 from hami_plugin.protocol.codec import AnnotationError, decode_pod_devices
 from hami_plugin.protocol.hostpaths import containers_dir
 from hami_plugin.protocol.model import ANNOTATION_DEVICES_ALLOCATED, ANNOTATION_VGPU_NODE
@@ -79,8 +82,11 @@ def monitor_device_type(nvml_name: str) -> str:
     return f"NVIDIA-{nvml_name}"
 
 
-def booked_slots(pods: Sequence[PodInfo], node_name: str) -> dict[str, int]:
-    """Slots booked per GPU UUID by the pods of `node_name` (see the module docstring).
+def booked_slots(
+    pods: Sequence[PodInfo], node_name: str, keys: BookingKeys | None = None
+) -> dict[str, int]:
+    """Slots booked per GPU UUID by the pods of `node_name` (see the module docstring); with
+    `keys`, by the pods whose booking signature verifies only.
 
     A pod whose allocation annotation does not decode is left out (logged at debug level: the
     scheduler reports it where the user sees it).
@@ -93,6 +99,9 @@ def booked_slots(pods: Sequence[PodInfo], node_name: str) -> dict[str, int]:
             or pod.annotations.get(ANNOTATION_VGPU_NODE) != node_name
             or pod.phase in _FINISHED_PHASES
         ):
+            continue
+        if keys is not None and not keys.verify_pod(pod.uid, pod.annotations):
+            logger.debug("pod %s/%s left out of the slot count: unsigned", pod.namespace, pod.name)
             continue
         try:
             devices = decode_pod_devices(value, ANNOTATION_DEVICES_ALLOCATED)
@@ -216,7 +225,8 @@ class NodeCollector:
     `read_usage` (NvmlBackend.read_usage; may raise), `gpus` (the daemon's inventory, for the
     index and name of a GPU that no longer answers NVML), `devices` (the kubelet devices as
     advertised, with their health), `pods` (the pods bound to this node, may raise; None: no
-    allocated-slots metric).
+    allocated-slots metric), `booking_keys` (the current booking keys: only signed bookings
+    count; None: every booking counts, as in HAMi).
     """
 
     def __init__(
@@ -227,12 +237,14 @@ class NodeCollector:
         gpus: Callable[[], Sequence[PhysicalGpu]],
         devices: Callable[[], Sequence[VgpuDevice]],
         pods: Callable[[], Sequence[PodInfo]] | None = None,
+        booking_keys: Callable[[], BookingKeys] | None = None,
     ) -> None:
         self._node = node_name
         self._read_usage = read_usage
         self._gpus = gpus
         self._devices = devices
         self._pods = pods
+        self._booking_keys = booking_keys
         # Log a failing source once per distinct message, not on every scrape.
         self._last_problem: dict[str, str] = {}
         self._problem_lock = threading.Lock()
@@ -297,7 +309,8 @@ class NodeCollector:
             self._problem("pods", f"allocated vGPU slots left out of the metrics: {error}")
             return None
         self._solved("pods", "allocated vGPU slots are counted again")
-        return booked_slots(pods, self._node)
+        keys = self._booking_keys() if self._booking_keys is not None else None
+        return booked_slots(pods, self._node, keys)
 
     def _problem(self, source: str, message: str) -> None:
         with self._problem_lock:
@@ -378,6 +391,7 @@ def start_device_plugin_metrics(
     scanner: ContainerScanner | None = None,
     pods: NodePods | None = None,
     clock: Clock | None = None,
+    booking_keys: Callable[[], BookingKeys] | None = None,
 ) -> DevicePluginMetrics | None:
     """Serve the device plugin daemon's `/metrics` on `settings.metrics_bind_address`.
 
@@ -388,6 +402,8 @@ def start_device_plugin_metrics(
     alone, closed by `stop()`. `pods`: the pod list the scanner already reads, so that the
     node collector shares it (None lists them here). `clock`: the daemon's clock, read by the
     pod list, the collectors and the scrape timing (the system clock when None).
+    `booking_keys`: the daemon's booking keys, so that only signed bookings count as allocated
+    slots (None: every booking counts).
 
     Returns None when the address is `0`, does not parse, or cannot be bound: a metrics problem
     is one error line and never stops the daemon from serving GPUs.
@@ -404,6 +420,7 @@ def start_device_plugin_metrics(
             gpus=gpus,
             devices=devices,
             pods=pods,
+            booking_keys=booking_keys,
         ),
         "vgpu": VgpuCollector(scanner, settings.node_name, clock=clock),
     }

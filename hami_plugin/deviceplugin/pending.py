@@ -5,16 +5,23 @@ Kubelet's call names devices, not a pod. HAMi v2.10 behaviour being matched
 bound to this node whose `hami.io/bind-phase` is `allocating`; where several such pods are in
 flight (our scheduler on a node marked `hami-plugin.io/allocate-protocol`), `inflight.choose`
 tells them apart from kubelet's device count (HAMi takes whatever the API list order gives).
+
+With a booking key (`--booking-key-file`, docs/design.md 8) only bookings the scheduler signed
+are served (`booking_refusal`). A pod with any other booking is never chosen for another pod's
+call: it is kept out of the in-flight choice and stands where kubelet could be admitting it (the
+one candidate, the pod a node lock names, or the wildcard of `_choose_in_flight`), so that it,
+and not a signed pod, takes the refusal. Without a key every booking is trusted, as in HAMi.
 Pure, no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from hami_plugin.deviceplugin.allocate import AllocateFailure, FailureReason
+from hami_plugin.deviceplugin.allocate import AllocateFailure, FailureReason, to_allocate_problem
 from hami_plugin.protocol import inflight, nodelock
+from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE, BookingKeys
 from hami_plugin.protocol.codec import AnnotationError
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
@@ -24,14 +31,42 @@ from hami_plugin.protocol.model import (
 )
 from hami_plugin.protocol.objects import POD_PENDING, PodInfo
 
+BOOKING_NOT_SIGNED = "booking not signed by the scheduler"
+"""How a refused booking's message starts (the Allocate error and the pod's Warning event)."""
+
 
 @dataclass(frozen=True, slots=True)
 class PendingPodChoice:
-    """The pod Allocate works on. `lock_warning` explains a node lock that could not be used."""
+    """The pod the kubelet call is for. `lock_warning` explains a node lock that could not be
+    used; `refusal`, when set, says why the pod's booking must not be served (Allocate fails
+    the pod with it)."""
 
     pod: PodInfo
     via_lock: bool
     lock_warning: str | None = None
+    refusal: str | None = None
+
+
+def booking_refusal(pod: PodInfo, keys: BookingKeys | None) -> str | None:
+    """Why `pod`'s booking must not be served; None when it may be (always without `keys`).
+
+    With `keys` a booking is served only when `hami-plugin.io/booking-signature` verifies for
+    the pod's UID, `hami.io/vgpu-node`, `hami.io/vgpu-devices-allocated` and `hami.io/bind-time`
+    (`protocol.booking`), and its to-allocate is that booking with some entries consumed
+    (`allocate.to_allocate_problem`): a signature proves the booking, not what its author
+    wrote into to-allocate afterwards.
+    """
+    if keys is None:
+        return None
+    if not keys.verify_pod(pod.uid, pod.annotations):
+        if ANNOTATION_BOOKING_SIGNATURE not in pod.annotations:
+            return f"{BOOKING_NOT_SIGNED}: the pod has no {ANNOTATION_BOOKING_SIGNATURE}"
+        return (
+            f"{BOOKING_NOT_SIGNED}: {ANNOTATION_BOOKING_SIGNATURE} does not verify for this "
+            "pod's UID, node, booked devices and bind-time (copied from another pod, changed "
+            "after the bind, or signed with a key this node does not have)"
+        )
+    return to_allocate_problem(pod)
 
 
 def _bind_time_key(pod: PodInfo) -> tuple[int, int, str, str]:
@@ -63,15 +98,18 @@ def is_pending_on(pod: PodInfo, node_name: str) -> bool:
 
 
 def _choose_in_flight(
-    node_name: str, candidates: Sequence[PodInfo], device_count: int
+    node_name: str,
+    candidates: Sequence[PodInfo],
+    device_count: int,
+    refused: Collection[tuple[str, str]] = frozenset(),
 ) -> tuple[PodInfo | None, str]:
     """The candidate kubelet's call for `device_count` devices is for (`inflight.choose`).
 
-    A candidate without a usable booking (to-allocate missing, unreadable or all consumed) could
-    be any Allocate: it is taken instead whenever kubelet could be admitting it, that is when
-    nothing else matches or the match is a not-started pod created no earlier; it then fails on
-    its annotation, and the caller's kubelet call with it, rather than another pod's GPUs going
-    to it.
+    A candidate without a usable booking (to-allocate missing, unreadable or all consumed, or
+    its (namespace, name) in `refused`: a booking not to be served) could be any Allocate: it
+    is taken instead whenever kubelet could be admitting it, that is when nothing else matches
+    or the match is a not-started pod created no earlier; it then fails, and the caller's
+    kubelet call with it, rather than another pod's GPUs going to it.
     """
     readable: dict[tuple[str, str], PodInfo] = {}
     views = []
@@ -80,7 +118,7 @@ def _choose_in_flight(
         view = inflight.in_flight_pod(
             pod.namespace, pod.name, pod.creation_timestamp, pod.annotations
         )
-        if view is None or view.finished:
+        if view is None or view.finished or (pod.namespace, pod.name) in refused:
             unusable.append(pod)
         else:
             readable[view.key] = pod
@@ -105,7 +143,11 @@ def _choose_in_flight(
 
 
 def select_pending_pod(
-    node_name: str, lock_value: str | None, pods: Sequence[PodInfo], device_count: int
+    node_name: str,
+    lock_value: str | None,
+    pods: Sequence[PodInfo],
+    device_count: int,
+    keys: BookingKeys | None = None,
 ) -> PendingPodChoice:
     """Choose the pod kubelet is admitting, from the node lock, the pods on the node and the
     number of devices kubelet asks (`len(devices_ids)`, or `allocation_size`).
@@ -115,6 +157,10 @@ def select_pending_pod(
     fails it with "device number not matched", as in HAMi. Several (our scheduler's in-flight
     protocol): `inflight.choose` over their bookings. A malformed lock does not block allocation
     (HAMi fails every Allocate until the lock expires); the choice carries a warning instead.
+
+    With `keys`, a pod whose booking is refused (`booking_refusal`) is still the answer where
+    kubelet could be admitting it (the lock's pod, the one candidate, the in-flight wildcard),
+    with `refusal` set; it is never the answer for a call a served pod matches.
 
     Raises AllocateFailure(NO_PENDING_POD) when no pod qualifies, and (NO_MATCHING_POD) when
     several do and none can be told to be the one; `pod_known` is False for both (nothing is
@@ -131,7 +177,7 @@ def select_pending_pod(
         # A legacy lock (time only) is owned by no pod.
         for pod in pods:
             if lock.owned_by(pod.namespace, pod.name) and pod.phase == POD_PENDING:
-                return PendingPodChoice(pod=pod, via_lock=True)
+                return PendingPodChoice(pod=pod, via_lock=True, refusal=booking_refusal(pod, keys))
     candidates = sorted((p for p in pods if is_pending_on(p, node_name)), key=_bind_time_key)
     if not candidates:
         raise AllocateFailure(
@@ -139,9 +185,17 @@ def select_pending_pod(
             f"no binding pod found on node {node_name}",
             pod_known=False,
         )
-    if len(candidates) == 1:
-        return PendingPodChoice(pod=candidates[0], via_lock=False, lock_warning=warning)
-    chosen, reason = _choose_in_flight(node_name, candidates, device_count)
-    if chosen is None:
-        raise AllocateFailure(FailureReason.NO_MATCHING_POD, reason, pod_known=False)
-    return PendingPodChoice(pod=chosen, via_lock=False, lock_warning=warning)
+    refusals = {(pod.namespace, pod.name): booking_refusal(pod, keys) for pod in candidates}
+    chosen = candidates[0]
+    if len(candidates) > 1:
+        refused = {key for key, refusal in refusals.items() if refusal is not None}
+        found, reason = _choose_in_flight(node_name, candidates, device_count, refused)
+        if found is None:
+            raise AllocateFailure(FailureReason.NO_MATCHING_POD, reason, pod_known=False)
+        chosen = found
+    return PendingPodChoice(
+        pod=chosen,
+        via_lock=False,
+        lock_warning=warning,
+        refusal=refusals[(chosen.namespace, chosen.name)],
+    )

@@ -85,6 +85,10 @@ class DevicePluginSettings:
     (HAMi's monitor `HAMI_RESYNC_INTERVAL`, 5m)."""
     priority_feedback: bool = True
     """Run HAMi's priority feedback loop over the containers' shared regions (every 5 s)."""
+    booking_key_file: str | None = None
+    """The booking keys shared with the scheduler (`config.keys`): only bookings it signed are
+    served. None: every booking is trusted, as HAMi's device plugin trusts them (one warning at
+    start). Read when the daemon starts (an unreadable file is a start error)."""
     only_xids: frozenset[int] | None = None
     """When set, only these Xids mark a GPU unhealthy (`DP_DISABLE_HEALTHCHECKS=all` together
     with a `DP_ENABLE_HEALTHCHECKS` list); None means every Xid outside `ignored_xids` counts."""
@@ -182,6 +186,10 @@ _OPTIONS: tuple[_Option, ...] = (
     _Option("priority_feedback", "--priority-feedback", "PRIORITY_FEEDBACK", parse_bool,
             "run HAMi's priority feedback loop over the containers' shared regions every 5 s "
             "(default true)"),
+    _Option("booking_key_file", "--booking-key-file", "HAMI_BOOKING_KEY_FILE",
+            parse_optional_str, "file of booking keys shared with the scheduler, one per line: "
+            "Allocate serves only bookings the scheduler signed (default: none, every booking "
+            "is trusted as in HAMi)"),
 )  # fmt: skip
 
 _METAVARS = {
@@ -205,6 +213,7 @@ _METAVARS = {
     "filter_indexes": "INDEXES",
     "metrics_bind_address": "ADDRESS",
     "vgpu_resync_interval_seconds": "DURATION",
+    "booking_key_file": "FILE",
 }
 
 # Settings that are not fields of DevicePluginSettings but shape them: (flag, env variable).

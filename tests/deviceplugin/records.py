@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
+from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE, BookingKeys, booking_fields
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -54,3 +56,15 @@ def make_pod(
         resource_version="1",
         creation_timestamp=None,
     )
+
+
+KEYS = BookingKeys((b"device-plugin-test-key-0123456789",))
+"""The booking key of the decision tests (a scheduler signing with it is trusted)."""
+
+
+def signed(pod: PodInfo, keys: BookingKeys = KEYS) -> PodInfo:
+    """`pod` with the booking signature the scheduler writes at bind, signed with `keys`."""
+    fields = booking_fields(pod.uid, pod.annotations)
+    assert fields is not None, "the pod lacks a signed field"
+    annotations = {**pod.annotations, ANNOTATION_BOOKING_SIGNATURE: keys.sign(fields)}
+    return dataclasses.replace(pod, annotations=annotations)

@@ -15,9 +15,16 @@ from hami_plugin.deviceplugin.allocate import (
     FailureReason,
     MountSpec,
     decide_allocation,
+    to_allocate_problem,
 )
 from hami_plugin.protocol import codec
-from hami_plugin.protocol.model import ANNOTATION_DEVICES_TO_ALLOCATE, ContainerDevice, PodDevices
+from hami_plugin.protocol.model import (
+    ANNOTATION_DEVICES_ALLOCATED,
+    ANNOTATION_DEVICES_TO_ALLOCATE,
+    ContainerDevice,
+    PodDevices,
+)
+from hami_plugin.protocol.objects import PodInfo
 from tests.deviceplugin.records import GPU_A, GPU_B, GPU_C, make_pod
 
 CONFIG = AllocateConfig(hook_path="/usr/local")
@@ -245,6 +252,61 @@ def test_a_booked_gpu_on_this_node_wins_over_kubelets_id() -> None:
     assert answer.kubelet_ids_not_used == (f"{GPU_C}-4",)
 
 
+# --- to-allocate against the signed booking -----------------------------------------------------
+
+BOOKED = f"{GPU_A},NVIDIA,3000,30:;{GPU_B},NVIDIA,1000,10:{GPU_C},NVIDIA,1000,10:;"
+
+
+def booked_pod(to_allocate: str | None, booked: str = BOOKED) -> PodInfo:
+    pod = make_pod(to_allocate, containers=("a", "b"))
+    annotations = {**pod.annotations, ANNOTATION_DEVICES_ALLOCATED: booked}
+    return dataclasses.replace(pod, annotations=annotations)
+
+
+@pytest.mark.parametrize(
+    "to_allocate",
+    [
+        BOOKED,
+        f";{GPU_B},NVIDIA,1000,10:{GPU_C},NVIDIA,1000,10:;",  # the first entry consumed
+        ";;;",  # everything consumed, with the trailing entry our write adds
+        BOOKED + ";",
+        f"{GPU_A},NVIDIA,3000,30:",  # trailing entries dropped: nothing more to serve
+        None,  # nothing to serve: decide_allocation says so
+        f"{GPU_A},NVIDIA,notanumber,30:;",  # unreadable: decide_allocation says so
+    ],
+)
+def test_a_to_allocate_within_the_booking_is_no_problem(to_allocate: str | None) -> None:
+    assert to_allocate_problem(booked_pod(to_allocate)) is None
+
+
+@pytest.mark.parametrize(
+    ("to_allocate", "detail"),
+    [
+        (f"{GPU_C},NVIDIA,3000,30:;;", f"entry 0 is {GPU_C},NVIDIA,3000,30:, booked {GPU_A}"),
+        (f"{GPU_A},NVIDIA,81920,30:;;", "entry 0 is"),  # more memory on the booked GPU
+        (f"{GPU_A},NVIDIA,3000,100:;;", "entry 0 is"),  # more cores
+        (f";{GPU_C},NVIDIA,1000,10:{GPU_B},NVIDIA,1000,10:;", "entry 1 is"),  # reordered
+        (f";{GPU_B},NVIDIA,1000,10:;", "entry 1 is"),  # a device dropped
+        (f";;{GPU_A},NVIDIA,3000,30:;", "entry 2 is"),  # an entry the booking lacks
+        (f"{GPU_A},NVIDIA,3000,30:{GPU_A},NVIDIA,3000,30:;;", "entry 0 is"),
+    ],
+)
+def test_a_to_allocate_beyond_the_booking_is_named(to_allocate: str, detail: str) -> None:
+    problem = to_allocate_problem(booked_pod(to_allocate))
+    assert problem is not None
+    assert problem.startswith(
+        f"{ANNOTATION_DEVICES_TO_ALLOCATE} does not match the signed booking "
+        f"({ANNOTATION_DEVICES_ALLOCATED}): "
+    )
+    assert detail in problem
+
+
+def test_an_unreadable_signed_booking_is_a_problem() -> None:
+    problem = to_allocate_problem(booked_pod(BOOKED, booked="GPU-x,NVIDIA,1:;"))
+    assert problem is not None
+    assert "to-allocate does not match the signed booking: the booking does not decode" in problem
+
+
 # --- properties -------------------------------------------------------------------------------
 
 _GPUS = [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(4)]
@@ -268,7 +330,7 @@ _GPUS = [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(4)]
 )
 def test_every_entry_is_allocated_once_then_complete(pod_devices: PodDevices) -> None:
     names = [f"c{i}" for i in range(len(pod_devices))]
-    value = codec.encode_pod_devices(pod_devices)
+    value = booked = codec.encode_pod_devices(pod_devices)
     wanted = [entry for entry in pod_devices if entry]
     seen = []
     complete = not wanted
@@ -282,6 +344,8 @@ def test_every_entry_is_allocated_once_then_complete(pod_devices: PodDevices) ->
         assert limits == [f"{d.used_mem_mib}m" for d in entry]
         value = decision.remaining_to_allocate
         complete = decision.complete
+        # What our own Allocate writes is always the booking with entries consumed.
+        assert to_allocate_problem(booked_pod(value, booked)) is None
     assert seen == wanted
     assert complete
     with pytest.raises(AllocateFailure):

@@ -27,11 +27,13 @@ from hami_plugin.deviceplugin.metrics import (
 from hami_plugin.deviceplugin.nvml import GpuUsage, NvmlBackend
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.model import (
+    ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_VGPU_NODE,
     ContainerDevice,
 )
 from hami_plugin.protocol.objects import ContainerSpec, PodInfo
+from tests.deviceplugin.records import KEYS, signed
 
 NODE = "gpu-node-1"
 GPU_A = "GPU-03f69c50-207a-2038-9b45-23cac89cb67a"
@@ -306,6 +308,31 @@ def test_a_pod_without_an_allocation_books_nothing() -> None:
     annotations = {k: v for k, v in booked.annotations.items() if k != ANNOTATION_DEVICES_ALLOCATED}
     bare = dataclasses.replace(booked, annotations=annotations)
     assert booked_slots([bare], NODE) == {}
+
+
+def bound(pod: PodInfo) -> PodInfo:
+    return dataclasses.replace(pod, annotations={**pod.annotations, ANNOTATION_BIND_TIME: "100"})
+
+
+def test_with_a_key_only_signed_bookings_count(backend: NvmlBackend) -> None:
+    tenant = signed(bound(pod_info("tenant", [[dev(GPU_A)]])))
+    forged = bound(pod_info("forged", [[dev(GPU_A), dev(GPU_B)], [dev(GPU_B)]]))
+    copied = dataclasses.replace(tenant, name="copied", uid="uid-copied")
+    pods = [tenant, forged, copied]
+    assert booked_slots(pods, NODE) == {GPU_A: 3, GPU_B: 2}  # without a key: as HAMi counts
+    assert booked_slots(pods, NODE, KEYS) == {GPU_A: 1}
+    node = NodeCollector(
+        NODE,
+        read_usage=backend.read_usage,
+        gpus=lambda: INVENTORY,
+        devices=lambda: [*slots(GPU_A, 4), *slots(GPU_B, 4)],
+        pods=lambda: pods,
+        booking_keys=lambda: KEYS,
+    )
+    assert series(families_of(node)["hami_host_gpu_vgpu_slots_allocated"]) == {
+        host(0, GPU_A, A100, zone=False): 1,
+        host(1, GPU_B, T4, zone=False): 0,
+    }
 
 
 @given(

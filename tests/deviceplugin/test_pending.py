@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hami_plugin.deviceplugin.allocate import AllocateFailure, FailureReason
-from hami_plugin.deviceplugin.pending import select_pending_pod
+from hami_plugin.deviceplugin.pending import (
+    BOOKING_NOT_SIGNED,
+    PendingPodChoice,
+    booking_refusal,
+    select_pending_pod,
+)
 from hami_plugin.protocol import codec
-from hami_plugin.protocol.model import ANNOTATION_DEVICES_ALLOCATED, ContainerDevice
+from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE, BookingKeys
+from hami_plugin.protocol.model import (
+    ANNOTATION_BIND_TIME,
+    ANNOTATION_DEVICES_ALLOCATED,
+    ANNOTATION_DEVICES_TO_ALLOCATE,
+    ContainerDevice,
+)
 from hami_plugin.protocol.objects import PodInfo
-from tests.deviceplugin.records import GPU_A, GPU_B, GPU_C, NODE, make_pod
+from tests.deviceplugin.records import GPU_A, GPU_B, GPU_C, KEYS, NODE, make_pod, signed
 
 
 def at(seconds: int) -> datetime:
@@ -164,3 +178,202 @@ def test_lock_owner_that_is_no_longer_pending_is_not_chosen() -> None:
     pending = make_pod("", name="pending")
     choice = select_pending_pod(NODE, "2024-05-10T08:01:02Z,default,done", [running, pending], 1)
     assert choice.pod is pending
+
+
+# --- with a booking key: only signed bookings are served ------------------------------------------
+
+LOCK_ON_FORGED = "2024-05-10T08:01:02Z,default,forged"
+
+
+def with_annotations(pod: PodInfo, **changes: str) -> PodInfo:
+    """`pod` with some annotations replaced, named by their `_KEYS` names."""
+    annotations = dict(pod.annotations)
+    for key, value in changes.items():
+        annotations[_KEYS[key]] = value
+    return dataclasses.replace(pod, annotations=annotations)
+
+
+_KEYS = {
+    "to_allocate": ANNOTATION_DEVICES_TO_ALLOCATE,
+    "allocated": ANNOTATION_DEVICES_ALLOCATED,
+    "bind_time": ANNOTATION_BIND_TIME,
+    "signature": ANNOTATION_BOOKING_SIGNATURE,
+}
+
+
+def refused(choice: PendingPodChoice) -> str:
+    assert choice.refusal is not None, f"{choice.pod.name} was not refused"
+    return choice.refusal
+
+
+def test_with_a_key_an_unsigned_pod_is_never_chosen_for_a_signed_pods_call() -> None:
+    # A forged pod that looks started and asks the count: without a key it takes the call of
+    # the older signed pod (kubelet finishes a started pod first).
+    older = signed(in_flight("older", 1, created=1))
+    forged = in_flight("forged", 1, 1, created=2, consumed=1)
+    assert select_pending_pod(NODE, None, [older, forged], 1).pod is forged
+    for pods in ([older, forged], [forged, older]):
+        choice = select_pending_pod(NODE, None, pods, 1, KEYS)
+        assert choice.pod is older
+        assert choice.refusal is None
+
+    # A started signed pod keeps kubelet's next call, even against an older forged pod.
+    started = signed(in_flight("started", 2, 1, created=8, consumed=1))
+    old_forged = in_flight("forged", 1, created=0)
+    choice = select_pending_pod(NODE, None, [old_forged, started], 1, KEYS)
+    assert choice.pod is started
+    assert choice.refusal is None
+
+
+def test_with_a_key_an_unsigned_pod_takes_the_refusal_where_kubelet_could_be_admitting_it() -> None:
+    tenant = signed(in_flight("tenant", 1, created=5))
+    forged = in_flight("forged", 3, created=5)  # created no later than the signed match
+    older_forged = in_flight("forged", 1, created=3)
+    cases = [
+        ([forged, tenant], 1),  # the signed match is not started and created no earlier
+        ([older_forged, tenant], 1),
+        ([forged, tenant], 3),  # no signed pod asks 3
+        ([forged], 1),  # the one candidate, whatever the count
+    ]
+    for pods, count in cases:
+        choice = select_pending_pod(NODE, None, pods, count, KEYS)
+        assert choice.pod.name == "forged"
+        assert refused(choice) == (
+            f"{BOOKING_NOT_SIGNED}: the pod has no {ANNOTATION_BOOKING_SIGNATURE}"
+        )
+    # The signed tenant alone is served as before, whatever the count (HAMi's one candidate).
+    assert select_pending_pod(NODE, None, [tenant], 3, KEYS).refusal is None
+
+
+def test_with_a_key_the_pod_a_node_lock_names_is_refused_unless_signed() -> None:
+    tenant = signed(in_flight("tenant", 1, created=1))
+    forged = in_flight("forged", 1, created=9)
+    choice = select_pending_pod(NODE, LOCK_ON_FORGED, [tenant, forged], 1, KEYS)
+    assert choice.pod is forged
+    assert choice.via_lock
+    assert refused(choice).startswith(BOOKING_NOT_SIGNED)
+    lock_on_tenant = "2024-05-10T08:01:02Z,default,tenant"
+    choice = select_pending_pod(NODE, lock_on_tenant, [tenant, forged], 1, KEYS)
+    assert choice.pod is tenant
+    assert choice.via_lock
+    assert choice.refusal is None
+    # Without a key the lock's pod is served, signed or not (HAMi).
+    assert select_pending_pod(NODE, LOCK_ON_FORGED, [tenant, forged], 1).refusal is None
+
+
+OTHER_KEYS = BookingKeys((b"a-key-the-node-does-not-have-0123",))
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        # The signature of one pod copied to another with the same annotations (another UID).
+        lambda pod: dataclasses.replace(pod, name="copy", uid="uid-copy"),
+        lambda pod: with_annotations(pod, bind_time="1705054797"),
+        lambda pod: with_annotations(
+            pod,
+            allocated=f"{GPU_A},NVIDIA,81920,100:;",
+            to_allocate=f"{GPU_A},NVIDIA,81920,100:;",
+        ),
+        lambda pod: signed(pod, OTHER_KEYS),
+        lambda pod: with_annotations(pod, signature="v1:not-base64!"),
+        lambda pod: with_annotations(pod, signature="v2:" + pod.annotations[_KEYS["signature"]]),
+    ],
+    ids=["copied-to-another-uid", "bind-time", "booking", "other-key", "garbage", "version"],
+)
+def test_with_a_key_a_signature_that_does_not_verify_is_refused(
+    forge: Callable[[PodInfo], PodInfo],
+) -> None:
+    genuine = signed(in_flight("tenant", 1))
+    forged = forge(genuine)
+    assert booking_refusal(genuine, KEYS) is None
+    message = booking_refusal(forged, KEYS)
+    assert message is not None
+    assert message.startswith(
+        f"{BOOKING_NOT_SIGNED}: {ANNOTATION_BOOKING_SIGNATURE} does not verify"
+    )
+    choice = select_pending_pod(NODE, None, [forged], 1, KEYS)
+    assert choice.refusal == message
+    assert booking_refusal(forged, None) is None
+
+
+def test_a_key_rotated_in_verifies_with_any_of_the_keys() -> None:
+    old_signature = signed(in_flight("tenant", 1), OTHER_KEYS)
+    rotating = BookingKeys((KEYS.keys[0], OTHER_KEYS.keys[0]))
+    assert booking_refusal(old_signature, rotating) is None
+    assert booking_refusal(old_signature, KEYS) is not None
+
+
+def test_with_a_key_a_signed_pods_tampered_to_allocate_is_refused() -> None:
+    genuine = signed(in_flight("tenant", 1, 2, created=1))
+    other_gpus = f"{GPU_C},NVIDIA,81920,100:;{GPU_C},NVIDIA,81920,100:{GPU_B},NVIDIA,1000,10:;"
+    tampered = with_annotations(genuine, to_allocate=other_gpus)
+    message = booking_refusal(tampered, KEYS)
+    assert message is not None
+    assert "to-allocate does not match the signed booking" in message
+    assert "entry 0" in message
+    # It is never chosen for the signed pod's call, and takes the refusal where it could be the
+    # one (here: created first, so kubelet may be admitting it).
+    tenant = signed(in_flight("other", 1, created=5))
+    choice = select_pending_pod(NODE, None, [tampered, tenant], 1, KEYS)
+    assert choice.pod is tampered
+    assert choice.refusal == message
+    # Consumed entries, and the trailing empty entry our own write adds, are not tampering.
+    consumed = signed(in_flight("consumed", 1, 2, consumed=1))
+    assert booking_refusal(consumed, KEYS) is None
+    padded = with_annotations(
+        consumed, to_allocate=consumed.annotations[_KEYS["to_allocate"]] + ";"
+    )
+    assert booking_refusal(padded, KEYS) is None
+
+
+def test_without_a_key_nothing_is_refused_and_the_choice_is_unchanged() -> None:
+    tenant = signed(in_flight("tenant", 1, created=5))
+    forged = in_flight("forged", 1, created=3)
+    tampered = with_annotations(tenant, to_allocate=f"{GPU_C},NVIDIA,81920,100:;")
+    for pod in (tenant, forged, tampered):
+        assert booking_refusal(pod, None) is None
+    choice = select_pending_pod(NODE, None, [forged, tenant], 1)
+    assert choice.pod is forged
+    assert choice.refusal is None
+
+
+_COUNTS = st.lists(st.integers(1, 3), min_size=1, max_size=3)
+
+
+@given(
+    signed_pods=st.lists(st.tuples(_COUNTS, st.integers(0, 3), st.integers(0, 2)), max_size=3),
+    forged_pods=st.lists(st.tuples(_COUNTS, st.integers(0, 3), st.integers(0, 2)), max_size=3),
+    device_count=st.integers(1, 3),
+)
+def test_unsigned_pods_never_change_which_signed_pod_is_served(
+    signed_pods: list[tuple[list[int], int, int]],
+    forged_pods: list[tuple[list[int], int, int]],
+    device_count: int,
+) -> None:
+    """Adding unsigned pods can only turn an answer into a refusal of one of them: a signed pod
+    is served for a call only if it is the one chosen among the signed pods alone."""
+
+    def build(prefix: str, specs: list[tuple[list[int], int, int]]) -> list[PodInfo]:
+        return [
+            in_flight(f"{prefix}{i}", *counts, created=created, consumed=min(consumed, len(counts)))
+            for i, (counts, created, consumed) in enumerate(specs)
+        ]
+
+    good = [signed(pod) for pod in build("signed-", signed_pods)]
+    bad = build("forged-", forged_pods)
+    try:
+        alone: PodInfo | None = select_pending_pod(NODE, None, good, device_count, KEYS).pod
+    except AllocateFailure:
+        alone = None
+    try:
+        choice = select_pending_pod(NODE, None, [*bad, *good], device_count, KEYS)
+    except AllocateFailure as error:
+        assert not bad, f"an unsigned pod is always a possible answer: {error}"
+        return
+    if choice.pod in good:
+        assert choice.refusal is None
+        assert choice.pod is alone
+    else:
+        assert choice.pod in bad
+        assert refused(choice).startswith(BOOKING_NOT_SIGNED)

@@ -111,6 +111,7 @@ def make_allocator(
         AllocateConfig(
             hook_path=hook, vgpulock_host_path=vgpulock, enable_preferred_allocation=align
         ),
+        booking_keys=None,
         new_cache_id=lambda: CACHE_ID,
         version="9.9.9",
         **budgets,

@@ -113,6 +113,17 @@ def test_flag_beats_env() -> None:
     assert settings.fail_on_init_error is False
 
 
+def test_the_booking_key_file_comes_from_the_flag_or_the_environment() -> None:
+    assert resolve(["--node-name", "n"]).booking_key_file is None
+    from_env = resolve([], {"NODE_NAME": "n", "HAMI_BOOKING_KEY_FILE": "/keys/env"})
+    assert from_env.booking_key_file == "/keys/env"
+    from_flag = resolve(
+        ["--node-name", "n", "--booking-key-file", "/keys/flag"],
+        {"HAMI_BOOKING_KEY_FILE": "/keys/env"},
+    )
+    assert from_flag.booking_key_file == "/keys/flag"
+
+
 def test_bool_flag_without_value_means_true() -> None:
     assert resolve(["--node-name", "n", "--enable-numa-topology"]).enable_numa_topology is True
     assert (
