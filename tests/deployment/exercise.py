@@ -1,15 +1,19 @@
-"""Run each daemon as the manifests configure it, against the API server double, through the
-paths that reach the API, and return the requests it made as RBAC attributes.
+"""Run each daemon, and `hami certs`, as the manifests configure it, against the API server
+double, through the paths that reach the API, and return the requests it made as RBAC
+attributes.
 
-The daemons are started from the container's own `args` and `env` in the manifests (parsed by
+The programs are started from the container's own `args` and `env` in the manifests (parsed by
 the real `hami` parser), with only what cannot work outside a cluster replaced: file paths,
 listen addresses, the fake NVML, the in-cluster client. So a flag the manifests set that
-changes which calls a daemon makes (leader election, the Lease's name) is exercised too.
+changes which calls a program makes (leader election, the Lease's name, the Secrets' names) is
+exercised too.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import secrets
 import shutil
 import tempfile
 import threading
@@ -29,6 +33,12 @@ from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.settings import DevicePluginSettings, resolve_settings
 from hami_plugin.extender.settings import SchedulerConfig, resolve_config
 from hami_plugin.kube.client import KubeClient
+from hami_plugin.protocol.booking import (
+    ANNOTATION_BOOKING_SIGNATURE,
+    BookingKeys,
+    booking_fields,
+    parse_booking_keys,
+)
 from hami_plugin.protocol.model import ANNOTATION_BIND_PHASE, ANNOTATION_NODE_LOCK
 from hami_plugin.testing.apiserver import FakeApiServer, RecordedRequest, make_pod
 from hami_plugin.testing.kubelet import FakeKubelet
@@ -36,6 +46,8 @@ from tests.deployment.manifests import (
     Obj,
     config_map_data,
     hami_container,
+    of_kind,
+    pod_spec,
     workload_running,
 )
 from tests.deployment.rbac import Access, access_of
@@ -67,12 +79,46 @@ def parse_hami_args(args: Sequence[str], overrides: Sequence[str]) -> argparse.N
     return build_parser().parse_args([*args, *overrides])
 
 
+def booking_key_file(directory: Path) -> tuple[Path, BookingKeys]:
+    """A key file as `hami certs` writes it (32 random bytes, base64, one line)."""
+    path = directory / "booking-keys"
+    path.write_text(base64.b64encode(secrets.token_bytes(32)).decode() + "\n")
+    return path, parse_booking_keys(path.read_text().splitlines())
+
+
+def sign_pod(api: FakeApiServer, namespace: str, name: str, keys: BookingKeys) -> None:
+    """Add the scheduler's signature to a pod's booking, as `hami scheduler` does at bind."""
+    pod = api.get_pod(namespace, name)
+    assert pod is not None
+    fields = booking_fields(pod["metadata"]["uid"], pod["metadata"]["annotations"])
+    assert fields is not None, f"pod {name} has no booking to sign"
+    signature = keys.sign(fields)
+    api.update_object(
+        "pods",
+        namespace,
+        name,
+        lambda p: p["metadata"]["annotations"].update({ANNOTATION_BOOKING_SIGNATURE: signature}),
+    )
+
+
+def _mounted_config_map(workload: Obj, subcommand: str, path: str) -> str:
+    """The ConfigMap mounted at `path` in the container running `hami <subcommand>`."""
+    item = hami_container(workload, subcommand)
+    (mount,) = [m for m in item["volumeMounts"] if m["mountPath"] == path]
+    (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"]]
+    return str(volume["configMap"]["name"])
+
+
 def device_config_file(objects: Sequence[Obj], directory: Path) -> tuple[Path, Path]:
     """The device ConfigMap and the per-node ConfigMap as the pods see them, written out."""
+    scheduler = workload_running(objects, "scheduler")
+    plugin = workload_running(objects, "device-plugin")
     device = directory / "device-config.yaml"
-    device.write_text(config_map_data(objects, "hami-scheduler-device", "device-config.yaml"))
+    name = _mounted_config_map(scheduler, "scheduler", "/device-config.yaml")
+    device.write_text(config_map_data(objects, name, "device-config.yaml"))
     node = directory / "config.json"
-    node.write_text(config_map_data(objects, "hami-device-plugin", "config.json"))
+    name = _mounted_config_map(plugin, "device-plugin", "/config")
+    node.write_text(config_map_data(objects, name, "config.json"))
     return device, node
 
 
@@ -94,13 +140,18 @@ def device_plugin_settings(
 def scheduler_config(
     objects: Sequence[Obj], directory: Path, overrides: Sequence[str] = ()
 ) -> tuple[SchedulerConfig, dict[str, str]]:
-    """The scheduler's config as its Deployment starts it, and its environment."""
+    """The scheduler's config as its Deployment starts it, and its environment (the booking
+    key file, which is read at start, moved to `directory`)."""
     deployment = workload_running(objects, "scheduler")
     container = hami_container(deployment, "scheduler")
     device, _ = device_config_file(objects, directory)
+    keys, _ = booking_key_file(directory)
     namespace = deployment["metadata"]["namespace"]
     env = container_env(container, {"metadata.name": POD_NAME, "metadata.namespace": namespace})
-    args = parse_hami_args(container["args"], [f"--device-config-file={device}", *overrides])
+    args = parse_hami_args(
+        container["args"],
+        [f"--device-config-file={device}", f"--booking-key-file={keys}", *overrides],
+    )
     return resolve_config(args, env), env
 
 
@@ -126,12 +177,14 @@ def device_plugin_requests(objects: Sequence[Obj], directory: Path) -> list[Reco
     fail one, serve a scrape, shut down. Every request it sent."""
     node = dp_pods.NODE
     sock_dir = tempfile.mkdtemp(prefix="hami-rbac-", dir="/tmp")  # short unix socket paths
+    keys_path, keys = booking_key_file(directory)
     try:
         settings = device_plugin_settings(
             objects,
             directory,
             node,
             [
+                f"--booking-key-file={keys_path}",
                 "--nvml=fake",
                 f"--fake-gpus={_fake_gpus(directory / 'gpus.yaml')}",
                 f"--device-plugin-path={sock_dir}",
@@ -162,10 +215,12 @@ def device_plugin_requests(objects: Sequence[Obj], directory: Path) -> list[Reco
                 )
                 # Allocate: the pod named by the node lock gets its GPU, the lock is released
                 dp_pods.add_pending_pod(api, "served", [[dp_pods.dev(dp_pods.GPU_A)]])
+                sign_pod(api, "default", "served", keys)
                 kubelet.allocate([f"{dp_pods.GPU_A}-0"])
                 assert dp_pods.pod_annotations(api, "served")[ANNOTATION_BIND_PHASE] == "success"
                 # Allocate for a pod whose booking is unreadable: bind-phase failed and an event
                 dp_pods.add_pending_pod(api, "broken", raw_value="GPU-x,NVIDIA,bad,0:;", lock=None)
+                sign_pod(api, "default", "broken", keys)
                 try:
                     kubelet.allocate([f"{dp_pods.GPU_B}-0"])
                     raise AssertionError("Allocate for an unreadable booking succeeded")
@@ -197,9 +252,10 @@ def scheduler_requests(objects: Sequence[Obj], directory: Path) -> list[Recorded
     config, env = scheduler_config(
         objects,
         directory,
-        ["--http-bind=127.0.0.1:0", "--metrics-bind-address=0"],
+        ["--http-bind=127.0.0.1:0", "--webhook-bind=127.0.0.1:0", "--metrics-bind-address=0"],
     )
-    # No TLS here: the certificate comes from the cluster's job. Same routes over HTTP.
+    # No TLS here (test_certs.py runs it with the certificates): one plain listener serves
+    # every route, which makes the same API calls.
     config = _without_tls(config)
     namespace = env["POD_NAMESPACE"]
     now = datetime.now(UTC)
@@ -275,7 +331,9 @@ def scheduler_requests(objects: Sequence[Obj], directory: Path) -> list[Recorded
 
 
 def _without_tls(config: SchedulerConfig) -> SchedulerConfig:
-    return replace(config, cert_file="", key_file="")
+    return replace(
+        config, cert_file="", key_file="", client_ca_file="", webhook_host=None, webhook_port=0
+    )
 
 
 def _admission_review() -> dict[str, Any]:
@@ -292,3 +350,60 @@ def _admission_review() -> dict[str, Any]:
             "object": pod,
         },
     }
+
+
+# --- hami certs -----------------------------------------------------------------------------------
+
+
+def certs_job(objects: Sequence[Obj]) -> Obj:
+    """The Job that runs `hami certs` at install (a Helm hook in the chart)."""
+    (job,) = [j for j in of_kind(objects, "Job") if hami_container(j, "certs")]
+    return job
+
+
+def run_certs(args: Sequence[str], kubeconfig: Path, overrides: Sequence[str] = ()) -> int:
+    """`hami certs <args>` in this process against the cluster of `kubeconfig`."""
+    parsed = parse_hami_args(args, [f"--kubeconfig={kubeconfig}", *overrides])
+    code = parsed.func(parsed)
+    assert isinstance(code, int)
+    return code
+
+
+def certs_requests(objects: Sequence[Obj], directory: Path) -> list[RecordedRequest]:
+    """Run `hami certs` as the install Job configures it through each path that calls the
+    API: the first install (Secrets created; the webhook configuration not applied yet), the
+    run after it (caBundle set), one with a Secret that cannot be read (rewritten), one with
+    nothing to do. Every request it sent."""
+    args = hami_container(certs_job(objects), "certs")["args"]
+    settings = parse_hami_args(args, [])
+    namespace = settings.namespace
+    with FakeApiServer() as api:
+        kubeconfig = api.write_kubeconfig(directory / "kubeconfig")
+        assert run_certs(args, kubeconfig) == 0
+        stored = {s["metadata"]["name"] for s in api.objects("secrets", namespace)}
+        assert len(stored) == 4, stored
+        for webhook in of_kind(objects, "MutatingWebhookConfiguration"):
+            api.add_object(webhook)
+        assert run_certs(args, kubeconfig) == 0
+        for webhook in of_kind(objects, "MutatingWebhookConfiguration"):
+            stored_webhook = api.get_object(
+                "mutatingwebhookconfigurations", "", webhook["metadata"]["name"]
+            )
+            assert stored_webhook is not None
+            assert all(w["clientConfig"].get("caBundle") for w in stored_webhook["webhooks"])
+        garbage = base64.b64encode(b"garbage").decode()
+        for name in stored:  # every Secret unreadable: each one is rewritten
+            api.update_object(
+                "secrets",
+                namespace,
+                name,
+                lambda s: s.update(data=dict.fromkeys(s["data"], garbage)),
+            )
+        assert run_certs(args, kubeconfig) == 0
+        for name in stored:
+            rewritten = api.get_object("secrets", namespace, name)
+            assert rewritten is not None and garbage not in rewritten["data"].values(), name
+        before = len(api.requests)
+        assert run_certs(args, kubeconfig) == 0
+        assert all(r.method == "GET" for r in api.requests[before:]), "a run with nothing to do"
+        return api.requests

@@ -17,6 +17,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 DAEMONSET = REPO / "daemonset"
 CHART = DAEMONSET / "chart"
+ADMISSION_POLICY = DAEMONSET / "admission-policy.yaml"
+"""The ValidatingAdmissionPolicies (Kubernetes 1.30+): a file beside the kustomization, not in
+its resources."""
 NAMESPACE = "hami-system"
 RELEASE = "hami"
 """The release name the chart tests install as: it makes the chart's object names equal the
@@ -74,14 +77,24 @@ def plain_manifests() -> list[Obj]:
     return objects
 
 
+def admission_policy_manifests() -> list[Obj]:
+    """The objects of `daemonset/admission-policy.yaml`."""
+    return load_all(ADMISSION_POLICY.read_text())
+
+
 def kustomize() -> list[Obj]:
     """`kubectl kustomize daemonset/`."""
     return load_all(run([tool("kubectl"), "kustomize", str(DAEMONSET)]))
 
 
-def helm_template(*sets: str, kube_version: str | None = None) -> list[Obj]:
+def helm_template(
+    *sets: str,
+    kube_version: str | None = None,
+    release: str = RELEASE,
+    namespace: str = NAMESPACE,
+) -> list[Obj]:
     """`helm template hami daemonset/chart -n hami-system --set ...` (hooks included)."""
-    command = [tool("helm"), "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    command = [tool("helm"), "template", release, str(CHART), "--namespace", namespace]
     if kube_version:
         command += ["--kube-version", kube_version]
     for item in sets:
@@ -93,6 +106,20 @@ def of_kind(objects: Iterable[Obj], kind: str) -> list[Obj]:
     return [o for o in objects if o.get("kind") == kind]
 
 
+def is_hook(item: Obj) -> bool:
+    """Whether Helm runs the object as a hook (not part of the release's objects)."""
+    return "helm.sh/hook" in (item["metadata"].get("annotations") or {})
+
+
+def pod_spec(workload: Mapping[str, Any]) -> Obj:
+    """The pod spec of a Deployment, DaemonSet, Job or CronJob."""
+    spec = workload["spec"]
+    if workload.get("kind") == "CronJob":
+        spec = spec["jobTemplate"]["spec"]
+    result: Obj = spec["template"]["spec"]
+    return result
+
+
 def named(objects: Iterable[Obj], kind: str, name: str) -> Obj:
     """The one object of `kind` called `name`; fails the test when there is not exactly one."""
     found = [o for o in of_kind(objects, kind) if o["metadata"]["name"] == name]
@@ -101,8 +128,8 @@ def named(objects: Iterable[Obj], kind: str, name: str) -> Obj:
 
 
 def containers(workload: Mapping[str, Any]) -> Iterator[Obj]:
-    """The containers (init containers too) of a Deployment, DaemonSet or Job."""
-    spec = workload["spec"]["template"]["spec"]
+    """The containers (init containers too) of a Deployment, DaemonSet, Job or CronJob."""
+    spec = pod_spec(workload)
     yield from spec.get("initContainers") or []
     yield from spec.get("containers") or []
 
@@ -130,6 +157,17 @@ def workload_running(objects: Iterable[Obj], subcommand: str) -> Obj:
     ]
     assert len(found) == 1, f"expected one workload running `hami {subcommand}`"
     return found[0]
+
+
+def secret_volume(workload: Mapping[str, Any], item: Mapping[str, Any], path: str) -> str:
+    """The Secret mounted at `path` in container `item` of `workload` (a whole directory: a
+    subPath mount would never see a renewed Secret). Fails the test when there is none."""
+    (mount,) = [m for m in item.get("volumeMounts") or [] if m["mountPath"] == path]
+    assert "subPath" not in mount and mount.get("readOnly") is True, mount
+    (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"]]
+    assert "secret" in volume, f"{path} is not a Secret volume"
+    assert not volume["secret"].get("optional"), "the pod must wait for the Secret"
+    return str(volume["secret"]["secretName"])
 
 
 def config_map_data(objects: Iterable[Obj], name: str, key: str) -> str:

@@ -1,30 +1,39 @@
 """The Helm chart with the real `helm` binary: lint, the values that matter reaching the
-daemons' flags (parsed by the real `hami` parser), and the same objects as the plain
-manifests when installed as release `hami` in hami-system."""
+daemons' flags (parsed by the real `hami` parser), the same objects as the plain manifests
+when installed as release `hami` in hami-system, and the choices only the chart has
+(cert-manager, the admission policies by Kubernetes version, another release name)."""
 
 from __future__ import annotations
 
+import base64
 import difflib
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+from hami_plugin.protocol.booking import parse_booking_keys
 from hami_plugin.protocol.model import GpuPolicyName, NodePolicy
-from tests.deployment.exercise import device_plugin_settings, scheduler_config
+from tests.deployment.exercise import certs_job, device_plugin_settings, scheduler_config
 from tests.deployment.manifests import (
     CHART,
     Obj,
+    admission_policy_manifests,
     config_map_data,
+    container,
     hami_container,
     helm_template,
+    is_hook,
     named,
     of_kind,
     plain_manifests,
     run,
+    secret_volume,
     tool,
     workload_running,
 )
+from tests.deployment.test_manifests import certs_settings, check_cert_manager_object
 
 KUBE_VERSION = "v1.32.4"  # the kube-scheduler tag the plain manifests carry
 
@@ -101,16 +110,143 @@ def test_without_leader_election_one_replica_and_no_lease(tmp_path: Path) -> Non
     assert scheduling["leaderElection"] == {"leaderElect": False}
 
 
-def test_without_the_webhook_plain_http_and_no_certificate(tmp_path: Path) -> None:
+def test_without_the_webhook_the_extender_keeps_mutual_tls(tmp_path: Path) -> None:
     objects = helm_template("scheduler.admissionWebhook.enabled=false")
     assert of_kind(objects, "MutatingWebhookConfiguration") == []
-    assert of_kind(objects, "Job") == []
+    # no webhook Service; the certificate still carries its name, which kube-scheduler checks
+    assert [s["metadata"]["name"] for s in of_kind(objects, "Service")] == [
+        "hami-device-plugin",
+        "hami-scheduler-extender",
+    ]
     config, _ = scheduler_config(objects, tmp_path)
-    assert not config.tls
+    assert config.tls and config.client_ca_file == "/tls/ca.crt"
+    assert config.webhook_port  # the probes' listener
     scheduling = yaml.safe_load(config_map_data(objects, "hami-scheduler", "config.yaml"))
     extender = scheduling["extenders"][0]
-    assert extender["urlPrefix"] == "http://hami-scheduler.hami-system.svc:443"
-    assert extender["enableHTTPS"] is False and "tlsConfig" not in extender
+    assert extender["urlPrefix"] == "https://hami-scheduler-extender.hami-system.svc:443"
+    assert extender["enableHTTPS"] is True
+    assert extender["tlsConfig"]["serverName"] == "hami-scheduler.hami-system.svc"
+    # `hami certs` still makes the certificates, and touches no webhook configuration
+    assert certs_settings(objects).webhook_configuration == ""
+    assert not [r for r in of_kind(objects, "ClusterRole") if r["metadata"]["name"].startswith(
+        "hami-certs")]  # fmt: skip
+
+
+def test_with_cert_manager_the_certificates_replace_the_job() -> None:
+    objects = helm_template("scheduler.certManager.enabled=true")
+    assert of_kind(objects, "Job") == [] and of_kind(objects, "CronJob") == []
+    assert not [o for o in objects if o["metadata"]["name"].startswith("hami-certs")]
+    for item in objects:
+        if item["apiVersion"].startswith("cert-manager.io/"):
+            check_cert_manager_object(item)
+    issuers = {i["metadata"]["name"]: i["spec"] for i in of_kind(objects, "Issuer")}
+    certificates = {c["spec"]["secretName"]: c["spec"] for c in of_kind(objects, "Certificate")}
+    # a self-signed CA, which the CA issuer signs with
+    ca = certificates["hami-scheduler-ca"]
+    assert ca["isCA"] is True and issuers[ca["issuerRef"]["name"]] == {"selfSigned": {}}
+    (ca_issuer,) = [name for name, spec in issuers.items() if "ca" in spec]
+    assert issuers[ca_issuer]["ca"]["secretName"] == "hami-scheduler-ca"
+    # the Secrets the pods mount, issued by that CA for what each is used for
+    deployment = workload_running(objects, "scheduler")
+    extender = hami_container(deployment, "scheduler")
+    kube_scheduler = container(deployment, "kube-scheduler")
+    serving = certificates[secret_volume(deployment, extender, "/tls")]
+    client = certificates[
+        secret_volume(deployment, kube_scheduler, "/etc/kubernetes/hami-scheduler-client")
+    ]
+    for spec in (serving, client):
+        assert spec["issuerRef"]["name"] == ca_issuer and spec.get("isCA") is not True
+    assert "server auth" in serving["usages"] and "client auth" not in serving["usages"]
+    assert "client auth" in client["usages"] and "server auth" not in client["usages"]
+    assert serving["dnsNames"] == [
+        "hami-scheduler",
+        "hami-scheduler.hami-system",
+        "hami-scheduler.hami-system.svc",
+        "hami-scheduler.hami-system.svc.cluster.local",
+    ]
+    # the webhook's CA comes from cert-manager's injector, from the serving certificate
+    configuration = named(objects, "MutatingWebhookConfiguration", "hami-webhook")
+    annotation = configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+    (serving_name,) = [c["metadata"]["name"] for c in of_kind(objects, "Certificate") if c[
+        "spec"] is serving]  # fmt: skip
+    assert annotation == f"hami-system/{serving_name}"
+    assert "caBundle" not in configuration["webhooks"][0]["clientConfig"]
+    # the booking key: the chart's own Secret, one valid key, mounted by both daemons
+    secret = named(objects, "Secret", secret_volume(deployment, extender, "/booking"))
+    keys = base64.b64decode(secret["data"]["keys"]).decode()
+    assert len(parse_booking_keys(keys.splitlines()).keys) == 1
+    plugin = workload_running(objects, "device-plugin")
+    assert (
+        secret_volume(plugin, hami_container(plugin, "device-plugin"), "/booking")
+        == (secret["metadata"]["name"])
+    )
+
+
+def _admission_policies(objects: list[Obj]) -> list[str]:
+    return sorted(
+        o["metadata"]["name"] for o in objects if o["kind"].startswith("ValidatingAdmission")
+    )
+
+
+@pytest.mark.parametrize(
+    ("kube_version", "value", "rendered"),
+    [
+        ("v1.30.0", "auto", True),
+        ("v1.32.4", "auto", True),
+        ("v1.29.9", "auto", False),
+        ("v1.26.0", "auto", False),
+        ("v1.29.9", "true", True),
+        ("v1.32.4", "false", False),
+    ],
+)
+def test_the_admission_policies_follow_the_kubernetes_version(
+    kube_version: str, value: str, rendered: bool
+) -> None:
+    objects = helm_template(f"admissionPolicy.enabled={value}", kube_version=kube_version)
+    expected = [
+        "hami-device-plugin-own-node",
+        "hami-device-plugin-own-node",
+        "hami-scheduler-annotations",
+        "hami-scheduler-annotations",
+    ]
+    assert _admission_policies(objects) == (expected if rendered else [])
+
+
+def test_a_release_of_another_name_names_every_secret_alike() -> None:
+    """Release `gpu` in `gpu-system`: every name the Secrets, Services and certificate share
+    follows, and `hami certs` is told the Secrets' names."""
+    objects = helm_template(release="gpu", namespace="gpu-system")
+    settings = certs_settings(objects)
+    assert (settings.namespace, settings.service) == ("gpu-system", "gpu-scheduler")
+    deployment = workload_running(objects, "scheduler")
+    extender = hami_container(deployment, "scheduler")
+    plugin = workload_running(objects, "device-plugin")
+    assert secret_volume(deployment, extender, "/tls") == settings.tls_secret
+    assert secret_volume(deployment, extender, "/booking") == settings.booking_key_secret
+    assert (
+        secret_volume(plugin, hami_container(plugin, "device-plugin"), "/booking")
+        == settings.booking_key_secret
+    )
+    assert settings.ca_secret == "gpu-scheduler-ca"
+    assert settings.client_secret == "gpu-kube-scheduler-client"
+    assert settings.webhook_configuration == "gpu-webhook"
+    role = named(objects, "Role", "gpu-certs")
+    assert role["rules"][1]["resourceNames"] == [
+        settings.ca_secret,
+        settings.tls_secret,
+        settings.client_secret,
+        settings.booking_key_secret,
+    ]
+    scheduling = yaml.safe_load(config_map_data(objects, "gpu-scheduler", "config.yaml"))
+    tls = scheduling["extenders"][0]["tlsConfig"]
+    assert tls["serverName"] == "gpu-scheduler.gpu-system.svc"
+    assert scheduling["extenders"][0]["urlPrefix"].startswith(
+        "https://gpu-scheduler-extender.gpu-system.svc:"
+    )
+    policy = named(objects, "ValidatingAdmissionPolicy", "gpu-scheduler-annotations")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert "system:serviceaccount:gpu-system:gpu-scheduler'" in condition["expression"]
+    assert "system:serviceaccount:gpu-system:gpu-device-plugin'" in condition["expression"]
 
 
 # --- the same objects as daemonset/*.yaml ---------------------------------------------------
@@ -150,33 +286,61 @@ def _by_key(objects: list[Obj]) -> dict[tuple[str, str], Obj]:
 def test_the_chart_renders_the_same_objects_as_the_plain_manifests() -> None:
     chart = helm_template(kube_version=KUBE_VERSION)
     plain = plain_manifests()
-    charted = {k: v for k, v in _by_key(chart).items() if k[0] != "Job"}
+    # the release's own objects; the certificate Job (a hook in the chart), its hook roles and
+    # the admission policies (a file of their own beside the manifests) are compared below
+    policies = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    charted = {
+        k: v
+        for k, v in _by_key([o for o in chart if not is_hook(o)]).items()
+        if k[0] not in policies
+    }
     written = {k: v for k, v in _by_key(plain).items() if k[0] not in ("Job", "Namespace")}
     assert sorted(charted) == sorted(written)
-    differences = []
-    for key, expected in written.items():
-        if charted[key] != expected:
-            diff = difflib.unified_diff(
-                yaml.safe_dump(expected, sort_keys=True).splitlines(),
-                yaml.safe_dump(charted[key], sort_keys=True).splitlines(),
-                "daemonset",
-                "chart",
-                lineterm="",
-            )
-            differences.append(f"{key}:\n" + "\n".join(diff))
-    assert differences == [], "\n\n".join(differences)
-    # the certificate: one Job with two steps in the manifests, two Helm hooks in the chart
-    steps_written = {c["name"]: c for job in of_kind(plain, "Job") for c in _steps(job)}
-    steps_charted = {c["name"]: c for job in of_kind(chart, "Job") for c in _steps(job)}
-    assert steps_written == steps_charted
-    hooks = {j["metadata"]["name"]: j["metadata"]["annotations"]["helm.sh/hook"] for j in
-             of_kind(chart, "Job")}  # fmt: skip
-    assert hooks == {
-        "hami-webhook-certgen-create": "pre-install,pre-upgrade",
-        "hami-webhook-certgen-patch": "post-install,post-upgrade",
-    }
+    differences = [_difference(key, expected, charted[key]) for key, expected in written.items()]
+    assert [d for d in differences if d] == []
+    # the admission policies: the same as daemonset/admission-policy.yaml
+    assert _by_key([o for o in chart if o["kind"] in policies]) == _by_key(
+        admission_policy_manifests()
+    )
+    # the certificate: a plain Job in the manifests, a Helm hook before and after install and
+    # upgrade in the chart (before: the pods mount the Secrets; after: the webhook exists),
+    # the same container
+    job = certs_job(chart)
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == (
+        "pre-install,pre-upgrade,post-install,post-upgrade"
+    )
+    assert _normalise(hami_container(job, "certs")) == hami_container(certs_job(plain), "certs")
+    # its ServiceAccount and roles: hooks made before it, the same rules as the CronJob's
+    hooks = [o for o in chart if is_hook(o) and o["kind"] != "Job"]
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in hooks) == sorted(
+        (kind, "hami-certs-hook")
+        for kind in (
+            "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"
+        )
+    )  # fmt: skip
+    job_weight = int(job["metadata"]["annotations"].get("helm.sh/hook-weight", "0"))
+    for hook in hooks:
+        annotations = hook["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == job["metadata"]["annotations"]["helm.sh/hook"]
+        assert int(annotations["helm.sh/hook-weight"]) < job_weight
+        assert "hook-succeeded" in annotations["helm.sh/hook-delete-policy"]
+        if "rules" in hook:
+            assert hook["rules"] == named(chart, hook["kind"], "hami-certs")["rules"]
+    assert pod_account(job) == "hami-certs-hook"
 
 
-def _steps(job: Obj) -> list[Obj]:
-    spec = job["spec"]["template"]["spec"]
-    return list(spec.get("initContainers", [])) + list(spec["containers"])
+def pod_account(job: Obj) -> str:
+    return str(job["spec"]["template"]["spec"]["serviceAccountName"])
+
+
+def _difference(key: tuple[str, str], expected: Obj, charted: Obj) -> str:
+    if charted == expected:
+        return ""
+    diff = difflib.unified_diff(
+        yaml.safe_dump(expected, sort_keys=True).splitlines(),
+        yaml.safe_dump(charted, sort_keys=True).splitlines(),
+        "daemonset",
+        "chart",
+        lineterm="",
+    )
+    return f"{key}:\n" + "\n".join(diff)

@@ -1,12 +1,15 @@
 """What the deployment installs, checked on the plain manifests as written, as `kubectl
 kustomize daemonset/` renders them, and as the chart renders them with its defaults: every
-object valid against the Kubernetes JSON schemas (offline, kubernetes-validate), the daemons'
-arguments accepted by the real `hami` parser, and the wiring between the objects (Service ->
-ports -> flags, webhook -> Service -> certificate, kube-scheduler -> extender)."""
+object valid against the Kubernetes JSON schemas (offline, kubernetes-validate), the programs'
+arguments accepted by the real `hami` parser, and the wiring between the objects (Services ->
+ports -> flags, webhook -> Service -> certificate, kube-scheduler -> extender with mutual TLS,
+Secrets -> mounts -> flags, the NetworkPolicy -> the scheduler pods' ports)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+import posixpath
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,18 +17,28 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from hami_plugin.certs.command import settings_from
+from hami_plugin.certs.settings import CertsSettings
 from hami_plugin.protocol.model import GpuPolicyName, NodePolicy
-from tests.deployment.exercise import device_plugin_settings, scheduler_config
+from tests.deployment.exercise import (
+    certs_job,
+    device_plugin_settings,
+    parse_hami_args,
+    scheduler_config,
+)
 from tests.deployment.manifests import (
     Obj,
+    admission_policy_manifests,
     config_map_data,
     container,
+    containers,
     hami_container,
     helm_template,
     kustomize,
     named,
     of_kind,
     plain_manifests,
+    secret_volume,
     workload_running,
 )
 
@@ -36,6 +49,9 @@ SOURCES: dict[str, Callable[[], list[Obj]]] = {
 }
 # The oldest Kubernetes the chart declares (kubeVersion) and the newest the schemas know.
 SCHEMA_VERSIONS = ("1.26.0", kubernetes_validate.latest_version())
+ADMISSION_POLICY_SINCE = "1.30.0"
+"""ValidatingAdmissionPolicy v1 (and the node name in service account tokens)."""
+CERT_MANAGER_GROUP = "cert-manager.io/"
 
 
 @pytest.fixture(params=SOURCES, scope="module")
@@ -86,16 +102,72 @@ def _mount(item: Obj, path: str) -> dict[str, Any]:
     return dict(mount)
 
 
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.removeprefix("v").split("."))
+
+
+def _selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether a label selector with matchLabels only selects `labels`."""
+    assert set(selector) <= {"matchLabels"}, selector
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def _pod_labels(workload: Obj) -> dict[str, str]:
+    return dict(workload["spec"]["template"]["metadata"]["labels"])
+
+
+def certs_settings(objects: list[Obj]) -> CertsSettings:
+    """`hami certs` as the install Job runs it, through the real parser."""
+    return settings_from(parse_hami_args(hami_container(certs_job(objects), "certs")["args"], []))
+
+
 # --- schemas ----------------------------------------------------------------------------------
 
 
+def _objects_at(source: str, version: str) -> list[Obj]:
+    """What `source` installs on a cluster of `version`: the chart decides by itself (it is
+    rendered for that version); the plain manifests get admission-policy.yaml from 1.30."""
+    if source == "chart":
+        return helm_template(kube_version=version)
+    objects = SOURCES[source]()
+    if _version(version) >= _version(ADMISSION_POLICY_SINCE):
+        objects += admission_policy_manifests()
+    return objects
+
+
 @pytest.mark.parametrize("version", SCHEMA_VERSIONS)
-def test_every_object_is_valid_against_the_kubernetes_schemas(
-    objects: list[Obj], version: str
-) -> None:
+@pytest.mark.parametrize("source", SOURCES)
+def test_every_object_is_valid_against_the_kubernetes_schemas(source: str, version: str) -> None:
+    objects = _objects_at(source, version)
     assert objects
+    kinds = {o["kind"] for o in objects}
+    assert ("ValidatingAdmissionPolicy" in kinds) == (
+        _version(version) >= _version(ADMISSION_POLICY_SINCE)
+    )
     for item in objects:
         kubernetes_validate.validate(item, version, strict=True)
+
+
+CHART_VARIANTS = {
+    "cert-manager": ("scheduler.certManager.enabled=true",),
+    "no webhook": ("scheduler.admissionWebhook.enabled=false",),
+    "no leader election": ("scheduler.leaderElect=false",),
+    "own certificates": ("scheduler.patch.enabled=false",),
+    "no network policy": ("scheduler.networkPolicy.enabled=false",),
+    "node ports": ("scheduler.service.type=NodePort", "devicePlugin.service.type=NodePort"),
+}
+
+
+@pytest.mark.parametrize("variant", CHART_VARIANTS)
+def test_every_chart_variant_is_valid(variant: str) -> None:
+    """The chart with the values that change which objects it renders. cert-manager's kinds
+    are no Kubernetes schema: they are checked against cert-manager's v1 fields instead."""
+    objects = helm_template(*CHART_VARIANTS[variant])
+    for item in objects:
+        if item["apiVersion"].startswith(CERT_MANAGER_GROUP):
+            check_cert_manager_object(item)
+        else:
+            kubernetes_validate.validate(item, SCHEMA_VERSIONS[-1], strict=True)
 
 
 def test_the_schema_check_catches_a_misspelt_field() -> None:
@@ -143,6 +215,12 @@ def test_the_device_plugin_daemonset(objects: list[Obj], tmp_path: Path) -> None
 
     settings = device_plugin_settings(objects, tmp_path, "node-a")
     assert settings.node_name == "node-a"
+    # the booking key: the scheduler's Secret, a directory kubelet updates when it changes
+    assert settings.booking_key_file == "/booking/keys"
+    scheduler = workload_running(objects, "scheduler")
+    assert secret_volume(daemonset, plugin, "/booking") == secret_volume(
+        scheduler, hami_container(scheduler, "scheduler"), "/booking"
+    )
     assert (settings.split_count, settings.memory_scaling, settings.cores_scaling) == (10, 1, 1)
     assert settings.hook_path == "/usr/local"
     # metrics: the flag, the container port, the scrape annotations and the Service agree
@@ -164,6 +242,17 @@ def test_the_device_plugin_daemonset(objects: list[Obj], tmp_path: Path) -> None
 # --- the scheduler ----------------------------------------------------------------------------
 
 
+def _service_to(objects: list[Obj], target_port: str) -> Obj:
+    """The one Service with a port that targets the container port named `target_port`."""
+    found = [
+        s
+        for s in of_kind(objects, "Service")
+        if any(p["targetPort"] == target_port for p in s["spec"]["ports"])
+    ]
+    assert len(found) == 1, f"{len(found)} Services target {target_port}"
+    return found[0]
+
+
 def test_the_scheduler_deployment(objects: list[Obj], tmp_path: Path) -> None:
     deployment = workload_running(objects, "scheduler")
     pod = deployment["spec"]["template"]
@@ -180,42 +269,72 @@ def test_the_scheduler_deployment(objects: list[Obj], tmp_path: Path) -> None:
 
     config, _ = scheduler_config(objects, tmp_path)
     assert config.leader_elect
-    assert config.tls
     assert config.settings.node_policy is NodePolicy.BINPACK
     assert config.settings.gpu_policy.names == (GpuPolicyName.SPREAD,)
     assert config.http_port == _container_port(extender, "https")
+    assert config.webhook_port == _container_port(extender, "webhook") != config.http_port
     assert config.metrics_bind_address == f":{_container_port(extender, 'metrics')}"
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(
         _container_port(extender, "metrics")
     )
-    tls = _volume(deployment, _mount(extender, "/tls")["name"])["secret"]["secretName"]
-    assert config.cert_file == "/tls/tls.crt" and config.key_file == "/tls/tls.key"
-
-    # the Service reaches the leader's https and metrics ports
-    service = _service(objects, "scheduler")
-    assert service["spec"]["selector"]["hami.io/scheduler-role"] == "leader"
-    assert _services_selecting(
-        objects, {**pod["metadata"]["labels"], "hami.io/scheduler-role": "leader"}
-    ) == [service]
-    assert _port(service, "https")["targetPort"] == "https"
-    assert _port(service, "metrics")["targetPort"] == "metrics"
-
-    # kube-scheduler: its configuration calls this Service as docs/hami-reference.md 3.8 says
-    volume = _volume(deployment, kube_scheduler["volumeMounts"][0]["name"])
-    assert (
-        f"--config={kube_scheduler['volumeMounts'][0]['mountPath']}/config.yaml"
-        in (kube_scheduler["command"])
+    # one serving certificate for both listeners; its CA verifies kube-scheduler's client
+    # certificate; the booking key signs each bind
+    assert config.tls
+    assert (config.cert_file, config.key_file, config.client_ca_file) == (
+        "/tls/tls.crt",
+        "/tls/tls.key",
+        "/tls/ca.crt",
     )
+    assert parse_hami_args(extender["args"], []).booking_key_file == "/booking/keys"
+    tls = secret_volume(deployment, extender, "/tls")
+    booking = secret_volume(deployment, extender, "/booking")
+    # kubelet presents no client certificate: the probes go to the webhook listener
+    for probe in ("readinessProbe", "livenessProbe"):
+        request = extender[probe]["httpGet"]
+        assert (request["path"], request["port"], request["scheme"]) == (
+            "/healthz",
+            "webhook",
+            "HTTPS",
+        )
+
+    # the extender's Service reaches the leader's https and metrics ports; the webhook's every
+    # replica's webhook port
+    extender_service = _service_to(objects, "https")
+    webhook_service = _service_to(objects, "webhook")
+    labels = pod["metadata"]["labels"]
+    assert extender_service["spec"]["selector"]["hami.io/scheduler-role"] == "leader"
+    leader = {**labels, "hami.io/scheduler-role": "leader"}
+    assert _names(_services_selecting(objects, leader)) == _names(
+        [extender_service, webhook_service]
+    )
+    assert _names(_services_selecting(objects, labels)) == _names([webhook_service])
+    assert _port(extender_service, "metrics")["targetPort"] == "metrics"
+    namespace = deployment["metadata"]["namespace"]
+
+    # kube-scheduler: its configuration calls the extender's Service as
+    # docs/hami-reference.md 3.8 says, over mutual TLS
+    config_mount = [m for m in kube_scheduler["volumeMounts"] if "configMap" in _volume(
+        deployment, m["name"])]  # fmt: skip
+    (config_mount,) = config_mount
+    assert f"--config={config_mount['mountPath']}/config.yaml" in kube_scheduler["command"]
+    volume = _volume(deployment, config_mount["name"])
     scheduling = yaml.safe_load(
         config_map_data(objects, volume["configMap"]["name"], "config.yaml")
     )
     check_kube_scheduler_configuration(scheduling)
     (extender_config,) = scheduling["extenders"]
-    namespace = deployment["metadata"]["namespace"]
-    https_port = _port(service, "https")["port"]
+    https_port = _port(extender_service, "https")["port"]
     assert extender_config["urlPrefix"] == (
-        f"https://{service['metadata']['name']}.{namespace}.svc:{https_port}"
+        f"https://{extender_service['metadata']['name']}.{namespace}.svc:{https_port}"
     )
+    tls_config = extender_config["tlsConfig"]
+    # the name the serving certificate carries (the webhook's Service), not the one dialled
+    assert tls_config["serverName"] == f"{webhook_service['metadata']['name']}.{namespace}.svc"
+    client_dir = posixpath.dirname(tls_config["certFile"])
+    assert (tls_config["certFile"], tls_config["keyFile"], tls_config["caFile"]) == tuple(
+        f"{client_dir}/{name}" for name in ("tls.crt", "tls.key", "ca.crt")
+    )
+    client = secret_volume(deployment, kube_scheduler, client_dir)
     assert scheduling["profiles"] == [{"schedulerName": config.scheduler_name}]
     resources = config.settings.resources
     assert [r["name"] for r in extender_config["managedResources"]] == [
@@ -230,38 +349,35 @@ def test_the_scheduler_deployment(objects: list[Obj], tmp_path: Path) -> None:
     # two elections on one Lease would lock each other out
     assert election["resourceName"] != config.leader_elect_resource_name
 
-    # the webhook goes to the same Service, with a certificate for its name
+    # the webhook goes to the webhook's Service
     (webhook,) = named(objects, "MutatingWebhookConfiguration", _webhook_name(objects))["webhooks"]
     assert webhook["clientConfig"]["service"] == {
-        "name": service["metadata"]["name"],
+        "name": webhook_service["metadata"]["name"],
         "namespace": namespace,
         "path": "/webhook",
-        "port": https_port,
+        "port": _port(webhook_service, "webhook")["port"],
     }
-    hosts, secret = _certificate(objects)
-    assert f"{service['metadata']['name']}.{namespace}.svc" in hosts
-    assert secret == tls
+
+    # `hami certs` makes exactly the Secrets mounted, the certificate for the webhook's Service
+    certs = certs_settings(objects)
+    assert certs.namespace == namespace
+    assert certs.service == webhook_service["metadata"]["name"]
+    assert f"{certs.service}.{namespace}.svc" in certs.serving_spec.dns_names
+    assert (certs.tls_secret, certs.client_secret, certs.booking_key_secret) == (
+        tls,
+        client,
+        booking,
+    )
+    assert certs.webhook_configuration == _webhook_name(objects)
+
+
+def _names(objects: list[Obj]) -> set[str]:
+    return {o["metadata"]["name"] for o in objects}
 
 
 def _webhook_name(objects: list[Obj]) -> str:
     (webhook,) = of_kind(objects, "MutatingWebhookConfiguration")
     return str(webhook["metadata"]["name"])
-
-
-def _certgen_steps(objects: list[Obj]) -> dict[str, dict[str, str]]:
-    steps: dict[str, dict[str, str]] = {}
-    for job in of_kind(objects, "Job"):
-        spec = job["spec"]["template"]["spec"]
-        for step in spec.get("initContainers", []) + spec["containers"]:
-            args = step["args"]
-            steps[args[0]] = dict(a.removeprefix("--").split("=", 1) for a in args[1:])
-    return steps
-
-
-def _certificate(objects: list[Obj]) -> tuple[list[str], str]:
-    create = _certgen_steps(objects)["create"]
-    assert (create["cert-name"], create["key-name"]) == ("tls.crt", "tls.key")
-    return create["host"].split(","), create["secret-name"]
 
 
 def test_the_webhook(objects: list[Obj]) -> None:
@@ -285,12 +401,117 @@ def test_the_webhook(objects: list[Obj]) -> None:
     assert ignore in webhook["objectSelector"]["matchExpressions"]
     assert "admission.k8s.io/v1" not in webhook["admissionReviewVersions"]  # versions, not groups
     assert webhook["admissionReviewVersions"][0] == "v1"
-    # the CA is written by the job: not in the manifest, so `kubectl apply` leaves it alone
+    # the CA is written by `hami certs`: not in the manifest, so `kubectl apply` leaves it alone
     assert "caBundle" not in webhook["clientConfig"]
-    steps = _certgen_steps(objects)
-    assert steps["patch"]["webhook-name"] == configuration["metadata"]["name"]
-    assert steps["patch"]["secret-name"] == steps["create"]["secret-name"]
-    assert steps["patch"]["patch-validating"] == "false"
+    assert certs_settings(objects).webhook_configuration == configuration["metadata"]["name"]
+
+
+def test_the_certificate_job_and_its_renewal(objects: list[Obj]) -> None:
+    """`hami certs` once at install and weekly after, the same run, as a non-root user that
+    cannot write to its image, kept away from the webhook it configures."""
+    job = certs_job(objects)
+    (cronjob,) = of_kind(objects, "CronJob")
+    for workload in (job, cronjob):
+        item = hami_container(workload, "certs")
+        assert item["args"] == hami_container(job, "certs")["args"]
+        assert item["image"] == hami_container(workload_running(objects, "scheduler"),
+                                               "scheduler")["image"]  # fmt: skip
+        assert item["securityContext"]["readOnlyRootFilesystem"] is True
+        assert item["securityContext"]["capabilities"]["drop"] == ["ALL"]
+        assert item["resources"]["limits"]["memory"]
+        spec = (workload["spec"].get("jobTemplate") or workload)["spec"]["template"]
+        assert spec["metadata"]["labels"]["hami.io/webhook"] == "ignore"
+        assert spec["spec"]["securityContext"]["runAsNonRoot"] is True
+        assert spec["spec"]["restartPolicy"] == "OnFailure"
+    _minute, _hour, day, month, weekday = cronjob["spec"]["schedule"].split()
+    assert (day, month) == ("*", "*") and weekday.isdigit(), "weekly"
+    assert cronjob["spec"]["concurrencyPolicy"] == "Forbid"
+    # renewal starts well before a certificate expires, and weekly runs fit into that window
+    settings = certs_settings(objects)
+    assert settings.renew_before.days >= 4 * 7
+
+
+# --- the network policy -------------------------------------------------------------------------
+
+
+def check_network_policy(objects: list[Obj]) -> None:
+    """Raise AssertionError unless the one NetworkPolicy selects the scheduler pods, admits
+    their extender port only from the scheduler pods, and their webhook and metrics ports
+    from anywhere."""
+    (policy,) = of_kind(objects, "NetworkPolicy")
+    deployment = workload_running(objects, "scheduler")
+    scheduler_labels = _pod_labels(deployment)
+    plugin_labels = _pod_labels(workload_running(objects, "device-plugin"))
+    assert policy["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    spec = policy["spec"]
+    assert _selects(spec["podSelector"], scheduler_labels)
+    assert not _selects(spec["podSelector"], plugin_labels)
+    assert spec["policyTypes"] == ["Ingress"]
+    named_ports = {
+        p["name"]: p["containerPort"] for c in containers(deployment) for p in c.get("ports", [])
+    }
+
+    def numbers(rule: Mapping[str, Any]) -> set[int]:
+        ports = set()
+        for entry in rule.get("ports") or []:
+            assert entry.get("protocol", "TCP") == "TCP" and "endPort" not in entry
+            port = entry["port"]
+            ports.add(named_ports[port] if isinstance(port, str) else int(port))
+        return ports
+
+    extender = _container_port(hami_container(deployment, "scheduler"), "https")
+    open_ports: set[int] = set()
+    for rule in spec["ingress"]:
+        ports = numbers(rule)
+        sources = rule.get("from")
+        if not sources:
+            assert ports, "a rule without ports and sources admits everything"
+            open_ports |= ports
+        if extender in ports or not ports:
+            # the extender only from pods of this namespace that are scheduler pods
+            assert sources, "the extender port is open to every source"
+            for source in sources:
+                assert set(source) == {"podSelector"}, source
+                assert _selects(source["podSelector"], scheduler_labels)
+                assert not _selects(source["podSelector"], plugin_labels)
+                assert source["podSelector"]["matchLabels"], "every pod of the namespace"
+    assert extender not in open_ports
+    webhook = _container_port(hami_container(deployment, "scheduler"), "webhook")
+    metrics = _container_port(hami_container(deployment, "scheduler"), "metrics")
+    assert {webhook, metrics} <= open_ports
+
+
+def test_the_network_policy_admits_the_extender_port_only_from_the_scheduler_pods(
+    objects: list[Obj],
+) -> None:
+    check_network_policy(objects)
+
+
+def _open_to_all(ingress: list[Obj]) -> None:
+    ingress[1]["ports"].append({"port": "https", "protocol": "TCP"})
+
+
+def _no_source(ingress: list[Obj]) -> None:
+    ingress[0].pop("from")
+
+
+def _every_namespace(ingress: list[Obj]) -> None:
+    ingress[0]["from"].append({"namespaceSelector": {}})
+
+
+def _every_pod(ingress: list[Obj]) -> None:
+    ingress[0]["from"][0]["podSelector"]["matchLabels"] = {}
+
+
+@pytest.mark.parametrize("change", [_open_to_all, _no_source, _every_namespace, _every_pod])
+def test_the_network_policy_check_refuses_an_open_extender_port(
+    change: Callable[[list[Obj]], None],
+) -> None:
+    objects = plain_manifests()
+    check_network_policy(objects)
+    change(named(objects, "NetworkPolicy", "hami-scheduler")["spec"]["ingress"])
+    with pytest.raises(AssertionError):
+        check_network_policy(objects)
 
 
 # --- KubeSchedulerConfiguration ---------------------------------------------------------------
@@ -338,7 +559,13 @@ def check_kube_scheduler_configuration(config: dict[str, Any]) -> None:
         assert (extender["filterVerb"], extender["bindVerb"]) == ("filter", "bind")
         assert extender["nodeCacheCapable"] is True
         assert extender["httpTimeout"] == "30s"
-        assert extender["enableHTTPS"] is True and extender["tlsConfig"] == {"insecure": True}
+        # mutual TLS: kube-scheduler verifies the extender (no `insecure`) and presents a
+        # client certificate, from files kubelet keeps current (not inline data)
+        assert extender["enableHTTPS"] is True
+        tls = extender["tlsConfig"]
+        assert not tls.get("insecure", False), "kube-scheduler must verify the extender"
+        assert {"caFile", "certFile", "keyFile"} <= set(tls), tls
+        assert not {"caData", "certData", "keyData"} & set(tls)
 
 
 def test_the_configuration_check_refuses_what_kube_scheduler_refuses(tmp_path: Path) -> None:
@@ -349,6 +576,58 @@ def test_the_configuration_check_refuses_what_kube_scheduler_refuses(tmp_path: P
         {**good, "extenders": [{**good["extenders"][0], "filterverb": "filter"}]},
         {**good, "extenders": good["extenders"] * 2},
         {**good, "apiVersion": "kubescheduler.config.k8s.io/v1beta3"},
+        _with_tls(good, insecure=True),
+        _with_tls(good, caFile=None),
+        _with_tls(good, keyFile=None),
+        {**good, "extenders": [{**good["extenders"][0], "enableHTTPS": False}]},
     ):
         with pytest.raises(AssertionError):
             check_kube_scheduler_configuration(broken)
+
+
+def _with_tls(config: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """`config` with its extender's tlsConfig changed (a None value removes the field)."""
+    result = copy.deepcopy(config)
+    tls = result["extenders"][0]["tlsConfig"]
+    for key, value in changes.items():
+        if value is None:
+            tls.pop(key, None)
+        else:
+            tls[key] = value
+    return result
+
+
+# --- cert-manager's objects ---------------------------------------------------------------------
+# Not in the Kubernetes schemas: the fields of cert-manager.io/v1 the chart uses, by structure.
+
+_CERTIFICATE = {"secretName", "commonName", "dnsNames", "duration", "renewBefore", "privateKey",
+                "usages", "issuerRef", "isCA", "subject", "ipAddresses", "uris",
+                "secretTemplate", "revisionHistoryLimit"}  # fmt: skip
+_USAGES = {"digital signature", "key encipherment", "server auth", "client auth", "cert sign",
+           "crl sign", "signing"}  # fmt: skip
+_ISSUER_TYPES = {"selfSigned", "ca", "acme", "vault", "venafi"}
+
+
+def check_cert_manager_object(item: Obj) -> None:
+    """Raise AssertionError where cert-manager would refuse an Issuer or Certificate."""
+    assert item["apiVersion"] == "cert-manager.io/v1"
+    assert set(item) == {"apiVersion", "kind", "metadata", "spec"}
+    assert item["metadata"]["name"] and item["metadata"]["namespace"]
+    spec = item["spec"]
+    if item["kind"] == "Issuer":
+        assert len(spec) == 1 and set(spec) <= _ISSUER_TYPES, spec
+        if "ca" in spec:
+            assert set(spec["ca"]) == {"secretName"}
+        return
+    assert item["kind"] == "Certificate", item["kind"]
+    assert set(spec) <= _CERTIFICATE, set(spec) - _CERTIFICATE
+    assert spec["secretName"] and spec["issuerRef"]["name"]
+    assert set(spec["issuerRef"]) <= {"name", "kind", "group"}
+    assert set(spec.get("usages", [])) <= _USAGES
+    assert spec.get("commonName") or spec.get("dnsNames")
+    key = spec.get("privateKey", {})
+    assert set(key) <= {"algorithm", "size", "encoding", "rotationPolicy"}
+    assert key.get("algorithm", "RSA") in ("RSA", "ECDSA", "Ed25519")
+    for field in ("duration", "renewBefore"):
+        if field in spec:
+            assert spec[field].endswith(("h", "m", "s")) and spec[field][:-1].isdigit()

@@ -4,13 +4,14 @@ Each daemon runs as its manifests configure it against the API server double
 (`tests/deployment/exercise.py`); every request it sends is turned into RBAC attributes and
 compared both ways with the rules bound to its ServiceAccount, in the plain manifests and in
 the chart: a call without a rule fails (the daemon would get 403 in a cluster), and so does a
-rule no call uses. kube-scheduler's and the certificate job's needs are derived from their
-configuration in the same manifests.
+rule no call uses. `hami certs` (the install Job and the renewal CronJob) is run the same way;
+kube-scheduler's needs are derived from its configuration in the same manifests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 import yaml
@@ -20,9 +21,12 @@ from tests.deployment import exercise
 from tests.deployment.manifests import (
     Obj,
     config_map_data,
+    hami_container,
     helm_template,
     named,
+    of_kind,
     plain_manifests,
+    pod_spec,
     workload_running,
 )
 from tests.deployment.rbac import Access, Grant, access_of, grants_for, problems
@@ -50,8 +54,7 @@ def scheduler_calls(tmp_path_factory: pytest.TempPathFactory) -> list[RecordedRe
 
 
 def service_account(workload: Obj) -> tuple[str, str]:
-    spec = workload["spec"]["template"]["spec"]
-    return workload["metadata"]["namespace"], spec["serviceAccountName"]
+    return workload["metadata"]["namespace"], pod_spec(workload)["serviceAccountName"]
 
 
 def kube_scheduler_accesses(objects: Sequence[Obj]) -> list[Access]:
@@ -65,35 +68,6 @@ def kube_scheduler_accesses(objects: Sequence[Obj]) -> list[Access]:
     return [
         Access("coordination.k8s.io", "leases", verb, namespace, name) for verb in ("get", "update")
     ]
-
-
-def certgen_accesses(objects: Sequence[Obj]) -> list[Access]:
-    """kube-webhook-certgen's calls, from its Job's arguments: `create` reads the Secret and
-    creates it when missing; `patch` reads it and updates the webhook configuration."""
-    found: list[Access] = []
-    for job in (o for o in objects if o.get("kind") == "Job"):
-        for step in (
-            job["spec"]["template"]["spec"].get("initContainers", [])
-            + job["spec"]["template"]["spec"]["containers"]
-        ):
-            flags = dict(a.removeprefix("--").split("=", 1) for a in step["args"][1:])
-            namespace, secret = flags["namespace"], flags["secret-name"]
-            found.append(Access("", "secrets", "get", namespace, secret))
-            if step["args"][0] == "create":
-                found.append(Access("", "secrets", "create", namespace, None))
-            else:
-                webhook = flags["webhook-name"]
-                for verb in ("get", "update"):
-                    found.append(
-                        Access(
-                            "admissionregistration.k8s.io",
-                            "mutatingwebhookconfigurations",
-                            verb,
-                            None,
-                            webhook,
-                        )
-                    )
-    return found
 
 
 @pytest.mark.parametrize("source", SOURCES)
@@ -119,16 +93,31 @@ def test_the_scheduler_may_do_exactly_what_it_and_kube_scheduler_call(
     assert problems(called, bound.grants, namespace) == []
 
 
-@pytest.mark.parametrize("source", SOURCES)
-def test_the_certificate_job_may_do_exactly_what_its_arguments_make_it_call(source: str) -> None:
-    objects = SOURCES[source]()
-    jobs = [o for o in objects if o.get("kind") == "Job"]
-    assert jobs, "no certificate job"
-    namespace, account = service_account(jobs[0])
-    assert {service_account(job) for job in jobs} == {(namespace, account)}
-    bound = grants_for(objects, namespace, account)
-    assert bound.external == frozenset()
-    assert problems(certgen_accesses(objects), bound.grants, namespace) == []
+CERTS_SOURCES: dict[str, Callable[[], list[Obj]]] = {
+    **SOURCES,
+    "chart without the webhook": lambda: helm_template("scheduler.admissionWebhook.enabled=false"),
+}
+
+
+@pytest.mark.parametrize("source", CERTS_SOURCES)
+def test_the_certificate_jobs_may_do_exactly_what_hami_certs_calls(
+    source: str, tmp_path: Path
+) -> None:
+    """The install Job and the renewal CronJob run the same `hami certs`; each one's
+    ServiceAccount (the chart's hook has its own: the release's do not exist before install)
+    may do exactly what that run calls."""
+    objects = CERTS_SOURCES[source]()
+    calls = exercise.accesses(exercise.certs_requests(objects, tmp_path))
+    (cronjob,) = [c for c in of_kind(objects, "CronJob") if hami_container(c, "certs")]
+    job = exercise.certs_job(objects)
+    assert hami_container(cronjob, "certs")["args"] == hami_container(job, "certs")["args"]
+    for workload in (job, cronjob):
+        namespace, account = service_account(workload)
+        bound = grants_for(objects, namespace, account)
+        assert bound.external == frozenset()
+        assert problems(calls, bound.grants, namespace) == [], workload["kind"]
+    if source == "chart without the webhook":
+        assert not [c for c in calls if c.resource == "mutatingwebhookconfigurations"]
 
 
 def test_the_exercise_reaches_every_api_path_the_daemons_use(

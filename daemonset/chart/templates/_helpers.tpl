@@ -10,8 +10,33 @@
 {{- define "hami-plugin.scheduler" -}}{{ include "hami-plugin.fullname" . }}-scheduler{{- end -}}
 {{- define "hami-plugin.device-plugin" -}}{{ include "hami-plugin.fullname" . }}-device-plugin{{- end -}}
 {{- define "hami-plugin.webhook" -}}{{ include "hami-plugin.fullname" . }}-webhook{{- end -}}
+{{/* The Service of every scheduler replica (the webhook), the name the serving certificate
+carries; and the Service of the leading replica (the extender, metrics). */}}
+{{- define "hami-plugin.extender-service" -}}{{ include "hami-plugin.scheduler" . }}-extender{{- end -}}
+{{/* The Secrets `hami certs` (or cert-manager) writes; see daemonset/certs.yaml. */}}
 {{- define "hami-plugin.tls" -}}{{ include "hami-plugin.scheduler" . }}-tls{{- end -}}
-{{- define "hami-plugin.certgen" -}}{{ include "hami-plugin.fullname" . }}-webhook-certgen{{- end -}}
+{{- define "hami-plugin.ca" -}}{{ include "hami-plugin.scheduler" . }}-ca{{- end -}}
+{{- define "hami-plugin.client-tls" -}}{{ include "hami-plugin.fullname" . }}-kube-scheduler-client{{- end -}}
+{{- define "hami-plugin.booking-key" -}}{{ include "hami-plugin.fullname" . }}-booking-key{{- end -}}
+{{- define "hami-plugin.certs" -}}{{ include "hami-plugin.fullname" . }}-certs{{- end -}}
+{{/* The DNS names of the serving certificate (`hami certs --service`, cert-manager's dnsNames). */}}
+{{- define "hami-plugin.dns-names" -}}
+{{- $service := include "hami-plugin.scheduler" . -}}
+{{- $namespace := include "hami-plugin.namespace" . -}}
+{{- list $service (printf "%s.%s" $service $namespace) (printf "%s.%s.svc" $service $namespace) (printf "%s.%s.svc.%s" $service $namespace .Values.clusterDomain) | toJson -}}
+{{- end -}}
+{{/* "true" when the ValidatingAdmissionPolicies are rendered: admissionPolicy.enabled, or with
+"auto" a cluster of 1.30 or newer (the v1 API; the node name in service account tokens). */}}
+{{- define "hami-plugin.admission-policy" -}}
+{{- $enabled := toString .Values.admissionPolicy.enabled -}}
+{{- if eq $enabled "auto" -}}
+{{- semverCompare ">=1.30-0" .Capabilities.KubeVersion.Version -}}
+{{- else if has $enabled (list "true" "false") -}}
+{{- eq $enabled "true" -}}
+{{- else -}}
+{{- fail (printf "admissionPolicy.enabled is %q: auto, true or false" $enabled) -}}
+{{- end -}}
+{{- end -}}
 {{/* The Lease `hami scheduler` elects its leader on (kube-scheduler's is schedulerName). */}}
 {{- define "hami-plugin.extender-lease" -}}{{ include "hami-plugin.scheduler" . }}-extender{{- end -}}
 
@@ -62,11 +87,6 @@ imagePullSecrets:
 {{- end }}
 {{- end -}}
 
-{{/* The port `hami scheduler` serves filter/bind/webhook on, and its scheme. */}}
-{{- define "hami-plugin.extender-port" -}}
-{{- if .Values.scheduler.admissionWebhook.enabled -}}{{ .Values.scheduler.service.httpTargetPort }}{{- else -}}8080{{- end -}}
-{{- end -}}
-
 {{/* The metrics port, from scheduler.metricsBindAddress (":9395" -> 9395). */}}
 {{- define "hami-plugin.scheduler-metrics-port" -}}
 {{- last (splitList ":" .Values.scheduler.metricsBindAddress) | int -}}
@@ -102,4 +122,71 @@ nvidia:
 {{/* The device plugin's socket, named after the resource as HAMi does (nvidia-gpu.sock). */}}
 {{- define "hami-plugin.socket" -}}
 {{ .Values.devicePlugin.pluginPath }}/nvidia-{{ last (splitList "/" .Values.resourceName) }}.sock
+{{- end -}}
+
+{{/* The pod template of `hami certs` (the hook Job and the CronJob); call with
+(dict "ctx" . "account" "<ServiceAccount>"). Flags at their defaults are left out, as in
+daemonset/certs.yaml. */}}
+{{- define "hami-plugin.certs-pod" -}}
+{{- $ctx := .ctx -}}
+{{- $patch := $ctx.Values.scheduler.patch -}}
+metadata:
+  labels:
+    {{- include "hami-plugin.podLabels" (dict "ctx" $ctx "component" "certs") | nindent 4 }}
+    hami.io/webhook: ignore
+  {{- with $patch.podAnnotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  serviceAccountName: {{ .account }}
+  restartPolicy: OnFailure
+  {{- with $patch.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  {{- include "hami-plugin.imagePullSecrets" $ctx | nindent 2 }}
+  {{- with $patch.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $patch.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: {{ $patch.runAsUser }}
+    runAsGroup: {{ $patch.runAsUser }}
+    seccompProfile:
+      type: RuntimeDefault
+  containers:
+    - name: certs
+      image: {{ include "hami-plugin.image" (dict "image" $patch.image "ctx" $ctx "tag" $ctx.Chart.AppVersion) }}
+      imagePullPolicy: {{ $patch.image.pullPolicy }}
+      args:
+        - certs
+        - --namespace={{ include "hami-plugin.namespace" $ctx }}
+        - --service={{ include "hami-plugin.scheduler" $ctx }}
+        {{- /* "": no webhook configuration to patch */}}
+        - --webhook-configuration={{ if $ctx.Values.scheduler.admissionWebhook.enabled }}{{ include "hami-plugin.webhook" $ctx }}{{ end }}
+        - --renew-before={{ $patch.renewBefore }}
+        {{- with $patch.validity }}
+        - --validity={{ . }}
+        {{- end }}
+        {{- if ne $ctx.Values.clusterDomain "cluster.local" }}
+        - --cluster-domain={{ $ctx.Values.clusterDomain }}
+        {{- end }}
+        {{- if ne (include "hami-plugin.fullname" $ctx) "hami" }}
+        - --ca-secret={{ include "hami-plugin.ca" $ctx }}
+        - --tls-secret={{ include "hami-plugin.tls" $ctx }}
+        - --client-secret={{ include "hami-plugin.client-tls" $ctx }}
+        - --booking-key-secret={{ include "hami-plugin.booking-key" $ctx }}
+        {{- end }}
+      resources:
+        {{- toYaml $patch.resources | nindent 8 }}
+      securityContext:
+        allowPrivilegeEscalation: false
+        readOnlyRootFilesystem: true
+        capabilities:
+          drop: ["ALL"]
 {{- end -}}
