@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hami_plugin.deviceplugin.inventory import physical_uuid_of
 from hami_plugin.protocol import codec, govalues, hostpaths
@@ -218,6 +218,34 @@ def to_allocate_problem(pod: PodInfo) -> str | None:
                 f"{_entry_text(entry)}, booked {_entry_text(booked_entry)}"
             )
     return None
+
+
+def with_entries_consumed(pod: PodInfo, served: Collection[int]) -> PodInfo:
+    """`pod` with the `hami.io/vgpu-devices-to-allocate` entries at the indexes `served`
+    empty, whatever the annotation says; the pod itself when none of them is left there.
+
+    For entries this process has served already (`allocator.ServedEntries`): the author of a
+    signed pod can write a consumed entry back (it still equals the booking, so
+    `to_allocate_problem` sees nothing wrong), and a later container would get its GPUs again.
+    A missing or unreadable to-allocate is left as it is (nothing is served from it).
+    """
+    text = pod.annotations.get(ANNOTATION_DEVICES_TO_ALLOCATE)
+    if text is None or not served:
+        return pod
+    try:
+        entries = codec.decode_pod_devices(text, ANNOTATION_DEVICES_TO_ALLOCATE)
+    except ValueError:
+        return pod
+    if not any(entry and index in served for index, entry in enumerate(entries)):
+        return pod
+    consumed = tuple(() if index in served else entry for index, entry in enumerate(entries))
+    return replace(
+        pod,
+        annotations={
+            **pod.annotations,
+            ANNOTATION_DEVICES_TO_ALLOCATE: codec.encode_pod_devices(consumed),
+        },
+    )
 
 
 def _container_at(pod: PodInfo, index: int) -> ContainerSpec:

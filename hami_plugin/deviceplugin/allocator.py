@@ -5,7 +5,8 @@ pick the pod and `deviceplugin.allocate` decide (both pure), creates the host di
 writes the result back (to-allocate consumed, bind-phase, node lock released); any failure
 marks the pod `failed`, releases the lock and records a Warning event. With booking keys (asked
 for on every call, so a rotated key file counts without a restart) a pod whose booking the
-scheduler did not sign is failed that way instead of served (`pending.booking_refusal`).
+scheduler did not sign is failed that way instead of served (`pending.booking_refusal`), and
+an entry once served is never served again to the same pod (`ServedEntries`).
 
 Kubelet waits for Allocate without a deadline (and admits nothing else meanwhile), so the API
 calls of one Allocate share a time budget, and reporting a failure gets a budget of its own: a
@@ -19,8 +20,10 @@ import dataclasses
 import logging
 import os
 import shutil
+import threading
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from hami_plugin.deviceplugin.allocate import (
     AllocateConfig,
@@ -29,6 +32,7 @@ from hami_plugin.deviceplugin.allocate import (
     FailureReason,
     check_requests,
     decide_allocation,
+    with_entries_consumed,
 )
 from hami_plugin.deviceplugin.pending import PendingPodChoice, select_pending_pod
 from hami_plugin.deviceplugin.preferred import PreferredAnswer, PreferredRequest, decide_preferred
@@ -40,6 +44,7 @@ from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_DEVICES_TO_ALLOCATE,
     ANNOTATION_NODE_LOCK,
+    RESOURCE_GPU,
     BindPhase,
 )
 from hami_plugin.protocol.objects import NodeInfo, PodInfo
@@ -55,6 +60,8 @@ REPORT_BUDGET_SECONDS = 10.0
 """Reporting a failed Allocate (bind-phase, lock, event), and releasing the lock after success."""
 PREFERRED_BUDGET_SECONDS = 5.0
 """Finding the pending pod for GetPreferredAllocation; after it, the answer falls back."""
+MAX_SERVED_PODS = 10_000
+"""Pods whose served entries `ServedEntries` remembers; beyond it the oldest are forgotten."""
 
 
 class HostSetupError(Exception):
@@ -107,11 +114,84 @@ def libvgpu_version() -> str:
         return "0"
 
 
+class ServedEntries:
+    """The to-allocate entries this process has served, per pod UID: each is served once.
+
+    Between two containers' Allocate calls the author of a signed pod can write a consumed
+    entry back; it still equals the signed booking, so a later container would get that
+    entry's GPUs a second time. `applied` makes every listed pod read with its served entries
+    consumed, whatever its annotation says.
+
+    An entry counts as served once the patch that consumed it succeeded (`record` follows
+    `patch_pod_metadata`). Until then the annotation still offers the entry, and a failed
+    patch fails the pod, so kubelet sees an error and the entry was never handed out: counting
+    it earlier would refuse an Allocate retried after that failure which the annotation, as
+    this process left it, still allows. From then on the record says what the annotation says
+    unless someone changed it back; an answer lost after the patch (kubelet restarting during
+    the call) is the same either way, the entry being consumed in the annotation too.
+
+    Bounded: a UID missing from a listing of the node's pods is forgotten (the pod is gone,
+    and a UID never returns), and beyond `max_pods` UIDs the one served longest ago goes.
+    Thread-safe: GetPreferredAllocation reads it while an Allocate records.
+    """
+
+    def __init__(self, max_pods: int = MAX_SERVED_PODS) -> None:
+        self._max_pods = max_pods
+        self._served: OrderedDict[str, frozenset[int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._served)
+
+    def served(self, uid: str) -> frozenset[int]:
+        """The entry indexes served to the pod with `uid` (empty when none or forgotten)."""
+        with self._lock:
+            return self._served.get(uid, frozenset())
+
+    def record(self, uid: str, indexes: Iterable[int]) -> None:
+        """Remember that the entries at `indexes` were served to the pod with `uid`."""
+        if not uid:
+            return  # no pod without a UID is ever served (decide_allocation refuses it)
+        with self._lock:
+            self._served[uid] = self._served.get(uid, frozenset()).union(indexes)
+            self._served.move_to_end(uid)
+            while len(self._served) > self._max_pods:
+                self._served.popitem(last=False)
+
+    def applied(self, pods: Sequence[PodInfo]) -> list[PodInfo]:
+        """`pods` (every pod bound to the node) with their served entries consumed
+        (`allocate.with_entries_consumed`); forgets the UIDs that are not among them."""
+        with self._lock:
+            listed = {pod.uid for pod in pods}
+            for uid in [uid for uid in self._served if uid not in listed]:
+                del self._served[uid]
+            served = dict(self._served)
+        result = []
+        for pod in pods:
+            indexes = served.get(pod.uid)
+            read = with_entries_consumed(pod, indexes) if indexes else pod
+            if read is not pod:
+                logger.warning(
+                    "pod %s/%s: %s offers entries %s again, which were served already: "
+                    "read as consumed",
+                    pod.namespace,
+                    pod.name,
+                    ANNOTATION_DEVICES_TO_ALLOCATE,
+                    ",".join(str(index) for index in sorted(served[pod.uid])),
+                )
+            result.append(read)
+        return result
+
+
 class PodAllocator:
     """Allocate and GetPreferredAllocation against the API server, for one node.
 
     `booking_keys` returns the current booking keys (`config.keys.BookingKeyFile.keys`); None
-    trusts every booking, as HAMi does.
+    trusts every booking, as HAMi does. `resource_name` is the resource this plugin serves
+    (`--resource-name`): with keys, a refused pod none of whose containers asks for it is no
+    candidate (`pending.select_pending_pod`). With keys, `served` records what was handed out
+    (`ServedEntries`); without them there is none and the annotations decide, as in HAMi.
     """
 
     def __init__(
@@ -121,6 +201,7 @@ class PodAllocator:
         config: AllocateConfig,
         *,
         booking_keys: Callable[[], BookingKeys] | None = None,
+        resource_name: str = RESOURCE_GPU,
         new_cache_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         version: str | None = None,
         allocate_budget_seconds: float = ALLOCATE_BUDGET_SECONDS,
@@ -131,6 +212,8 @@ class PodAllocator:
         self._node_name = node_name
         self._config = config
         self._booking_keys = booking_keys
+        self._resource_name = resource_name
+        self.served: ServedEntries | None = ServedEntries() if booking_keys is not None else None
         self._new_cache_id = new_cache_id
         self._version = version if version is not None else libvgpu_version()
         self._allocate_budget = allocate_budget_seconds
@@ -159,12 +242,15 @@ class PodAllocator:
         """The pod kubelet's call for `device_count` devices is for (`select_pending_pod`)."""
         node = self._kube.get_node(self._node_name)
         pods = self._kube.list_pods_on_node(self._node_name)
+        if self.served is not None:
+            pods = self.served.applied(pods)
         choice = select_pending_pod(
             self._node_name,
             node.annotations.get(ANNOTATION_NODE_LOCK),
             pods,
             device_count,
             self._booking_keys() if self._booking_keys is not None else None,
+            resource_name=self._resource_name,
         )
         if choice.lock_warning:
             logger.warning("node %s: %s", self._node_name, choice.lock_warning)
@@ -200,6 +286,8 @@ class PodAllocator:
                 if decision.complete:
                     patch[ANNOTATION_BIND_PHASE] = BindPhase.SUCCESS
                 self._kube.patch_pod_metadata(pod.namespace, pod.name, patch)
+                if self.served is not None:
+                    self.served.record(pod.uid, (c.entry_index for c in decision.containers))
             except Exception as error:
                 self._fail(pod, node, error)  # with a budget of its own
                 raise PodAllocationError(pod, error) from error

@@ -196,6 +196,7 @@ class DevicePluginDaemon:
                 vgpulock_host_path=self._vgpulock_path,
             ),
             booking_keys=keys.keys if keys is not None else None,
+            resource_name=settings.resource_name,
         )
         service = DevicePluginService(
             board, allocator, preferred_allocation=settings.enable_preferred_allocation

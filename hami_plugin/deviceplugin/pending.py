@@ -10,8 +10,12 @@ With a booking key (`--booking-key-file`, docs/design.md 8) only bookings the sc
 are served (`booking_refusal`). A pod with any other booking is never chosen for another pod's
 call: it is kept out of the in-flight choice and stands where kubelet could be admitting it (the
 one candidate, the pod a node lock names, or the wildcard of `_choose_in_flight`), so that it,
-and not a signed pod, takes the refusal. Without a key every booking is trusted, as in HAMi.
-Pure, no I/O.
+and not a signed pod, takes the refusal. A refused pod none of whose containers asks for the
+plugin's resource is no candidate at all: kubelet never calls Allocate for it, so it could only
+take a signed pod's call. What is left: a forged pod that does ask for the resource and was
+created no later than a signed pod that has not started can still take that pod's call, so
+that one admission fails (nothing is served to the forged pod). Without a key every booking is
+trusted, as in HAMi. Pure, no I/O.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
     ANNOTATION_VGPU_NODE,
+    RESOURCE_GPU,
     BindPhase,
 )
-from hami_plugin.protocol.objects import POD_PENDING, PodInfo
+from hami_plugin.protocol.objects import POD_PENDING, ContainerSpec, PodInfo
+from hami_plugin.protocol.quantity import QuantityError, parse_quantity
 
 BOOKING_NOT_SIGNED = "booking not signed by the scheduler"
 """How a refused booking's message starts (the Allocate error and the pod's Warning event)."""
@@ -67,6 +73,35 @@ def booking_refusal(pod: PodInfo, keys: BookingKeys | None) -> str | None:
             "after the bind, or signed with a key this node does not have)"
         )
     return to_allocate_problem(pod)
+
+
+def _asks_for(container: ContainerSpec, resource_name: str) -> bool:
+    # An amount that is no quantity (no API server stores one) counts as asking.
+    for amounts in (container.limits, container.requests):
+        value = amounts.get(resource_name)
+        if value is None:
+            continue
+        try:
+            if not isinstance(value, str | int | float) or parse_quantity(value) > 0:
+                return True
+        except QuantityError:
+            return True
+    return False
+
+
+def requests_resource(pod: PodInfo, resource_name: str) -> bool:
+    """True when a container of the pod, init or app, asks for `resource_name` (a positive
+    amount in its limits or requests): only then can kubelet call Allocate for the pod.
+
+    Kubelet calls this plugin for each container whose limits name its resource with a
+    non-zero count (docs/design.md 5.2); the API server requires an extended resource in the
+    limits, so requests add nothing there but are read as well, and an amount that does not
+    parse counts as asking: a pod is taken to ask for nothing only when kubelet surely never
+    calls for it.
+    """
+    return any(
+        _asks_for(container, resource_name) for container in (*pod.init_containers, *pod.containers)
+    )
 
 
 def _bind_time_key(pod: PodInfo) -> tuple[int, int, str, str]:
@@ -148,6 +183,8 @@ def select_pending_pod(
     pods: Sequence[PodInfo],
     device_count: int,
     keys: BookingKeys | None = None,
+    *,
+    resource_name: str = RESOURCE_GPU,
 ) -> PendingPodChoice:
     """Choose the pod kubelet is admitting, from the node lock, the pods on the node and the
     number of devices kubelet asks (`len(devices_ids)`, or `allocation_size`).
@@ -160,7 +197,9 @@ def select_pending_pod(
 
     With `keys`, a pod whose booking is refused (`booking_refusal`) is still the answer where
     kubelet could be admitting it (the lock's pod, the one candidate, the in-flight wildcard),
-    with `refusal` set; it is never the answer for a call a served pod matches.
+    with `refusal` set; it is never the answer for a call a served pod matches, nor at all
+    when no container of it asks for `resource_name` (the plugin's resource,
+    `requests_resource`): kubelet never calls Allocate for such a pod.
 
     Raises AllocateFailure(NO_PENDING_POD) when no pod qualifies, and (NO_MATCHING_POD) when
     several do and none can be told to be the one; `pod_known` is False for both (nothing is
@@ -177,15 +216,26 @@ def select_pending_pod(
         # A legacy lock (time only) is owned by no pod.
         for pod in pods:
             if lock.owned_by(pod.namespace, pod.name) and pod.phase == POD_PENDING:
-                return PendingPodChoice(pod=pod, via_lock=True, refusal=booking_refusal(pod, keys))
-    candidates = sorted((p for p in pods if is_pending_on(p, node_name)), key=_bind_time_key)
+                refusal = booking_refusal(pod, keys)
+                if refusal is None or requests_resource(pod, resource_name):
+                    return PendingPodChoice(pod=pod, via_lock=True, refusal=refusal)
+                warning = (
+                    f"ignoring the node lock of pod {pod.key}: it asks for no {resource_name}, "
+                    f"so kubelet's call is not for it ({refusal})"
+                )
+    refusals: dict[tuple[str, str], str | None] = {}
+    candidates = []
+    for pod in sorted((p for p in pods if is_pending_on(p, node_name)), key=_bind_time_key):
+        refusal = booking_refusal(pod, keys)
+        if refusal is None or requests_resource(pod, resource_name):
+            refusals[(pod.namespace, pod.name)] = refusal
+            candidates.append(pod)
     if not candidates:
         raise AllocateFailure(
             FailureReason.NO_PENDING_POD,
             f"no binding pod found on node {node_name}",
             pod_known=False,
         )
-    refusals = {(pod.namespace, pod.name): booking_refusal(pod, keys) for pod in candidates}
     chosen = candidates[0]
     if len(candidates) > 1:
         refused = {key for key, refusal in refusals.items() if refusal is not None}

@@ -47,6 +47,9 @@ def _status_for(error: BaseException) -> tuple[grpc.StatusCode, str] | None:
     if isinstance(cause, AllocateFailure):
         if cause.reason in (FailureReason.DEVICE_COUNT_MISMATCH, FailureReason.INVALID_REQUEST):
             return grpc.StatusCode.INVALID_ARGUMENT, message
+        if cause.reason is FailureReason.BOOKING_NOT_SIGNED:
+            # Not a state that may yet change: the pod's booking is not the scheduler's.
+            return grpc.StatusCode.PERMISSION_DENIED, message
         return grpc.StatusCode.FAILED_PRECONDITION, message
     if isinstance(cause, Retryable):
         return grpc.StatusCode.UNAVAILABLE, message

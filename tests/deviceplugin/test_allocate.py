@@ -16,6 +16,7 @@ from hami_plugin.deviceplugin.allocate import (
     MountSpec,
     decide_allocation,
     to_allocate_problem,
+    with_entries_consumed,
 )
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.model import (
@@ -24,7 +25,7 @@ from hami_plugin.protocol.model import (
     ContainerDevice,
     PodDevices,
 )
-from hami_plugin.protocol.objects import PodInfo
+from hami_plugin.protocol.objects import ContainerSpec, PodInfo
 from tests.deviceplugin.records import GPU_A, GPU_B, GPU_C, make_pod
 
 CONFIG = AllocateConfig(hook_path="/usr/local")
@@ -307,6 +308,48 @@ def test_an_unreadable_signed_booking_is_a_problem() -> None:
     assert "to-allocate does not match the signed booking: the booking does not decode" in problem
 
 
+# --- entries already served --------------------------------------------------------------------
+
+
+def test_served_entries_read_as_consumed_whatever_the_annotation_says() -> None:
+    # The author wrote entry 0 back after it was served: it equals the booking again.
+    restored = booked_pod(BOOKED)
+    assert to_allocate_problem(restored) is None
+    read = with_entries_consumed(restored, {0})
+    assert read.annotations[ANNOTATION_DEVICES_TO_ALLOCATE] == (
+        f";{GPU_B},NVIDIA,1000,10:{GPU_C},NVIDIA,1000,10:;;"
+    )
+    assert read.annotations[ANNOTATION_DEVICES_ALLOCATED] == BOOKED  # the booking is kept
+    assert to_allocate_problem(read) is None
+    # The next container gets entry 1, not entry 0 a second time.
+    decision = decide_allocation(read, [kubelet_ids(GPU_B, GPU_C)], CONFIG, fixed_cache_id)
+    assert [c.entry_index for c in decision.containers] == [1]
+    assert decision.complete
+    with pytest.raises(AllocateFailure) as caught:
+        decide_allocation(
+            with_entries_consumed(restored, {0, 1}), [kubelet_ids(GPU_A)], CONFIG, fixed_cache_id
+        )
+    assert caught.value.reason is FailureReason.NO_PENDING_ENTRY
+
+
+@pytest.mark.parametrize(
+    ("to_allocate", "served"),
+    [
+        (f";{GPU_B},NVIDIA,1000,10:{GPU_C},NVIDIA,1000,10:;;", {0}),  # as our patch left it
+        (BOOKED, set()),
+        (BOOKED, {7}),  # beyond the annotation's entries
+        (None, {0}),
+        ("GPU-x,NVIDIA,1:;", {0}),  # unreadable: nothing is served from it anyway
+    ],
+    ids=["consumed", "nothing-served", "out-of-range", "missing", "unreadable"],
+)
+def test_a_pod_offering_no_served_entry_is_read_as_it_is(
+    to_allocate: str | None, served: set[int]
+) -> None:
+    pod = booked_pod(to_allocate)
+    assert with_entries_consumed(pod, served) is pod
+
+
 # --- properties -------------------------------------------------------------------------------
 
 _GPUS = [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(4)]
@@ -350,3 +393,34 @@ def test_every_entry_is_allocated_once_then_complete(pod_devices: PodDevices) ->
     assert complete
     with pytest.raises(AllocateFailure):
         decide_allocation(make_pod(value, containers=names), [["x"]], CONFIG, fixed_cache_id)
+
+
+@given(
+    counts=st.lists(st.integers(0, 2), min_size=1, max_size=5),
+    served_before=st.sets(st.integers(0, 6)),
+)
+def test_a_served_entry_is_never_served_again(counts: list[int], served_before: set[int]) -> None:
+    """The author writes the whole signed booking back before every call: read with what was
+    served consumed, each entry not served before goes out once, in order, then nothing."""
+    booked = tuple(
+        tuple(ContainerDevice(_GPUS[i], "NVIDIA", 100, 1) for i in range(count)) for count in counts
+    )
+    value = codec.encode_pod_devices(booked)
+    restored = dataclasses.replace(
+        booked_pod(value, value),
+        containers=tuple(ContainerSpec(f"c{i}") for i in range(len(counts))),
+    )
+    served = set(served_before)
+    expected = [i for i, entry in enumerate(booked) if entry and i not in served_before]
+    for index in expected:
+        read = with_entries_consumed(restored, served)
+        assert to_allocate_problem(read) is None
+        request = [f"{device.uuid}-0" for device in booked[index]]
+        (container,) = decide_allocation(read, [request], CONFIG, fixed_cache_id).containers
+        assert container.entry_index == index
+        served.add(container.entry_index)
+    with pytest.raises(AllocateFailure) as caught:
+        decide_allocation(
+            with_entries_consumed(restored, served), [[f"{_GPUS[0]}-0"]], CONFIG, fixed_cache_id
+        )
+    assert caught.value.reason is FailureReason.NO_PENDING_ENTRY

@@ -15,6 +15,7 @@ from hami_plugin.deviceplugin.pending import (
     BOOKING_NOT_SIGNED,
     PendingPodChoice,
     booking_refusal,
+    requests_resource,
     select_pending_pod,
 )
 from hami_plugin.protocol import codec
@@ -23,9 +24,10 @@ from hami_plugin.protocol.model import (
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_DEVICES_TO_ALLOCATE,
+    RESOURCE_GPU,
     ContainerDevice,
 )
-from hami_plugin.protocol.objects import PodInfo
+from hami_plugin.protocol.objects import ContainerSpec, PodInfo
 from tests.deviceplugin.records import GPU_A, GPU_B, GPU_C, KEYS, NODE, make_pod, signed
 
 
@@ -34,9 +36,15 @@ def at(seconds: int) -> datetime:
 
 
 def in_flight(
-    name: str, *entries: int, created: int = 0, consumed: int = 0, bind_time: str = "100"
+    name: str,
+    *entries: int,
+    created: int = 0,
+    consumed: int = 0,
+    bind_time: str = "100",
+    asks_gpu: bool = True,
 ) -> PodInfo:
-    """A pod whose booking has one entry per count (GPU A, B, ...), the first `consumed` gone."""
+    """A pod whose booking has one entry per count (GPU A, B, ...), the first `consumed` gone;
+    each container asks for its entry's count of nvidia.com/gpu unless not `asks_gpu`."""
     booked = tuple(
         tuple(ContainerDevice(gpu, "NVIDIA", 1000, 10) for gpu in (GPU_A, GPU_B, GPU_C)[:count])
         for count in entries
@@ -52,7 +60,13 @@ def in_flight(
         **pod.annotations,
         ANNOTATION_DEVICES_ALLOCATED: codec.encode_pod_devices(booked),
     }
-    return dataclasses.replace(pod, annotations=annotations, creation_timestamp=at(created))
+    containers = tuple(
+        ContainerSpec(f"c{i}", limits={RESOURCE_GPU: str(count)} if asks_gpu else {})
+        for i, count in enumerate(entries)
+    )
+    return dataclasses.replace(
+        pod, annotations=annotations, containers=containers, creation_timestamp=at(created)
+    )
 
 
 def test_one_candidate_is_chosen_whatever_the_count() -> None:
@@ -377,3 +391,134 @@ def test_unsigned_pods_never_change_which_signed_pod_is_served(
     else:
         assert choice.pod in bad
         assert refused(choice).startswith(BOOKING_NOT_SIGNED)
+
+
+# --- with a booking key: an unsigned pod that asks for no GPU is no candidate ---------------------
+
+
+@pytest.mark.parametrize(
+    ("init", "app", "asks"),
+    [
+        ((), (ContainerSpec("main"),), False),
+        ((), (ContainerSpec("main", limits={"cpu": "1", "nvidia.com/gpumem": "3000"}),), False),
+        ((), (ContainerSpec("main", limits={RESOURCE_GPU: "0"}),), False),
+        ((), (ContainerSpec("main", limits={RESOURCE_GPU: 0}),), False),
+        ((), (ContainerSpec("main", limits={RESOURCE_GPU: "1"}),), True),
+        ((), (ContainerSpec("main", limits={RESOURCE_GPU: 2}),), True),
+        ((), (ContainerSpec("main", requests={RESOURCE_GPU: "1"}),), True),
+        ((ContainerSpec("init", limits={RESOURCE_GPU: "1"}),), (ContainerSpec("main"),), True),
+        ((), (ContainerSpec("idle"), ContainerSpec("cuda", limits={RESOURCE_GPU: "1"})), True),
+        # Not what an API server stores: read as asking, so that such a pod keeps its place.
+        ((), (ContainerSpec("main", limits={RESOURCE_GPU: "one"}),), True),
+        ((), (ContainerSpec("main", limits={RESOURCE_GPU: ["1"]}),), True),
+    ],
+)
+def test_requests_resource_reads_every_container_as_kubelet_would(
+    init: tuple[ContainerSpec, ...], app: tuple[ContainerSpec, ...], asks: bool
+) -> None:
+    pod = dataclasses.replace(make_pod(""), init_containers=init, containers=app)
+    assert requests_resource(pod, RESOURCE_GPU) is asks
+    assert requests_resource(pod, "example.com/vgpu") is False
+
+
+def test_with_a_key_an_unsigned_pod_asking_for_no_gpu_never_takes_a_call() -> None:
+    # The denial of service this closes: created earlier, the forged pod would be the in-flight
+    # wildcard and take the tenant's Allocate (the tenant is then rejected by kubelet).
+    tenant = signed(in_flight("tenant", 1, created=5))
+    idle_forged = in_flight("forged", 1, created=3, asks_gpu=False)
+    for pods in ([idle_forged, tenant], [tenant, idle_forged]):
+        choice = select_pending_pod(NODE, None, pods, 1, KEYS)
+        assert choice.pod is tenant
+        assert choice.refusal is None
+        # The one candidate left is the tenant: served whatever the count, as before.
+        assert select_pending_pod(NODE, None, pods, 3, KEYS).pod is tenant
+    # Alone it is no pod at all: nothing is patched on it (kubelet's call is not for it).
+    with pytest.raises(AllocateFailure) as caught:
+        select_pending_pod(NODE, None, [idle_forged], 1, KEYS)
+    assert caught.value.reason is FailureReason.NO_PENDING_POD
+    assert not caught.value.pod_known
+
+    # What is left: a forged pod that does ask for the GPU, created no later than the tenant,
+    # still takes the refusal for the tenant's call (kubelet could be admitting it).
+    asking_forged = in_flight("forged", 1, created=3)
+    choice = select_pending_pod(NODE, None, [asking_forged, tenant], 1, KEYS)
+    assert choice.pod is asking_forged
+    assert refused(choice).startswith(BOOKING_NOT_SIGNED)
+
+    # Without a key nothing changes: the older pod takes the call, as in HAMi.
+    assert select_pending_pod(NODE, None, [idle_forged, tenant], 1).pod is idle_forged
+
+
+def test_with_a_key_the_plugins_own_resource_name_decides() -> None:
+    tenant = signed(in_flight("tenant", 1, created=5))
+    forged = in_flight("forged", 1, created=3)  # asks for nvidia.com/gpu
+    choice = select_pending_pod(
+        NODE, None, [forged, tenant], 1, KEYS, resource_name="example.com/vgpu"
+    )
+    assert choice.pod is tenant  # the forged pod asks for another plugin's resource
+    choice = select_pending_pod(NODE, None, [forged, tenant], 1, KEYS, resource_name=RESOURCE_GPU)
+    assert choice.pod is forged
+
+
+def test_with_a_key_a_node_lock_on_an_unsigned_pod_asking_for_no_gpu_is_ignored() -> None:
+    tenant = signed(in_flight("tenant", 1, created=5))
+    idle_forged = in_flight("forged", 1, created=3, asks_gpu=False)
+    choice = select_pending_pod(NODE, LOCK_ON_FORGED, [idle_forged, tenant], 1, KEYS)
+    assert choice.pod is tenant
+    assert not choice.via_lock
+    assert choice.refusal is None
+    assert choice.lock_warning is not None
+    assert choice.lock_warning.startswith(
+        f"ignoring the node lock of pod default/forged: it asks for no {RESOURCE_GPU}"
+    )
+    # A signed lock owner asking for no GPU keeps the lock, as without a key (HAMi).
+    idle_tenant = signed(in_flight("forged", 1, created=3, asks_gpu=False))
+    choice = select_pending_pod(NODE, LOCK_ON_FORGED, [idle_tenant, tenant], 1, KEYS)
+    assert choice.pod is idle_tenant
+    assert choice.via_lock
+
+
+_POD_SPECS = st.lists(st.tuples(_COUNTS, st.integers(0, 3), st.integers(0, 2)), max_size=3)
+
+
+@given(
+    signed_pods=_POD_SPECS,
+    forged_pods=_POD_SPECS,
+    idle_pods=_POD_SPECS.filter(bool),
+    device_count=st.integers(1, 3),
+)
+def test_unsigned_pods_asking_for_no_gpu_change_no_answer(
+    signed_pods: list[tuple[list[int], int, int]],
+    forged_pods: list[tuple[list[int], int, int]],
+    idle_pods: list[tuple[list[int], int, int]],
+    device_count: int,
+) -> None:
+    """With a key, adding unsigned pods that ask for no GPU (any booking, any age) changes
+    nothing: the same pod with the same refusal, or the same failure."""
+
+    def build(
+        prefix: str, specs: list[tuple[list[int], int, int]], *, asks_gpu: bool = True
+    ) -> list[PodInfo]:
+        return [
+            in_flight(
+                f"{prefix}{i}",
+                *counts,
+                created=created,
+                consumed=min(consumed, len(counts)),
+                asks_gpu=asks_gpu,
+            )
+            for i, (counts, created, consumed) in enumerate(specs)
+        ]
+
+    pods = [signed(pod) for pod in build("signed-", signed_pods)] + build("forged-", forged_pods)
+    idle = build("idle-", idle_pods, asks_gpu=False)
+
+    def outcome(candidates: list[PodInfo]) -> tuple[str, str | None] | FailureReason:
+        try:
+            choice = select_pending_pod(NODE, None, candidates, device_count, KEYS)
+        except AllocateFailure as error:
+            return error.reason
+        return choice.pod.name, choice.refusal
+
+    assert outcome([*idle, *pods]) == outcome(pods)
+    assert outcome([*pods, *idle]) == outcome(pods)

@@ -40,6 +40,7 @@ from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_NODE_LOCK,
     ANNOTATION_NODE_REGISTER,
+    RESOURCE_GPU,
 )
 from hami_plugin.testing.apiserver import FakeApiServer
 from hami_plugin.testing.kubelet import DeviceState, FakeKubelet
@@ -112,6 +113,7 @@ def make_allocator(
             hook_path=hook, vgpulock_host_path=vgpulock, enable_preferred_allocation=align
         ),
         booking_keys=None,
+        resource_name=RESOURCE_GPU,
         new_cache_id=lambda: CACHE_ID,
         version="9.9.9",
         **budgets,

@@ -12,6 +12,7 @@ four GPUs at 81920 MiB.
 from __future__ import annotations
 
 import base64
+import contextlib
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -100,14 +101,19 @@ def start_plugin(
     return plugin, url
 
 
+def key_file_args(tmp_path: Path) -> tuple[str, str]:
+    """`--booking-key-file` naming a file of the one key the tests sign with."""
+    key_file = tmp_path / "booking-keys"
+    key_file.write_text(f"# the scheduler's key\n{KEY}\n", encoding="utf-8")
+    return "--booking-key-file", str(key_file)
+
+
 @pytest.fixture
 def signed_node(
     sock_dir: str, tmp_path: Path, apiserver: FakeApiServer, kube: KubeClient
 ) -> Iterator[Node]:
     """The device plugin with a booking key (a file of one key), registered with the kubelet."""
-    key_file = tmp_path / "booking-keys"
-    key_file.write_text(f"# the scheduler's key\n{KEY}\n", encoding="utf-8")
-    yield from _running(sock_dir, tmp_path, apiserver, kube, "--booking-key-file", str(key_file))
+    yield from _running(sock_dir, tmp_path, apiserver, kube, *key_file_args(tmp_path))
 
 
 @pytest.fixture
@@ -145,14 +151,19 @@ def entries(*devices: tuple[int, int]) -> PodDevices:
 ALL_FOUR = entries((0, 81920), (1, 81920), (2, 81920), (3, 81920))
 
 
-def gpu_container(count: int) -> JsonObject:
-    return make_container("cuda", limits={"nvidia.com/gpu": str(count)})
+def gpu_container(count: int, resource: str = "nvidia.com/gpu", name: str = "cuda") -> JsonObject:
+    return make_container(name, limits={resource: str(count)})
 
 
 def create_forged(
-    apiserver: FakeApiServer, *, signature: str | None = None, booking: PodDevices = ALL_FOUR
+    apiserver: FakeApiServer,
+    *,
+    signature: str | None = None,
+    booking: PodDevices = ALL_FOUR,
+    asks_for: str | None = "nvidia.com/gpu",
 ) -> None:
-    """The attacker's pod: bound by its author, webhook skipped, a booking of its own making."""
+    """The attacker's pod: bound by its author, webhook skipped, a booking of its own making;
+    its container asks for as many `asks_for` as the booking names (nothing when None)."""
     value = codec.encode_pod_devices(booking)
     annotations = {
         ANNOTATION_BIND_PHASE: "allocating",
@@ -168,17 +179,23 @@ def create_forged(
         node_name=NODE,
         labels={"hami.io/webhook": "ignore"},
         annotations=annotations,
-        containers=[gpu_container(len(booking[0]))],
+        containers=[
+            gpu_container(len(booking[0]), asks_for) if asks_for else make_container("cuda")
+        ],
         creation_timestamp=stamp(0),
     )
     apiserver.add_pod(pod)
 
 
 def create_and_bind_tenant(node: Node, booking: PodDevices) -> None:
-    """A tenant's pod, then what the scheduler's bind writes: one annotation patch with the
-    booking signed over the pod's UID, then the Binding."""
+    """A tenant's pod with one container per booked entry, then what the scheduler's bind
+    writes: one annotation patch with the booking signed over the pod's UID, then the Binding."""
     apiserver = node.apiserver
-    pod = make_pod(TENANT[1], containers=[gpu_container(1)], creation_timestamp=stamp(5))
+    containers = [
+        gpu_container(len(entry), name="cuda" if index == 0 else f"cuda-{index}")
+        for index, entry in enumerate(booking)
+    ]
+    pod = make_pod(TENANT[1], containers=containers, creation_timestamp=stamp(5))
     uid = str(apiserver.add_pod(pod)["metadata"]["uid"])
     value = codec.encode_pod_devices(booking)
     bind_time = str(int(EPOCH.timestamp()) + 6)
@@ -303,7 +320,7 @@ def test_kubelets_calls_for_a_forged_booking_neither_follow_it_nor_serve_it(
     )
     with pytest.raises(grpc.RpcError) as caught:
         node.kubelet.allocate([f"{GPUS[2]}-0"])
-    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
     assert caught.value.details() == (
         f"pod default/forged: {NOT_SIGNED}: the pod has no {ANNOTATION_BOOKING_SIGNATURE}"
     )
@@ -315,6 +332,76 @@ def test_kubelets_calls_for_a_forged_booking_neither_follow_it_nor_serve_it(
     stored_node = node.apiserver.get_node(NODE)
     assert stored_node is not None
     assert ANNOTATION_NODE_LOCK not in stored_node["metadata"]["annotations"]  # released
+
+
+@pytest.mark.parametrize(
+    ("resource_args", "asks_for", "tenant_served"),
+    [
+        ((), None, True),  # the forged pod asks for no GPU: kubelet never calls for it
+        (("--resource-name", "example.com/vgpu"), "nvidia.com/gpu", True),  # not our resource
+        ((), "nvidia.com/gpu", False),  # what is left: it could be what kubelet admits
+    ],
+    ids=["asks-for-nothing", "asks-for-another-resource", "asks-for-the-gpu"],
+)
+def test_an_older_forged_pod_takes_the_tenants_call_only_if_it_asks_for_the_resource(
+    sock_dir: str,
+    tmp_path: Path,
+    apiserver: FakeApiServer,
+    kube: KubeClient,
+    resource_args: tuple[str, ...],
+    asks_for: str | None,
+    tenant_served: bool,
+) -> None:
+    """The forged pod is created first, with a one-GPU booking like the tenant's: as the
+    in-flight wildcard it would take the tenant's Allocate and fail it (a denial of service by
+    pod creation), unless it asks for no device of this plugin."""
+    args = (*key_file_args(tmp_path), *resource_args)
+    with contextlib.contextmanager(_running)(sock_dir, tmp_path, apiserver, kube, *args) as node:
+        create_forged(apiserver, booking=entries((2, 81920)), asks_for=asks_for)
+        create_and_bind_tenant(node, entries((3, 81920)))
+        call = [f"{GPUS[3]}-0"]  # kubelet admitting the tenant (its preferred GPU)
+        if tenant_served:
+            (container,) = node.kubelet.allocate(call).container_responses
+            assert container.envs["NVIDIA_VISIBLE_DEVICES"] == GPUS[3]
+            assert annotations_of(apiserver, TENANT)[ANNOTATION_BIND_PHASE] == "success"
+            # The forged pod is not touched: it is nobody's answer.
+            assert annotations_of(apiserver, FORGED)[ANNOTATION_BIND_PHASE] == "allocating"
+            assert apiserver.events("default") == []
+        else:
+            with pytest.raises(grpc.RpcError) as caught:
+                node.kubelet.allocate(call)
+            assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
+            assert caught.value.details().startswith(f"pod default/forged: {NOT_SIGNED}")
+            assert annotations_of(apiserver, FORGED)[ANNOTATION_BIND_PHASE] == "failed"
+            # The tenant's admission failed with it; its booking is intact for no one else.
+            assert annotations_of(apiserver, TENANT)[ANNOTATION_BIND_PHASE] == "allocating"
+
+
+def test_an_entry_its_author_writes_back_is_not_served_twice(signed_node: Node) -> None:
+    """Between a signed pod's two containers its author restores the consumed entry (the
+    signed booking again): the second container still gets its own entry, GPU 1."""
+    node = signed_node
+    booking = (*entries((0, 40960)), *entries((1, 40960)))
+    create_and_bind_tenant(node, booking)
+    (first,) = node.kubelet.allocate([f"{GPUS[0]}-0"]).container_responses
+    assert first.envs["NVIDIA_VISIBLE_DEVICES"] == GPUS[0]
+    restored = codec.encode_pod_devices(booking)
+    node.apiserver.update_object(
+        "pods",
+        *TENANT,
+        lambda pod: pod["metadata"]["annotations"].update(
+            {ANNOTATION_DEVICES_TO_ALLOCATE: restored}
+        ),
+    )
+    (second,) = node.kubelet.allocate([f"{GPUS[0]}-1"]).container_responses
+    assert second.envs["NVIDIA_VISIBLE_DEVICES"] == GPUS[1]
+    assert second.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "40960m"
+    assert annotations_of(node.apiserver, TENANT)[ANNOTATION_BIND_PHASE] == "success"
+    assert "which were served already: read as consumed" in node.plugin.log()
+
+
+def annotations_of(apiserver: FakeApiServer, key: tuple[str, str]) -> dict[str, str]:
+    return dict(stored(apiserver, key)["metadata"]["annotations"])
 
 
 def test_without_a_key_the_forged_booking_is_served_as_hami_serves_it(open_node: Node) -> None:
