@@ -16,9 +16,13 @@ HAMi's two daemons speak JSON through Go's package: the node register annotation
   invalid UTF-8 (here: lone surrogates) written `\\ufffd`, floats in Go's shortest form, map
   keys sorted (`go_json_string_map`).
 
+A malformed document costs about what a valid one of the same size does: Python's parser finds
+the error, and `gojson_scanner` gives Go's message from the bytes around it; the bodies decoded
+here come from anyone who can reach the extender.
+
 Decoding into typed Go structs, with Go's type errors, is `gojson_struct`. Pure: no I/O, no
 logging. Not modelled: Python's parser stops at about 1,000 levels of nesting where Go stops at
-10,000.
+10,000; such a document is refused, with Go's message when its error lies in its first 64 KiB.
 """
 
 from __future__ import annotations
@@ -30,7 +34,11 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any, TypeGuard
 
-from hami_plugin.protocol.gojson_scanner import go_syntax_error
+from hami_plugin.protocol.gojson_scanner import (
+    go_syntax_error_after_value,
+    go_syntax_error_at,
+    go_syntax_error_prefix,
+)
 
 __all__ = [
     "JSON_CONTENT_TYPE",
@@ -79,8 +87,12 @@ def _number_or_text(parse: type[int] | type[float]) -> Any:
     return convert
 
 
+class _ConstantError(ValueError):
+    """NaN, Infinity or -Infinity: Python's parser reads them, Go's does not."""
+
+
 def _reject_constant(text: str) -> object:
-    raise ValueError(f"{text} is not JSON")  # Python accepts NaN and Infinity, Go does not
+    raise _ConstantError(f"{text} is not JSON")
 
 
 # Integers are parsed in C; only one longer than Python converts (rare) needs the slow
@@ -114,6 +126,9 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _JSON_SPACE = " \t\r\n"
 _TOO_DEEP = "JSON nested too deeply (this decoder stops at about 1000 levels)"
+_REFERENCE_LIMIT = 64 * 1024
+"""How much of a document the pure-Python reference scanner may walk (about 50 ms of CPU) when
+Python's parser cannot say where it goes wrong."""
 
 
 def decode_go_json(data: bytes) -> Any:
@@ -136,22 +151,36 @@ def unmarshal_go_json(data: bytes | str) -> Any:
 
 def _decode(text: str, data: bytes | None, *, whole: bool) -> Any:
     start = len(text) - len(text.lstrip(_JSON_SPACE))
+    decoder = _DECODER
     try:
         try:
-            value, end = _DECODER.raw_decode(text, start)
-        except ValueError:
-            value, end = _LONG_INT_DECODER.raw_decode(text, start)
-    except (ValueError, RecursionError) as error:
-        message = go_syntax_error(_bytes(text, data), whole=whole)
-        if not message:
-            # Only nesting between Python's and Go's depth limits gets here.
-            message = _TOO_DEEP if isinstance(error, RecursionError) else str(error)
-        raise GoJsonError(message) from None
+            value, end = decoder.raw_decode(text, start)
+        except (json.JSONDecodeError, _ConstantError):
+            raise
+        except ValueError:  # an integer longer than int() converts: kept as its text
+            decoder = _LONG_INT_DECODER
+            value, end = decoder.raw_decode(text, start)
+    except json.JSONDecodeError as error:
+        raise GoJsonError(_syntax_error(text, data, error, whole=whole)) from None
+    except _ConstantError:
+        # Python stopped at the first NaN or Infinity without saying where: read again with
+        # every N and I made `#`, which begins no value (`-#` neither) and is fine in a string.
+        try:
+            decoder.raw_decode(text.replace("N", "#").replace("I", "#"), start)
+        except json.JSONDecodeError as error:
+            raise GoJsonError(_syntax_error(text, data, error, whole=whole)) from None
+        raise AssertionError("a document read with NaN and without it") from None
+    except RecursionError:
+        # Only nesting between Python's and Go's depth limits gets here.
+        message = go_syntax_error_prefix(_bytes(text, data), _REFERENCE_LIMIT, whole=whole)
+        raise GoJsonError(message or _TOO_DEEP) from None
     # Python reads `1.` or `1e` as the number 1 followed by junk, where Go wants the rest;
     # Unmarshal also refuses anything but space after the value.
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if number or (whole and text[end:].strip(_JSON_SPACE)):
-        message = go_syntax_error(_bytes(text, data), whole=whole)
+    if text[start] in "-0123456789" or (whole and text[end:].strip(_JSON_SPACE)):
+        raw = _bytes(text, data)
+        message = go_syntax_error_after_value(
+            raw, start, _byte_offset(text, end, data), whole=whole
+        )
         if message:
             raise GoJsonError(message)
     if (not text.isascii() and _SURROGATE.search(text)) or (
@@ -166,6 +195,26 @@ def _decode(text: str, data: bytes | None, *, whole: bool) -> Any:
 
 def _bytes(text: str, data: bytes | None) -> bytes:
     return data if data is not None else text.encode("utf-8", "surrogatepass")
+
+
+def _byte_offset(text: str, position: int, data: bytes | None) -> int:
+    """Where character `position` of `text` lies in `_bytes(text, data)`."""
+    if text.isascii():
+        return position
+    return len(
+        text[:position].encode("utf-8", "surrogatepass" if data is None else "surrogateescape")
+    )
+
+
+def _syntax_error(
+    text: str, data: bytes | None, error: json.JSONDecodeError, *, whole: bool
+) -> str:
+    """Go's message for the document Python's parser refused with `error`."""
+    raw = _bytes(text, data)
+    message = go_syntax_error_at(raw, _byte_offset(text, error.pos, data), error.msg, whole=whole)
+    if message is None:
+        message = go_syntax_error_prefix(raw, _REFERENCE_LIMIT, whole=whole)
+    return message or str(error)
 
 
 def _replace_surrogates(value: Any) -> Any:
