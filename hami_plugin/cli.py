@@ -18,6 +18,7 @@ _COMMAND_MODULES = (
     "hami_plugin.scheduler.dryrun",
     "hami_plugin.deviceplugin.daemon",
     "hami_plugin.extender.daemon",
+    "hami_plugin.certs.command",
     "hami_plugin.demo",
 )
 

@@ -4,6 +4,7 @@
 * `api`: the calls each role makes, as protocols (`AllocateApi`, `BindApi`, `LeaseApi`...);
 * `fake`: `FakeKube`, those roles in memory, for unit tests;
 * `errors`: `KubeError` and its kinds, and the one translation point from the library's errors;
+* `paths`: API paths from names, each name checked as a path segment and percent-quoted;
 * `retry`: the retry policy and loop; `config`: where the configuration comes from;
 * `records`: lists, watch events, leases and events as plain records (pods and nodes are read
   by the one model, `hami_plugin.protocol.objects`);

@@ -8,15 +8,22 @@ A role protocol is built from the call groups below, so each call's signature is
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from hami_plugin.kube.records import LeaseRecord, ObjectList, ObjectRef
+from hami_plugin.kube.records import (
+    LeaseRecord,
+    ObjectList,
+    ObjectRef,
+    SecretRecord,
+    WebhookConfigurationRecord,
+)
 from hami_plugin.protocol.objects import NodeInfo, PodInfo
 
 __all__ = [
     "AllocateApi",
     "BindApi",
+    "CertsApi",
     "DeadlineApi",
     "EventApi",
     "LeaseApi",
@@ -127,3 +134,25 @@ class LeaseApi(PodPatchApi, ListApi, DeadlineApi, Protocol):
     def create_lease(self, record: LeaseRecord) -> LeaseRecord: ...
 
     def update_lease(self, record: LeaseRecord) -> LeaseRecord: ...
+
+
+class CertsApi(Protocol):
+    """The calls of `hami certs`: its Secrets, and the webhook configuration's caBundle."""
+
+    def get_secret(self, namespace: str, name: str) -> SecretRecord: ...
+
+    def create_secret(self, record: SecretRecord) -> SecretRecord: ...
+
+    def patch_secret_data(
+        self,
+        namespace: str,
+        name: str,
+        data: Mapping[str, bytes | None],
+        resource_version: str | None = None,
+    ) -> SecretRecord: ...
+
+    def get_mutating_webhook_configuration(self, name: str) -> WebhookConfigurationRecord: ...
+
+    def patch_mutating_webhook_ca_bundles(
+        self, name: str, webhooks: Sequence[str], ca_bundle: bytes
+    ) -> WebhookConfigurationRecord: ...

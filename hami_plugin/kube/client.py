@@ -1,5 +1,5 @@
 """The Kubernetes API as hami-plugin needs it: nodes, pods, patches, list/watch, bindings, leases,
-events.
+events, and the certificate job's Secrets and webhook caBundles.
 
 `KubeClient` uses the real client's plumbing (`kubernetes.client.ApiClient`: configuration,
 auth, TLS, request building with `param_serialize`, the urllib3 REST client) but not its
@@ -15,6 +15,8 @@ generated API classes, and adds what the daemons need on top of it:
 * answers decoded here from the raw urllib3 responses into the one pod and node model
   (`hami_plugin.protocol.objects`) and the records of `hami_plugin.kube.records`;
 * a timeout on every request and retries with backoff (`hami_plugin.kube.retry`);
+* every namespace, name and node name checked as one path segment and percent-quoted before
+  anything is sent, so no name changes the path (`hami_plugin.kube.paths`);
 * an optional time budget shared by every call a thread makes inside `KubeClient.deadline()`,
   so that a caller answering someone who waits (kubelet's Allocate) fails in bounded time
   however many calls it makes and however the API server misbehaves;
@@ -29,13 +31,14 @@ generated API classes, and adds what the daemons need on top of it:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar, cast
@@ -50,18 +53,25 @@ from kubernetes.client.rest import RESTClientObject, RESTResponse
 
 from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.kube.config import load_configuration, throttled_refresh
-from hami_plugin.kube.errors import Conflict, Gone, KubeError
+from hami_plugin.kube.errors import Conflict, Gone, InvalidName, KubeError
+from hami_plugin.kube.paths import check_selector_value, collection_path, fill_path
 from hami_plugin.kube.records import (
     LeaseRecord,
     ObjectList,
     ObjectRef,
+    SecretRecord,
     WatchEvent,
+    WebhookConfigurationRecord,
     event_body,
     json_object,
     lease_body,
     lease_record,
     page,
-    pod_list,
+    pod_listing,
+    secret_body,
+    secret_data,
+    secret_record,
+    webhook_configuration_record,
 )
 from hami_plugin.kube.retry import RetryPolicy, call_with_retries
 from hami_plugin.kube.watch import WATCH_READ_TIMEOUT_SECONDS, read_events
@@ -81,6 +91,10 @@ _AUTH_SETTINGS = ["BearerToken"]
 
 _LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 _LEASE = _LEASES + "/{name}"
+_SECRETS = "/api/v1/namespaces/{namespace}/secrets"
+_SECRET = _SECRETS + "/{name}"
+_MUTATING_WEBHOOK = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}"
+_JSON_PATCH = "application/json-patch+json"
 
 _T = TypeVar("_T")
 
@@ -89,13 +103,16 @@ _DEFAULT_RETRY = RetryPolicy()
 
 @dataclass(frozen=True, slots=True)
 class _Request:
-    """One REST call. `{name}` parts of `path` are filled (URL-quoted) from `path_params`."""
+    """One REST call. `{name}` parts of `path` are filled (percent-quoted) from `path_params`;
+    a value that is no path segment (`a/b`, `..`, `50%`) is refused before anything is sent
+    (InvalidName, `hami_plugin.kube.paths`)."""
 
     method: str
     path: str
     path_params: Mapping[str, str] = field(default_factory=dict)
     query: tuple[tuple[str, str], ...] = ()
-    body: Mapping[str, Any] | None = None
+    body: Mapping[str, Any] | list[Any] | None = None
+    """A JSON object, or a list (a JSON patch)."""
     content_type: str | None = None
 
 
@@ -134,6 +151,9 @@ class KubeClient:
         self._sleep = sleep
         self._rng = rng or random.Random()
         self._local = threading.local()
+        self._unreadable_lock = threading.Lock()
+        self._unreadable: dict[str, dict[str, str]] = {}
+        """Per node listed: the pods its last list could not read, at the version logged."""
 
     @classmethod
     def from_config(
@@ -237,12 +257,30 @@ class KubeClient:
     def list_pods_on_node(self, node_name: str) -> list[PodInfo]:
         """All pods bound to the node, every namespace (field selector `spec.nodeName`).
 
-        Raises Retryable or KubeError.
+        A pod that cannot be read (`read_pod`) is left out and logged once per version, as the
+        informer does: one bad pod must not hide the node's others from the device plugin.
+        Raises InvalidName (a node name no API path or selector can hold), Retryable or
+        KubeError.
         """
-        request = _Request(
-            "GET", "/api/v1/pods", query=(("fieldSelector", f"spec.nodeName={node_name}"),)
-        )
-        return self._call(f"list pods on node {node_name}", request, pod_list)
+        selector = f"spec.nodeName={check_selector_value('node name', node_name)}"
+        request = _Request("GET", "/api/v1/pods", query=(("fieldSelector", selector),))
+        listing = self._call(f"list pods on node {node_name}", request, pod_listing)
+        with self._unreadable_lock:
+            logged = self._unreadable.pop(node_name, {})
+            for identity, (version, why) in listing.unreadable.items():
+                if logged.get(identity) != version:
+                    logger.warning(
+                        "list pods on node %s: skipping pod %s at resourceVersion %s: %s",
+                        node_name,
+                        identity,
+                        version,
+                        why,
+                    )
+            if listing.unreadable:
+                self._unreadable[node_name] = {
+                    identity: version for identity, (version, _) in listing.unreadable.items()
+                }
+        return listing.pods
 
     def patch_pod_metadata(
         self,
@@ -318,7 +356,8 @@ class KubeClient:
         any call.
 
         If a continue token expires (410) the list starts over once without pages, as
-        client-go's pager does. Raises Gone, Retryable or KubeError.
+        client-go's pager does. Raises Gone, Retryable or KubeError (InvalidName for a path
+        of another shape, see `list_pages`).
         """
         items: list[dict[str, Any]] = []
         version = ""
@@ -353,8 +392,10 @@ class KubeClient:
         """LIST a collection page by page (`limit`/`continue`; `page_size` 0: one page), so a
         caller can reduce each page before the next one is read. Every page carries the list's
         resourceVersion. Raises Gone (a continue token expired: list again), Retryable or
-        KubeError.
+        KubeError; InvalidName for a path of another shape (`collection_path`: a namespace
+        `a/b` written into it).
         """
+        path = collection_path(path)
         base: list[tuple[str, str]] = []
         if label_selector:
             base.append(("labelSelector", label_selector))
@@ -395,8 +436,10 @@ class KubeClient:
         read_timeout_seconds` in any case, and when `stop` is set (a blocked read is woken).
         Resume from the last event's resourceVersion. Raises Gone (HTTP 410 or an ERROR event
         with code 410: list again), Retryable (could not connect, 5xx, or such an ERROR event)
-        or KubeError (any other refusal, a malformed event).
+        or KubeError (any other refusal, a malformed event); InvalidName for a path of another
+        shape, as `list_pages`.
         """
+        path = collection_path(path)
         what = f"watch {path} from resourceVersion {resource_version or '(now)'}"
         query = [
             ("watch", "true"),
@@ -462,6 +505,92 @@ class KubeClient:
         )
         return self._call(f"update lease {record.namespace}/{record.name}", request, lease_record)
 
+    # --- secrets and webhook configurations (the certificate job) -------------------------
+
+    def get_secret(self, namespace: str, name: str) -> SecretRecord:
+        """GET a Secret, its data decoded. Raises NotFound, Retryable or KubeError."""
+        request = _Request("GET", _SECRET, {"namespace": namespace, "name": name})
+        return self._call(f"get secret {namespace}/{name}", request, secret_record)
+
+    def create_secret(self, record: SecretRecord) -> SecretRecord:
+        """Create the Secret (its resource_version is ignored); return it as stored.
+
+        Raises Conflict if it exists already, Retryable or KubeError.
+        """
+        record = dataclasses.replace(record, resource_version="")
+        request = _Request(
+            "POST",
+            _SECRETS,
+            {"namespace": record.namespace},
+            body=secret_body(record),
+            content_type=_JSON,
+        )
+        return self._call(f"create secret {record.namespace}/{record.name}", request, secret_record)
+
+    def patch_secret_data(
+        self,
+        namespace: str,
+        name: str,
+        data: Mapping[str, bytes | None],
+        resource_version: str | None = None,
+    ) -> SecretRecord:
+        """Merge-patch the Secret's `data` (None deletes a key; the keys not named, the type
+        and the rest of the metadata stay) and return it as stored.
+
+        With `resource_version` the patch only applies to that version, else it raises
+        Conflict. Also raises NotFound, Retryable or KubeError.
+        """
+        metadata: dict[str, Any] = {}
+        if resource_version is not None:
+            metadata["resourceVersion"] = resource_version
+        request = _Request(
+            "PATCH",
+            _SECRET,
+            {"namespace": namespace, "name": name},
+            body={"metadata": metadata, "data": secret_data(data)},
+            content_type=_MERGE_PATCH,
+        )
+        return self._call(f"patch secret {namespace}/{name} data", request, secret_record)
+
+    def get_mutating_webhook_configuration(self, name: str) -> WebhookConfigurationRecord:
+        """GET a MutatingWebhookConfiguration's webhook names and caBundles. Raises NotFound,
+        Retryable or KubeError."""
+        request = _Request("GET", _MUTATING_WEBHOOK, {"name": name})
+        return self._call(
+            f"get mutatingwebhookconfiguration {name}", request, webhook_configuration_record
+        )
+
+    def patch_mutating_webhook_ca_bundles(
+        self, name: str, webhooks: Sequence[str], ca_bundle: bytes
+    ) -> WebhookConfigurationRecord:
+        """Set `clientConfig.caBundle` of every webhook to `ca_bundle`; `webhooks` are their
+        names in order, as read.
+
+        A JSON patch: for each webhook a `test` of its name at its index, then the caBundle,
+        so a list that changed since it was read (reordered, shortened) is refused, never
+        patched at the wrong index. Raises NotFound, KubeError (the list changed: read again),
+        Retryable.
+        """
+        encoded = base64.b64encode(ca_bundle).decode("ascii")
+        operations: list[dict[str, Any]] = []
+        for index, webhook in enumerate(webhooks):
+            operations.append({"op": "test", "path": f"/webhooks/{index}/name", "value": webhook})
+            operations.append(
+                {"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": encoded}
+            )
+        request = _Request(
+            "PATCH",
+            _MUTATING_WEBHOOK,
+            {"name": name},
+            body=operations,
+            content_type=_JSON_PATCH,
+        )
+        return self._call(
+            f"patch mutatingwebhookconfiguration {name} caBundle",
+            request,
+            webhook_configuration_record,
+        )
+
     # --- events ---------------------------------------------------------------------------
 
     def create_event(
@@ -523,11 +652,11 @@ class KubeClient:
             headers["Content-Type"] = request.content_type
         method, url, header_params, body, post_params = self._api_client.param_serialize(
             method=request.method,
-            resource_path=request.path,
-            path_params=dict(request.path_params),
+            # quoted here, whatever the configuration's `safe_chars_for_path_param`
+            resource_path=fill_path(request.path, request.path_params),
             query_params=list(request.query),
             header_params=headers,
-            body=dict(request.body) if request.body is not None else None,
+            body=_json_body(request.body),
             auth_settings=_AUTH_SETTINGS,
         )
         response: RESTResponse = self._api_client.call_api(
@@ -555,8 +684,12 @@ class KubeClient:
         """Send `request` with retries; `decode` the JSON object it answers.
 
         Raises as `_with_retries`. A body that does not decode (ValueError) is a KubeError,
-        not retried.
+        not retried; a path parameter that is no path segment is InvalidName, not sent.
         """
+        try:
+            fill_path(request.path, request.path_params)
+        except InvalidName as exc:
+            raise InvalidName(f"{what}: {exc}") from None
         return self._with_retries(
             what, lambda timeout: decode(_read_object(self._send(request, timeout)))
         )
@@ -592,3 +725,10 @@ def _read_object(response: urllib3.BaseHTTPResponse) -> dict[str, Any]:
 
 def _ignore_body(body: dict[str, Any]) -> None:
     return None
+
+
+def _json_body(body: Mapping[str, Any] | list[Any] | None) -> dict[str, Any] | list[Any] | None:
+    """A request body as the ApiClient serialises it (a mapping as a plain dict)."""
+    if body is None or isinstance(body, list):
+        return body
+    return dict(body)

@@ -58,6 +58,12 @@ class Retryable(KubeError):  # noqa: N818 - names are the shared contract
         self.retry_after_seconds = retry_after_seconds
 
 
+class InvalidName(KubeError):  # noqa: N818 - names are the shared contract
+    """A namespace, name or node name that cannot go into a request as it is (one that would
+    change the API path or the selector, `hami_plugin.kube.paths`): refused before anything is
+    sent, as client-go refuses it. Never retried."""
+
+
 TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
 """Failures below HTTP: refused or dropped connections, timeouts, broken responses."""
 

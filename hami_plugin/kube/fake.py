@@ -2,12 +2,12 @@
 
 What httpx's `MockTransport` is to httpx: the production seam, faked over dicts. `FakeKube`
 keeps nodes and pods as the API's JSON (so `list_objects` answers what the API server would,
-and every read goes through the same `read_pod`/`read_node` as `KubeClient`'s), leases as
-records, and the events written. It keeps the API server's rules that callers depend on: a
-resourceVersion per write, the `resourceVersion` precondition (Conflict), merge patch with
-`None` deleting a key, create-twice and bind-elsewhere conflicts, NotFound. Failures are
-injected per call with `fail()`. Wire behaviour (HTTP, retries, watches) is the HTTP double's
-job: `hami_plugin.testing.apiserver`.
+and every read goes through the same `read_pod`/`read_node` as `KubeClient`'s), leases, Secrets
+and webhook configurations as records, and the events written. It keeps the API server's
+rules that callers depend on: a resourceVersion per write, the `resourceVersion` precondition
+(Conflict), merge patch with `None` deleting a key, create-twice and bind-elsewhere conflicts,
+NotFound. Failures are injected per call with `fail()`. Wire behaviour (HTTP, retries,
+watches) is the HTTP double's job: `hami_plugin.testing.apiserver`.
 """
 
 from __future__ import annotations
@@ -16,19 +16,27 @@ import contextlib
 import copy
 import dataclasses
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from hami_plugin.clock import Clock, SystemClock
-from hami_plugin.kube.errors import Conflict, NotFound
-from hami_plugin.kube.records import LeaseRecord, ObjectList, ObjectRef, event_body
+from hami_plugin.kube.errors import Conflict, KubeError, NotFound
+from hami_plugin.kube.records import (
+    LeaseRecord,
+    ObjectList,
+    ObjectRef,
+    SecretRecord,
+    WebhookConfigurationRecord,
+    event_body,
+)
 from hami_plugin.protocol.objects import NodeInfo, PodInfo, read_node, read_pod
 
 __all__ = ["FakeKube"]
 
 
 class FakeKube:
-    """Nodes, pods, leases and events in memory; every call of `KubeClient` the daemons use.
+    """Nodes, pods, leases, events, Secrets and webhook configurations in memory; every call of
+    `KubeClient` the daemons and `hami certs` use.
 
     Safe to share between threads. `calls` lists the calls made, by name, in order; `writes`
     counts the writes that landed (the set-up's `put_*` too). `clock.now()` dates the events
@@ -50,6 +58,8 @@ class FakeKube:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.leases: dict[tuple[str, str], LeaseRecord] = {}
+        self.secrets: dict[tuple[str, str], SecretRecord] = {}
+        self.webhook_configurations: dict[str, WebhookConfigurationRecord] = {}
         self.events: list[dict[str, Any]] = []
         self.calls: list[str] = []
         self.writes = 0
@@ -239,6 +249,79 @@ class FakeKube:
                 )
             return self._store_lease(record)
 
+    # --- secrets and webhook configurations -----------------------------------------------
+
+    def get_secret(self, namespace: str, name: str) -> SecretRecord:
+        """The Secret. Raises NotFound."""
+        with self._lock:
+            self._enter("get_secret")
+            return self._secret(namespace, name)
+
+    def create_secret(self, record: SecretRecord) -> SecretRecord:
+        """Store a new Secret. Raises Conflict when it exists."""
+        with self._lock:
+            self._enter("create_secret")
+            if (record.namespace, record.name) in self.secrets:
+                raise Conflict(
+                    f"create secret {record.namespace}/{record.name}: HTTP 409: already exists",
+                    409,
+                )
+            return self._store_secret(record)
+
+    def patch_secret_data(
+        self,
+        namespace: str,
+        name: str,
+        data: Mapping[str, bytes | None],
+        resource_version: str | None = None,
+    ) -> SecretRecord:
+        """Merge `data` into the Secret's (None deletes). Raises NotFound, Conflict."""
+        with self._lock:
+            self._enter("patch_secret_data")
+            current = self._secret(namespace, name)
+            if resource_version is not None and current.resource_version != resource_version:
+                raise Conflict(
+                    f"patch secret {namespace}/{name}: HTTP 409: the object has been modified",
+                    409,
+                )
+            merged = dict(current.data)
+            for key, value in data.items():
+                if value is None:
+                    merged.pop(key, None)
+                else:
+                    merged[key] = value
+            return self._store_secret(dataclasses.replace(current, data=merged))
+
+    def get_mutating_webhook_configuration(self, name: str) -> WebhookConfigurationRecord:
+        """The webhook configuration. Raises NotFound."""
+        with self._lock:
+            self._enter("get_mutating_webhook_configuration")
+            return self._webhook_configuration(name)
+
+    def patch_mutating_webhook_ca_bundles(
+        self, name: str, webhooks: Sequence[str], ca_bundle: bytes
+    ) -> WebhookConfigurationRecord:
+        """Set every webhook's caBundle. Raises NotFound, KubeError when `webhooks` are not
+        the configuration's webhook names in order (as the API server's JSON patch test)."""
+        with self._lock:
+            self._enter("patch_mutating_webhook_ca_bundles")
+            current = self._webhook_configuration(name)
+            names = [webhook for webhook, _ in current.ca_bundles]
+            if list(webhooks) != names[: len(webhooks)]:
+                raise KubeError(
+                    f"patch mutatingwebhookconfiguration {name} caBundle: HTTP 422: test failed",
+                    422,
+                )
+            bundles = tuple(
+                (webhook, ca_bundle if index < len(webhooks) else bundle)
+                for index, (webhook, bundle) in enumerate(current.ca_bundles)
+            )
+            self._version += 1
+            self.writes += 1
+            stored = WebhookConfigurationRecord(name, bundles, str(self._version))
+            self.webhook_configurations[name] = stored
+            return stored
+
     # --- events ---------------------------------------------------------------------------
 
     def create_event(
@@ -300,6 +383,25 @@ class FakeKube:
         self.writes += 1
         obj["metadata"]["resourceVersion"] = str(self._version)
         return obj
+
+    def _secret(self, namespace: str, name: str) -> SecretRecord:
+        record = self.secrets.get((namespace, name))
+        if record is None:
+            raise NotFound(f"secret {namespace}/{name}: HTTP 404: not found", 404)
+        return record
+
+    def _store_secret(self, record: SecretRecord) -> SecretRecord:
+        self._version += 1
+        self.writes += 1
+        stored = dataclasses.replace(record, resource_version=str(self._version))
+        self.secrets[(record.namespace, record.name)] = stored
+        return stored
+
+    def _webhook_configuration(self, name: str) -> WebhookConfigurationRecord:
+        record = self.webhook_configurations.get(name)
+        if record is None:
+            raise NotFound(f"mutatingwebhookconfiguration {name}: HTTP 404: not found", 404)
+        return record
 
     def _store_lease(self, record: LeaseRecord) -> LeaseRecord:
         self._version += 1

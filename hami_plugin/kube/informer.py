@@ -29,12 +29,12 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import Gone, KubeError
-from hami_plugin.kube.records import WatchEvent
+from hami_plugin.kube.records import WatchEvent, object_identity
 from hami_plugin.kube.retry import RetryPolicy
 from hami_plugin.kube.watch import WATCH_READ_TIMEOUT_SECONDS
 
@@ -251,7 +251,7 @@ class Informer(Generic[T]):
     ) -> tuple[str, T] | None:
         """(key, transformed object), or None after logging (once per object version) why
         `transform` or `key` rejected it. `rejected` remembers the versions logged."""
-        identity, version = _identity(obj)
+        identity, version = object_identity(obj)
         try:
             value = self._transform(obj)
             key = self._key(value)
@@ -274,17 +274,6 @@ class Informer(Generic[T]):
         # The handler is the caller's code: log its failure and keep the store going.
         except Exception:
             logger.exception("%s: %s failed for %r", self.name, _callback_name(callback), key)
-
-
-def _identity(obj: Mapping[str, Any]) -> tuple[str, str]:
-    """("namespace/name" or "name", resourceVersion) of a raw object, for log lines."""
-    metadata = obj.get("metadata")
-    if not isinstance(metadata, dict):
-        return "(object without metadata)", ""
-    name, namespace = metadata.get("name"), metadata.get("namespace")
-    identity = f"{namespace}/{name}" if namespace else str(name)
-    version = metadata.get("resourceVersion")
-    return identity, version if isinstance(version, str) else ""
 
 
 def _callback_name(callback: Callable[..., None]) -> str:

@@ -1,4 +1,5 @@
-"""The API's JSON as the adapter returns and sends it: lists, watch events, leases, events.
+"""The API's JSON as the adapter returns and sends it: lists, watch events, leases, events,
+secrets and webhook configurations.
 
 Plain frozen dataclasses instead of the `kubernetes` client's generated models: those cost far
 more per object than the handful of fields we read, and our own decoding turns a malformed body
@@ -9,6 +10,8 @@ whatever the model layer happens to raise. Pods and nodes are read by the one mo
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import time
 from collections.abc import Mapping
@@ -146,9 +149,38 @@ def page(obj: Mapping[str, Any]) -> Page:
     )
 
 
-def pod_list(obj: Mapping[str, Any]) -> list[PodInfo]:
-    """Decode a PodList's items. Raises ValueError (ObjectError) on a wrong shape."""
-    return [read_pod(item) for item in page(obj).items]
+@dataclass(frozen=True, slots=True)
+class PodListing:
+    """A PodList's items: the pods `read_pod` reads, and why each of the others could not be
+    read, by `object_identity` ("namespace/name" -> (resourceVersion, why))."""
+
+    pods: list[PodInfo]
+    unreadable: dict[str, tuple[str, str]]
+
+
+def pod_listing(obj: Mapping[str, Any]) -> PodListing:
+    """Decode a PodList's items; one pod that cannot be read fails none of the others. Raises
+    ValueError when the list itself has a wrong shape."""
+    pods: list[PodInfo] = []
+    unreadable: dict[str, tuple[str, str]] = {}
+    for item in page(obj).items:
+        try:
+            pods.append(read_pod(item))
+        except ValueError as exc:  # ObjectError: a wrong type or a missing name
+            identity, version = object_identity(item)
+            unreadable[identity] = (version, str(exc))
+    return PodListing(pods, unreadable)
+
+
+def object_identity(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """("namespace/name" or "name", resourceVersion) of a raw object, for log lines."""
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, dict):
+        return "(object without metadata)", ""
+    name, namespace = metadata.get("name"), metadata.get("namespace")
+    identity = f"{namespace}/{name}" if namespace else str(name)
+    version = metadata.get("resourceVersion")
+    return identity, version if isinstance(version, str) else ""
 
 
 def lease_record(obj: Mapping[str, Any]) -> LeaseRecord:
@@ -234,3 +266,106 @@ def event_body(
         "lastTimestamp": stamp,
         "count": 1,
     }
+
+
+# --- secrets and webhook configurations (the certificate job) --------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SecretRecord:
+    """A core/v1 Secret: its `data` decoded from base64, its `type` (`Opaque`,
+    `kubernetes.io/tls`...), its labels. `resource_version` is "" for one not yet created."""
+
+    namespace: str
+    name: str
+    type: str
+    data: Mapping[str, bytes]
+    labels: Mapping[str, str]
+    resource_version: str = ""
+
+    def __repr__(self) -> str:  # never print key material
+        keys = ", ".join(sorted(self.data))
+        return f"SecretRecord({self.namespace}/{self.name}, {self.type}, keys: {keys})"
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookConfigurationRecord:
+    """An admissionregistration.k8s.io/v1 Mutating- or ValidatingWebhookConfiguration as the
+    certificate job reads it: each webhook's name and `clientConfig.caBundle` (decoded; b""
+    when unset), in order."""
+
+    name: str
+    ca_bundles: tuple[tuple[str, bytes], ...]
+    resource_version: str
+
+
+def _decode_base64(value: object, what: str) -> bytes:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} should be a base64 string, got {type(value).__name__}")
+    try:
+        return base64.b64decode(value.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError) as exc:
+        raise ValueError(f"{what} is not base64: {exc}") from None
+
+
+def secret_record(obj: Mapping[str, Any]) -> SecretRecord:
+    """Decode a core/v1 Secret. Raises ValueError on a wrong shape or a value not base64."""
+    metadata = _field(obj, "metadata", dict, {})
+    data = _field(obj, "data", dict, {})
+    labels = _field(metadata, "labels", dict, {})
+    return SecretRecord(
+        namespace=_field(metadata, "namespace", str, ""),
+        name=_field(metadata, "name", str, ""),
+        type=_field(obj, "type", str, "Opaque"),
+        data={key: _decode_base64(value, f"data[{key}]") for key, value in data.items()},
+        labels={str(key): str(value) for key, value in labels.items()},
+        resource_version=_field(metadata, "resourceVersion", str, ""),
+    )
+
+
+def secret_body(record: SecretRecord) -> dict[str, Any]:
+    """The Secret as the JSON the API server takes (resourceVersion only when known)."""
+    metadata: dict[str, Any] = {"name": record.name, "namespace": record.namespace}
+    if record.labels:
+        metadata["labels"] = dict(record.labels)
+    if record.resource_version:
+        metadata["resourceVersion"] = record.resource_version
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata,
+        "type": record.type,
+        "data": secret_data(record.data),
+    }
+
+
+def secret_data(data: Mapping[str, bytes | None]) -> dict[str, str | None]:
+    """Secret `data` as the API takes it: each value base64 (None stays null: a merge patch's
+    delete)."""
+    return {
+        key: None if value is None else base64.b64encode(value).decode("ascii")
+        for key, value in data.items()
+    }
+
+
+def webhook_configuration_record(obj: Mapping[str, Any]) -> WebhookConfigurationRecord:
+    """Decode a webhook configuration's names and caBundles. Raises ValueError on a wrong
+    shape."""
+    metadata = _field(obj, "metadata", dict, {})
+    bundles: list[tuple[str, bytes]] = []
+    for index, webhook in enumerate(_field(obj, "webhooks", list, [])):
+        if not isinstance(webhook, dict):
+            raise ValueError(f"webhooks[{index}] should be an object")
+        client_config = _field(webhook, "clientConfig", dict, {})
+        bundle = client_config.get("caBundle")
+        bundles.append(
+            (
+                _field(webhook, "name", str, ""),
+                b"" if bundle is None else _decode_base64(bundle, f"webhooks[{index}].caBundle"),
+            )
+        )
+    return WebhookConfigurationRecord(
+        name=_field(metadata, "name", str, ""),
+        ca_bundles=tuple(bundles),
+        resource_version=_field(metadata, "resourceVersion", str, ""),
+    )

@@ -190,6 +190,39 @@ def test_list_pods_on_empty_node_is_empty(
     assert kube.list_pods_on_node("gpu-1") == []
 
 
+def test_one_unreadable_pod_leaves_the_others_listed_and_is_logged_once_per_version(
+    apiserver: FakeApiServer,
+    kube: KubeClient,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A pod `read_pod` refuses (an env entry without a name) used to fail the whole list,
+    so the device plugin saw none of its node's pods; now it is skipped with one warning per
+    version of it, however often the node is listed."""
+    apiserver.add_pod("good", node_name="gpu-1")
+    bad = make_pod("bad", "ml", node_name="gpu-1")
+    bad["spec"]["containers"][0]["env"] = [{"value": "no name"}]
+    apiserver.add_pod(bad)
+
+    with caplog.at_level(logging.WARNING, logger="hami_plugin.kube.client"):
+        assert [pod.name for pod in kube.list_pods_on_node("gpu-1")] == ["good"]
+        assert [pod.name for pod in kube.list_pods_on_node("gpu-1")] == ["good"]
+        [first] = caplog.records
+        assert "skipping pod ml/bad" in first.getMessage()
+        assert "env[0] must be an object with a name" in first.getMessage()
+
+        apiserver.update_object(
+            "pods", "ml", "bad", lambda pod: pod["metadata"].update(labels={"changed": "yes"})
+        )
+        kube.list_pods_on_node("gpu-1")
+        kube.list_pods_on_node("gpu-1")
+        assert len(caplog.records) == 2  # the new version, once
+
+        apiserver.delete_pod("ml", "bad")
+        assert [pod.name for pod in kube.list_pods_on_node("gpu-1")] == ["good"]
+    assert len(caplog.records) == 2
+    assert kube._unreadable == {}  # only the pods of the latest list are remembered
+
+
 def test_patch_pod_metadata_merges_annotations_and_labels(
     apiserver: FakeApiServer,
     kube: KubeClient,

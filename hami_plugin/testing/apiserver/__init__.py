@@ -1,9 +1,9 @@
 """An HTTP test double of the Kubernetes API server, for the real `kubernetes` client.
 
 Serves a slice of the API over real HTTP/1.1 on 127.0.0.1 (random port), from a
-`ThreadingHTTPServer` in a background thread: Nodes, Pods and Events (core/v1) and Leases
-(coordination.k8s.io/v1) in memory. `python -m hami_plugin.testing.apiserver` serves it in a
-process of its own.
+`ThreadingHTTPServer` in a background thread: Nodes, Pods, Events and Secrets (core/v1), Leases
+(coordination.k8s.io/v1) and MutatingWebhookConfigurations (admissionregistration.k8s.io/v1) in
+memory. `python -m hami_plugin.testing.apiserver` serves it in a process of its own.
 
 What it implements, as the real API server does it, module by module:
 * `store`: one cluster-wide `resourceVersion` counter bumped on every write, and every write
@@ -20,6 +20,9 @@ What it implements, as the real API server does it, module by module:
   merges the Binding's annotations (409 if the pod is already bound or `metadata.uid` names
   another pod, 400 if the Binding's name is not the pod's);
 * `patches`: merge, strategic merge (as a merge patch) and JSON patch; other types answer 415;
+* `validation`: the API server's checks that callers depend on: a Secret's base64 `data`,
+  `stringData` folded in, its `type` defaulted and immutable, a TLS Secret's keys; a webhook
+  configuration's names and base64 `caBundle`;
 * `watch`: WATCH (`?watch=true`) of every collection, cluster-wide or in a namespace, from a
   `resourceVersion` (unset or "0": the current objects first, as ADDED) replayed from the
   history, a version older than it answering HTTP 200 and one ERROR event carrying a 410

@@ -16,11 +16,26 @@ from hami_plugin.testing.apiserver.status import ApiError, not_found
 from hami_plugin.testing.apiserver.store import RESOURCES, ObjectStore
 
 _ROUTES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"/api/v1/(?P<res>nodes|pods|events)"), "collection"),
+    (re.compile(r"/api/v1/(?P<res>nodes|pods|events|secrets)"), "collection"),
     (re.compile(r"/api/v1/(?P<res>nodes)/(?P<name>[^/]+)"), "object"),
-    (re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|events)"), "collection"),
+    (re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|events|secrets)"), "collection"),
     (
-        re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|events)/(?P<name>[^/]+)"),
+        re.compile(
+            r"/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|events|secrets)/(?P<name>[^/]+)"
+        ),
+        "object",
+    ),
+    (
+        re.compile(
+            r"/apis/admissionregistration\.k8s\.io/v1/(?P<res>mutatingwebhookconfigurations)"
+        ),
+        "collection",
+    ),
+    (
+        re.compile(
+            r"/apis/admissionregistration\.k8s\.io/v1/(?P<res>mutatingwebhookconfigurations)"
+            r"/(?P<name>[^/]+)"
+        ),
         "object",
     ),
     (re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/binding"), "binding"),

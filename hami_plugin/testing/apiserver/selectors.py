@@ -38,6 +38,8 @@ FIELD_SELECTORS: dict[str, frozenset[str]] = {
         }
     ),
     "leases": frozenset({"metadata.name", "metadata.namespace"}),
+    "secrets": frozenset({"metadata.name", "metadata.namespace", "type"}),
+    "mutatingwebhookconfigurations": frozenset({"metadata.name"}),
 }
 
 

@@ -210,8 +210,8 @@ class FakeApiServer:
     # --- object helpers -------------------------------------------------------------------
 
     def add_object(self, obj: Mapping[str, Any]) -> JsonObject:
-        """Store a Node, Pod, Event or Lease dict (by `kind`) as if created; returns the stored
-        copy."""
+        """Store a Node, Pod, Event, Lease, Secret or MutatingWebhookConfiguration dict (by
+        `kind`) as if created; returns the stored copy."""
         plural = {r.kind: r.plural for r in RESOURCES.values()}.get(str(obj.get("kind")))
         if plural is None:
             raise ValueError(f"unsupported kind {obj.get('kind')!r}")

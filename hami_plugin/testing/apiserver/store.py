@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from hami_plugin.testing.apiserver.objects import JsonObject
 from hami_plugin.testing.apiserver.selectors import Selector
 from hami_plugin.testing.apiserver.status import ApiError
+from hami_plugin.testing.apiserver.validation import admit
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,13 @@ RESOURCES = {
     "pods": Resource("pods", "Pod", namespaced=True),
     "events": Resource("events", "Event", namespaced=True),
     "leases": Resource("leases", "Lease", namespaced=True, api_version="coordination.k8s.io/v1"),
+    "secrets": Resource("secrets", "Secret", namespaced=True),
+    "mutatingwebhookconfigurations": Resource(
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+        namespaced=False,
+        api_version="admissionregistration.k8s.io/v1",
+    ),
 }
 
 # Continue tokens kept (oldest dropped first; a dropped token answers 410 like an expired one).
@@ -167,7 +175,7 @@ class ObjectStore:
         metadata.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         if plural == "pods":
             obj.setdefault("status", {}).setdefault("phase", "Pending")
-        return self.commit(plural, key, "ADDED", obj)
+        return self.commit(plural, key, "ADDED", admit(plural, obj, None))
 
     def replace(
         self, plural: str, key: tuple[str, str], current: JsonObject, proposed: JsonObject
@@ -183,7 +191,7 @@ class ObjectStore:
             "apiVersion": current["apiVersion"],
             "metadata": metadata,
         }
-        return self.commit(plural, key, "MODIFIED", proposed)
+        return self.commit(plural, key, "MODIFIED", admit(plural, proposed, current))
 
     def commit(
         self, plural: str, key: tuple[str, str], change: str, obj: JsonObject | None

@@ -1,0 +1,48 @@
+"""The booking key file `hami certs` keeps in its Secret (`keys`): one key per line, the
+signing key first (`hami_plugin.protocol.booking.parse_booking_keys` reads it). A new key is
+32 random bytes in standard base64, one line of 44 characters. Pure apart from the randomness.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+
+from hami_plugin.protocol.booking import parse_booking_keys
+
+__all__ = ["KEY_BYTES", "MAX_KEYS", "key_file", "new_key", "read_key_lines", "rotated"]
+
+KEY_BYTES = 32
+MAX_KEYS = 3
+"""How many keys a rotation leaves: the new one and the two before it."""
+
+
+def new_key() -> str:
+    """A fresh key line: `KEY_BYTES` random bytes, standard base64."""
+    return base64.b64encode(secrets.token_bytes(KEY_BYTES)).decode("ascii")
+
+
+def read_key_lines(data: bytes) -> list[str]:
+    """The key lines of a key file, in order (blank and `#` lines left out). Raises ValueError
+    with the reason when the file is not UTF-8 or the daemons could not use it."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"not UTF-8: {error}") from None
+    parse_booking_keys(text.splitlines())
+    return [
+        line.strip()
+        for line in text.splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
+
+
+def rotated(lines: list[str], key: str) -> list[str]:
+    """`key` first, then the keys of `lines` (without `key`), `MAX_KEYS` in all: the daemons
+    sign with the first key and accept any."""
+    return [key, *(line for line in lines if line != key)][:MAX_KEYS]
+
+
+def key_file(lines: list[str]) -> bytes:
+    """The file's bytes: one key per line."""
+    return "".join(f"{line}\n" for line in lines).encode("utf-8")
