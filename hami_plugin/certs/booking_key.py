@@ -10,11 +10,19 @@ import secrets
 
 from hami_plugin.protocol.booking import parse_booking_keys
 
-__all__ = ["KEY_BYTES", "MAX_KEYS", "key_file", "new_key", "read_key_lines", "rotated"]
+__all__ = [
+    "KEY_BYTES",
+    "MAX_KEYS",
+    "key_file",
+    "new_key",
+    "promoted",
+    "read_key_lines",
+    "staged",
+]
 
 KEY_BYTES = 32
 MAX_KEYS = 3
-"""How many keys a rotation leaves: the new one and the two before it."""
+"""How many keys a rotation leaves: the signing key, the new one and one older key."""
 
 
 def new_key() -> str:
@@ -37,10 +45,20 @@ def read_key_lines(data: bytes) -> list[str]:
     ]
 
 
-def rotated(lines: list[str], key: str) -> list[str]:
-    """`key` first, then the keys of `lines` (without `key`), `MAX_KEYS` in all: the daemons
-    sign with the first key and accept any."""
-    return [key, *(line for line in lines if line != key)][:MAX_KEYS]
+def staged(lines: list[str], key: str) -> list[str]:
+    """Step 1 of a rotation: `key` second, after the signing key, then the older keys,
+    `MAX_KEYS` in all (the oldest goes). Every daemon accepts `key` once it has read the file;
+    nothing is signed with it yet."""
+    rest = [line for line in lines if line != key]
+    return [*rest[:1], key, *rest[1:]][:MAX_KEYS]
+
+
+def promoted(lines: list[str]) -> list[str]:
+    """Step 2: the second key signs from now on (the first two swapped). Unchanged with fewer
+    than two keys."""
+    if len(lines) < 2:
+        return list(lines)
+    return [lines[1], lines[0], *lines[2:]]
 
 
 def key_file(lines: list[str]) -> bytes:

@@ -119,8 +119,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--rotate-booking-key",
         default="false",
-        help="put a new booking key first, keep the older ones after it (three in "
-        "all); the daemons sign with the first key and accept any",
+        help="rotation step 1: add a new booking key second, after the signing key (three "
+        "keys at most, the oldest goes); the daemons sign with the first key and accept any",
+    )
+    add_bool_flag(
+        parser,
+        "--promote-booking-key",
+        default="false",
+        help="rotation step 2, once every pod mounts the new key: the second key signs",
     )
     parser.add_argument(
         "--log-level",
@@ -161,6 +167,7 @@ def settings_from(args: argparse.Namespace) -> CertsSettings:
             webhook_configuration=args.webhook_configuration,
             client_common_name=args.client_common_name,
             rotate_booking_key=boolean("--rotate-booking-key"),
+            promote_booking_key=boolean("--promote-booking-key"),
             require_webhook_configuration=boolean("--require-webhook-configuration"),
         )
     except ValueError as error:

@@ -20,10 +20,10 @@ The rules, in order:
    (`issue.trust_bundle`): the CA, and a CA it replaced because that one was expiring, until
    it expires. A leaf that stays gets only its `ca.crt` rewritten when that differs.
 4. The booking key is made when its Secret is missing or unreadable, and otherwise changes
-   only when asked (`rotate_booking_key`: a new key first, the older ones after it, three at
-   most). It is never rotated on a schedule: the scheduler signs with the new key as soon as
-   it reads the updated Secret, and a device plugin that has not read it yet refuses those
-   bookings until it does.
+   only when asked, in two runs so that no daemon ever meets a signature it cannot verify:
+   `rotate_booking_key` adds a new key second (accepted everywhere once the mounted Secret is
+   updated, signing nothing yet), `promote_booking_key` later makes the second key the signing
+   one; three keys at most. It is never rotated on a schedule.
 
 Everything valid: no change at all, so running the job again writes nothing.
 """
@@ -223,10 +223,17 @@ def _booking_change(
             why = f"booking keys unreadable ({error}): one new key"
             lines = [booking_key.new_key()]
         else:
-            if not settings.rotate_booking_key:
+            if settings.rotate_booking_key:
+                lines = booking_key.staged(current, booking_key.new_key())
+                why = (
+                    "booking key rotation, step 1: a new key second (accepted, not signing "
+                    "yet); run again with --promote-booking-key once every pod mounts it"
+                )
+            elif settings.promote_booking_key and len(current) > 1:
+                lines = booking_key.promoted(current)
+                why = "booking key rotation, step 2: the second key signs from now on"
+            else:
                 return None
-            lines = booking_key.rotated(current, booking_key.new_key())
-            why = f"booking key rotated: a new signing key, {len(lines) - 1} older key(s) kept"
     return SecretChange(name, OPAQUE, {BOOKING_KEYS: booking_key.key_file(lines)}, why)
 
 

@@ -49,6 +49,9 @@ class CertsSettings:
     """Empty: leave every webhook configuration alone."""
     client_common_name: str = "hami-kube-scheduler"
     rotate_booking_key: bool = False
+    """Add a new booking key second (step 1 of a rotation)."""
+    promote_booking_key: bool = False
+    """Make the second booking key the signing one (step 2)."""
     require_webhook_configuration: bool = False
     """A missing webhook configuration fails the run (after the Secrets are written), so that
     a Job applied together with it is retried until it exists."""
@@ -62,6 +65,11 @@ class CertsSettings:
                     f"{flag} ({validity}) must be longer than --renew-before "
                     f"({self.renew_before}): every run would issue again"
                 )
+        if self.rotate_booking_key and self.promote_booking_key:
+            raise ValueError(
+                "--rotate-booking-key and --promote-booking-key are two steps: run them apart, "
+                "with time between for every pod to read the new key"
+            )
         names = [self.ca_secret, self.tls_secret, self.client_secret, self.booking_key_secret]
         if len(set(names)) != len(names) or not all(names):
             raise ValueError(f"the four Secret names must be set and differ, got {names}")

@@ -197,7 +197,7 @@ def test_a_corrupt_secret_is_made_again(
     assert writes(apiserver) == []
 
 
-def test_rotate_booking_key_prepends_and_keeps_three(
+def test_rotate_then_promote_booking_key_keeps_three(
     apiserver: FakeApiServer, kubeconfig_path: Path
 ) -> None:
     assert certs(kubeconfig_path) == 0
@@ -207,12 +207,18 @@ def test_rotate_booking_key_prepends_and_keeps_three(
     for _ in range(3):
         assert certs(kubeconfig_path, "--rotate-booking-key") == 0
         history.append(secret_data(apiserver, BOOKING)["keys"].decode().split())
+        assert certs(kubeconfig_path, "--promote-booking-key") == 0
+        history.append(secret_data(apiserver, BOOKING)["keys"].decode().split())
 
-    assert [len(keys) for keys in history] == [1, 2, 3, 3]
-    for before, after in itertools.pairwise(history):
-        assert after[1:] == before[:2]
-        assert after[0] not in before
+    assert [len(keys) for keys in history] == [1, 2, 2, 3, 3, 3, 3]
+    for index, (before, after) in enumerate(itertools.pairwise(history)):
+        if index % 2 == 0:  # rotate: the signing key stays, a new one comes second
+            assert after[0] == before[0] and after[1] not in before
+        else:  # promote: the new key signs, the previous signing key is still accepted
+            assert after[:2] == [before[1], before[0]] and after[2:] == before[2:]
     assert serials(apiserver) == certificates_before
+    # both steps in one run are a usage error
+    assert certs(kubeconfig_path, "--rotate-booking-key", "--promote-booking-key") == 2
 
 
 def test_an_existing_opaque_secret_keeps_its_type_and_other_keys(

@@ -207,23 +207,36 @@ def test_a_stale_ca_crt_alone_is_rewritten() -> None:
     assert set(result.changes[0].data) == {CA_CERT}
 
 
-def test_the_booking_key_is_rotated_only_when_asked_and_keeps_two_older_keys() -> None:
+def test_the_booking_key_rotates_in_two_asked_steps_and_keeps_three_keys() -> None:
     observed = installed()
     first = (observed.booking_key or {})[BOOKING_KEYS].decode().split()
     rotate = replace(SETTINGS, rotate_booking_key=True)
+    promote = replace(SETTINGS, promote_booking_key=True)
+
+    def step(settings: CertsSettings, keys: list[str]) -> list[str]:
+        result = plan(
+            settings, replace(observed, booking_key={BOOKING_KEYS: booking_key.key_file(keys)}), NOW
+        )
+        assert names(result) == [BOOKING]
+        return result.changes[0].data[BOOKING_KEYS].decode().split()
 
     keys: list[str] = first
     for _ in range(3):
-        result = plan(
-            rotate, replace(observed, booking_key={BOOKING_KEYS: booking_key.key_file(keys)}), NOW
-        )
-        assert names(result) == [BOOKING]
-        rotated = result.changes[0].data[BOOKING_KEYS].decode().split()
-        assert rotated[1:] == keys[:2] and rotated[0] not in keys
-        keys = rotated
+        staged = step(rotate, keys)
+        # step 1: the signing key stays first, the new one is accepted second
+        assert staged[0] == keys[0] and staged[1] not in keys
+        assert staged[2:] == keys[1:2]
+        promoted = step(promote, staged)
+        # step 2: the new key signs, the old one is still accepted
+        assert promoted[:2] == [staged[1], staged[0]] and promoted[2:] == staged[2:]
+        keys = promoted
 
     assert len(keys) == 3
     assert len(parse_booking_keys(keys).keys) == 3
+    # a lone key has nothing to promote; both steps at once are refused
+    assert plan(promote, observed, NOW).writes_nothing
+    with pytest.raises(ValueError, match="two steps"):
+        replace(SETTINGS, rotate_booking_key=True, promote_booking_key=True)
     assert plan(SETTINGS, installed(), NOW).writes_nothing
 
 
