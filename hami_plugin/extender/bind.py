@@ -2,6 +2,9 @@
 
 Steps for `ExtenderBindingArgs{PodName, PodNamespace, PodUID, Node}`:
 
+0. The arguments: the namespace a DNS-1123 label, the pod and node names DNS-1123 subdomains
+   (`protocol.names`, as the API server requires; they go into API paths), the UID given.
+   Anything else is answered with the reason and no API call.
 1. The pod: from the watch's store, else one GET (a LIST by name, so the full pod comes back).
    A pod already bound to that node answers success (a retried bind); bound elsewhere, being
    deleted, or another pod of that name (UID differs): Error.
@@ -18,7 +21,8 @@ Steps for `ExtenderBindingArgs{PodName, PodNamespace, PodUID, Node}`:
    Both waits end after `--node-lock-retry-timeout` (28 s, below kube-scheduler's 30 s).
 4. ONE pod merge patch with the pod's resourceVersion as precondition: `hami.io/vgpu-node`,
    `hami.io/vgpu-time`, `hami.io/vgpu-devices-to-allocate`, `hami.io/vgpu-devices-allocated`,
-   `hami.io/bind-phase: allocating`, `hami.io/bind-time` and the label `hami.io/vgpu-node`
+   `hami.io/bind-phase: allocating`, `hami.io/bind-time`, with a booking key
+   `hami-plugin.io/booking-signature` (`protocol.booking`), and the label `hami.io/vgpu-node`
    (a Conflict re-reads the pod and tries once more). The device plugin finds all of it before
    kubelet can call Allocate, which only happens after step 5.
 5. The Binding (`pods/<name>/binding`, with the pod's UID as precondition).
@@ -49,6 +53,8 @@ from hami_plugin.extender.filtering import annotation_error_message
 from hami_plugin.extender.state import SchedulerState
 from hami_plugin.kube.api import BindApi
 from hami_plugin.kube.errors import Conflict, KubeError, NotFound
+from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE
+from hami_plugin.protocol.govalues import go_quote
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -60,6 +66,7 @@ from hami_plugin.protocol.model import (
     LABEL_VGPU_NODE,
     BindPhase,
 )
+from hami_plugin.protocol.names import dns1123_label_problem, dns1123_subdomain_problem
 from hami_plugin.protocol.nodelock import (
     LockAction,
     decide_lock,
@@ -69,7 +76,7 @@ from hami_plugin.protocol.nodelock import (
 from hami_plugin.protocol.objects import ObjectError, PodInfo, read_pod
 from hami_plugin.scheduler.fit import render_failure
 
-__all__ = ["Binder", "refusal_message", "release_node_lock"]
+__all__ = ["Binder", "binding_args_problem", "refusal_message", "release_node_lock"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +96,23 @@ def refusal_message(refusal: BindRefusal) -> str:
         return annotation_error_message(refusal.annotation_error, refusal.pod)
     why = render_failure(refusal.failure) if refusal.failure is not None else "does not fit"
     return f"pod {refusal.pod.key} does not fit on node {refusal.node}: {why}"
+
+
+def binding_args_problem(namespace: str, name: str, uid: str, node: str) -> str | None:
+    """None when the /bind arguments can be acted on, else the answer's `Error`: the names
+    must be what the API server accepts (they go into API paths as they are), the UID given
+    (the Binding's precondition: without it a recreated pod of that name would be bound)."""
+    for field, value, problem in (
+        ("PodNamespace", namespace, dns1123_label_problem),
+        ("PodName", name, dns1123_subdomain_problem),
+        ("Node", node, dns1123_subdomain_problem),
+    ):
+        why = problem(value)
+        if why is not None:
+            return f"invalid {field} {go_quote(value)}: {why}"
+    if not uid:
+        return "invalid PodUID: required"
+    return None
 
 
 def fetch_pod(api: BindApi, namespace: str, name: str) -> PodInfo | None:
@@ -174,6 +198,10 @@ class Binder:
         started = self._clock.monotonic()
         error = ""
         try:
+            error = binding_args_problem(namespace, name, uid, node) or ""
+            if error:
+                logger.warning("bind refused: %s", error)
+                return error
             error = self._bind(namespace, name, uid, node, started)
         finally:
             self._state.observer.bind_done(self._clock.monotonic() - started, not error)
@@ -398,6 +426,8 @@ class Binder:
             ANNOTATION_BIND_TIME: None,
             ANNOTATION_BIND_PHASE: BindPhase.FAILED.value,
         }
+        if ANNOTATION_BOOKING_SIGNATURE in plan.annotations:
+            revert[ANNOTATION_BOOKING_SIGNATURE] = None
         version = patched.resource_version or None
         for _ in range(_CONFLICT_RETRIES):
             try:

@@ -22,7 +22,15 @@ from collections.abc import Callable, ItemsView
 from dataclasses import dataclass
 
 from hami_plugin.protocol import inflight
+from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE
 from hami_plugin.protocol.codec import AnnotationError
+from hami_plugin.protocol.model import (
+    ANNOTATION_BIND_PHASE,
+    ANNOTATION_BIND_TIME,
+    ANNOTATION_DEVICES_ALLOCATED,
+    ANNOTATION_VGPU_NODE,
+    BindPhase,
+)
 from hami_plugin.protocol.objects import PodInfo
 from hami_plugin.scheduler.filter import FilterResult
 from hami_plugin.scheduler.fit import FitFailure
@@ -49,12 +57,35 @@ class Booking:
     """Monotonic time a FILTERED booking is freed."""
     bind_time: str = ""
     """`hami.io/bind-time` of the bind patch (BINDING/BOUND), to recognise its watch event."""
+    signature: str = ""
+    """The patch's `hami-plugin.io/booking-signature` (with a booking key), for the same."""
     seen: bool = False
     """The watch has shown this pod (this UID). Until then, events of another UID under the
     same name are a predecessor's, still being delivered, not a sign the booking is stale."""
     token: int = 0
     """Stays the same through `replace`: the expiry queue and the relist check recognise a
     booking by it."""
+
+    def shown_by(self, info: PodInfo) -> bool:
+        """Does this pod event show the booking itself (the bind patch reached the watch)?
+        Its devices and signature too: an author who writes the bind's node and time first
+        does not end the booking before the patch lands."""
+        annotations = info.annotations
+        if self.phase is BookingPhase.FILTERED:
+            return False
+        if self.phase is BookingPhase.BOUND and info.node_name:
+            return True  # the Binding came after our patch
+        return (
+            annotations.get(ANNOTATION_BIND_TIME) == self.bind_time
+            and annotations.get(ANNOTATION_VGPU_NODE) == self.node
+            and annotations.get(ANNOTATION_DEVICES_ALLOCATED)
+            == self.result.annotations.get(ANNOTATION_DEVICES_ALLOCATED)
+            and (
+                not self.signature
+                or annotations.get(ANNOTATION_BOOKING_SIGNATURE) == self.signature
+            )
+            and annotations.get(ANNOTATION_BIND_PHASE) != BindPhase.FAILED
+        )
 
 
 class Bookings:

@@ -18,7 +18,12 @@ HTTP calls, `SchedulerState` holds, and delegates to:
   loop;
 * a condition variable on the same lock, notified when an in-flight pod starts, finishes or
   vanishes and when a node lock changes, which waiting binds sleep on;
-* the `FitCache` of the decisions.
+* the `FitCache` of the decisions;
+* what it trusts of each pod's booking (`hami_plugin.extender.booking_trust`): with a booking
+  key (`booking_keys`) a pod event enters the ledger and the in-flight view only as
+  `BookingTrust.counted` hands it on, without its booking when that does not verify, so a
+  forged booking neither fills a node nor blocks a bind; binds are signed there. Without a key
+  every booking counts, as in HAMi.
 
 Filter answers are rendered by `hami_plugin.extender.filtering`. Nothing here does I/O: callers
 never hold the lock across an API call. Observer calls are made after the lock is released.
@@ -29,13 +34,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from hami_plugin.clock import Clock, SystemClock
+from hami_plugin.extender.booking_trust import BookingTrust
 from hami_plugin.extender.bookings import (
     BindPlan,
     BindRefusal,
@@ -52,6 +58,7 @@ from hami_plugin.extender.inflight_tracker import (
 from hami_plugin.extender.nodes import LockRelease, NodeRegistry
 from hami_plugin.extender.observer import NullObserver, SchedulerObserver
 from hami_plugin.protocol import inflight
+from hami_plugin.protocol.booking import BookingKeys
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -108,7 +115,9 @@ class SchedulerState:
     """Ledger, bookings, in-flight pods and locks of the scheduler daemon; thread-safe.
 
     `health` decides whether a node's GPUs may be scheduled (default: a fresh
-    `NodeHealthTracker`); `node_selector` is the parsed `--node-label-selector`.
+    `NodeHealthTracker`); `node_selector` is the parsed `--node-label-selector`;
+    `booking_keys` gives the current booking keys (`--booking-key-file`; None: trust every
+    booking, as HAMi does).
     """
 
     def __init__(
@@ -120,6 +129,7 @@ class SchedulerState:
         observer: SchedulerObserver | None = None,
         clock: Clock | None = None,
         health: NodeHealthTracker | None = None,
+        booking_keys: Callable[[], BookingKeys] | None = None,
     ) -> None:
         self.settings = settings
         self.booking_ttl_seconds = booking_ttl_seconds
@@ -140,6 +150,7 @@ class SchedulerState:
         self._in_flight = InFlightTracker()
         self._nodes = NodeRegistry(self.ledger, health or NodeHealthTracker(), node_selector or {})
         self._pods: dict[str, PodInfo] = {}
+        self._trust = BookingTrust(settings, booking_keys)
         self._lock_releases: dict[tuple[str, str], LockRelease] = {}  # by (node, pod key)
 
     # --- reading ------------------------------------------------------------------------------
@@ -245,8 +256,9 @@ class SchedulerState:
 
     def _pod_changed(self, info: PodInfo) -> None:
         key = info.key
+        counted = self._trust.counted(info)
         booking = self._bookings.get(key)
-        phase = info.annotations.get(ANNOTATION_BIND_PHASE)
+        phase = counted.annotations.get(ANNOTATION_BIND_PHASE)
         if booking is not None and booking.uid and info.uid:
             if booking.uid != info.uid:
                 if booking.seen:
@@ -255,38 +267,24 @@ class SchedulerState:
                     booking = None
                 else:
                     # the predecessor's event, delivered late: the booking stands
-                    self._watch_in_flight(info, drop_own=False)
-                    self._in_flight.update_allocating(info, phase, self.clock.monotonic())
+                    self._watch_in_flight(counted, drop_own=False)
+                    self._in_flight.update_allocating(counted, phase, self.clock.monotonic())
                     return
             elif not booking.seen:
                 booking = replace(booking, seen=True)
                 self._bookings.put(booking)
-        retired = booking is not None and (info.finished or self._retires(booking, info))
+        retired = booking is not None and (info.finished or booking.shown_by(info))
         if booking is not None and not retired:
             if booking.phase is BookingPhase.FILTERED and (info.node_name or info.deleting):
                 self._drop_booking(key)  # bound by someone else, or going away
         else:
             if booking is not None:
                 self._bookings.pop(key)  # the pod's own annotations take over
-            self._track_from_annotations(info)
+            self._track_from_annotations(counted)
         # this process's in-flight entry is superseded once the watch shows the patched pod
         drop_own = retired or info.finished or info.deleting or bool(info.node_name)
-        self._watch_in_flight(info, drop_own)
-        self._in_flight.update_allocating(info, phase, self.clock.monotonic())
-
-    @staticmethod
-    def _retires(booking: Booking, info: PodInfo) -> bool:
-        """Does this pod event show the booking itself (the bind patch reached the watch)?"""
-        annotations = info.annotations
-        if booking.phase is BookingPhase.FILTERED:
-            return False
-        if booking.phase is BookingPhase.BOUND and info.node_name:
-            return True  # the Binding came after our patch
-        return (
-            annotations.get(ANNOTATION_BIND_TIME) == booking.bind_time
-            and annotations.get(ANNOTATION_VGPU_NODE) == booking.node
-            and annotations.get(ANNOTATION_BIND_PHASE) != BindPhase.FAILED
-        )
+        self._watch_in_flight(counted, drop_own)
+        self._in_flight.update_allocating(counted, phase, self.clock.monotonic())
 
     def _track_from_annotations(self, info: PodInfo) -> None:
         """Count what the pod's own annotations book, except for a pod whose bind failed while
@@ -312,6 +310,7 @@ class SchedulerState:
             last = self._pods.get(key, info)
             if same_pod(last.uid, info.uid):
                 self._pods.pop(key, None)
+            self._trust.pod_deleted(key, info.uid)
             self._in_flight.forget_watched(key)
             self._in_flight.forget_allocating(key, info.uid)
             booking = self._bookings.get(key)
@@ -408,7 +407,8 @@ class SchedulerState:
         self.ledger.untrack(key)
         pod = self._pods.get(key)
         if pod is not None:
-            self._track_from_annotations(pod)  # they count again (if they book anything)
+            # they count again (if they book anything and, with a key, are trusted)
+            self._track_from_annotations(self._trust.last_counted(pod))
 
     def _drop_own_in_flight(self, key: str) -> None:
         if self._in_flight.drop_own(key):
@@ -509,17 +509,20 @@ class SchedulerState:
                     pod.key, pod.uid, node, result, seen=self._watched(pod.key, pod.uid)
                 )
             bind_time = str(int(now.timestamp()))
+            uid = pod.uid or booking.uid
+            annotations = dict(booking.result.annotations)
+            annotations[ANNOTATION_BIND_PHASE] = BindPhase.ALLOCATING.value
+            annotations[ANNOTATION_BIND_TIME] = bind_time
+            signature = self._trust.sign(pod.key, uid, node, annotations)
             self._bookings.put(
                 replace(
                     booking,
                     phase=BookingPhase.BINDING,
                     bind_time=bind_time,
-                    uid=pod.uid or booking.uid,
+                    uid=uid,
+                    signature=signature,
                 )
             )
-            annotations = dict(booking.result.annotations)
-            annotations[ANNOTATION_BIND_PHASE] = BindPhase.ALLOCATING.value
-            annotations[ANNOTATION_BIND_TIME] = bind_time
             protocol = self._nodes.speaks_allocate_protocol(node)
             entry = None
             if protocol:
@@ -584,8 +587,11 @@ class SchedulerState:
                 self.changed.notify_all()
 
     def bind_failed(self, plan: BindPlan) -> None:
-        """Roll back in memory: the booking is freed, the pod no longer counts in flight."""
+        """Roll back in memory: the booking is freed, the pod no longer counts in flight, the
+        signed booking is no longer this process's own (should the revert not have reached
+        the pod, its events are verified again)."""
         with self._lock:
+            self._trust.bind_failed(plan.pod.key, plan.annotations)
             self._drop_booking(plan.pod.key)
             self._in_flight.drop_own(plan.pod.key)
             self.changed.notify_all()

@@ -4,7 +4,7 @@ HAMi's annotations (`hami.io/vgpu-node`, `hami.io/vgpu-devices-to-allocate`,
 `hami.io/bind-phase`, ...) are plain pod metadata: anyone who may create or update a pod can
 write them. With a booking key shared by the scheduler and the device plugins, the scheduler
 adds `hami-plugin.io/booking-signature` when it binds, and both daemons act only on bookings
-whose signature verifies (docs/design.md 7).
+whose signature verifies (docs/design.md 8).
 
 What is signed (`BookingFields`): the pod's UID (chosen by the API server, so a signature
 cannot be copied to another pod), the node the booking names (`hami.io/vgpu-node`), the devices

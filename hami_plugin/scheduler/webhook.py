@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from decimal import ROUND_UP
 from typing import Any
 
+from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -87,6 +88,7 @@ SCHEDULER_OWNED_ANNOTATIONS = (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
     ANNOTATION_VGPU_MIG_ALLOCATIONS,
+    ANNOTATION_BOOKING_SIGNATURE,
 )
 """Written only by the scheduler (and the device plugin after it): removed at admission."""
 SCHEDULER_OWNED_LABELS = (LABEL_VGPU_NODE,)

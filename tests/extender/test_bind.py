@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from hami_plugin.extender.bookings import BookingPhase
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.retry import RetryPolicy
+from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -26,6 +28,7 @@ from hami_plugin.protocol.model import (
 from hami_plugin.testing.apiserver import FakeApiServer
 from tests.extender.cluster import Scheduler, running_scheduler
 from tests.extender.helpers import gpu_node, gpu_pod
+from tests.extender.signing import KEYS, write_key_file
 from tests.processes import wait_until
 
 POD_PATH = "/api/v1/namespaces/default/pods/{}"
@@ -384,3 +387,71 @@ def test_protocol_burst_keeps_several_pods_in_flight(apiserver: FakeApiServer) -
         waiter.join(30)
         assert result == [""]
         assert scheduler.observer.named("bind_waited")
+
+
+# --- the arguments, checked before any API call -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        ({"PodNamespace": "a/b"}, 'invalid PodNamespace "a/b": must be a DNS-1123 label'),
+        ({"PodNamespace": "../kube-system"}, 'invalid PodNamespace "../kube-system": must be'),
+        (
+            {"PodNamespace": "a" * 64},
+            f'invalid PodNamespace "{"a" * 64}": must be a DNS-1123 label of no more than 63 '
+            "characters",
+        ),
+        ({"PodNamespace": ""}, 'invalid PodNamespace "": must be a DNS-1123 label'),
+        ({"PodName": "a/binding"}, 'invalid PodName "a/binding": must be a DNS-1123 subdomain'),
+        ({"PodName": "A"}, 'invalid PodName "A": must be a DNS-1123 subdomain'),
+        ({"PodName": "a?watch=1"}, 'invalid PodName "a?watch=1"'),
+        ({"Node": "n1/status"}, 'invalid Node "n1/status": must be a DNS-1123 subdomain'),
+        ({"Node": ""}, 'invalid Node "": must be a DNS-1123 subdomain'),
+        ({"PodUID": ""}, "invalid PodUID: required"),
+    ],
+)
+def test_bind_arguments_are_checked_before_any_api_call(
+    apiserver: FakeApiServer, args: dict[str, str], error: str
+) -> None:
+    apiserver.add_object(gpu_node("n1", 1))
+    pod = stored_pod(apiserver, "a")
+    with running_scheduler(apiserver) as scheduler:
+        scheduler.sees_pod("default", "a", lambda p: True)
+        apiserver.clear_requests()
+        body = {
+            "PodName": "a",
+            "PodNamespace": "default",
+            "PodUID": pod["metadata"]["uid"],
+            "Node": "n1",
+            **args,
+        }
+        status, result = scheduler.post("/bind", body)
+        assert status == 200
+        assert result["Error"].startswith(error)
+        assert scheduler.observer.named("bind_done") == [False]
+        # no pod read, patch, Binding or event: nothing under a namespace was asked for
+        assert apiserver.requests_matching(path="/api/v1/namespaces/.*") == []
+        assert scheduler.state.bookings() == {}
+        # the same call with good arguments binds
+        assert scheduler.bind(pod, "n1") == ""
+
+
+def test_a_signed_bind_that_fails_removes_its_signature(
+    apiserver: FakeApiServer, tmp_path: Path
+) -> None:
+    apiserver.add_object(gpu_node("n1", 1, split=1))
+    pod = stored_pod(apiserver, "a")
+    key_file = str(write_key_file(tmp_path / "keys"))
+    with running_scheduler(apiserver, booking_key_file=key_file) as scheduler:
+        scheduler.filter(pod, ["n1"])
+        apiserver.inject_fault("POST", BINDING_PATH.format("a"), times=None, status=500)
+        assert "HTTP 500" in scheduler.bind(pod, "n1")
+        patch = apiserver.requests_matching("PATCH", POD_PATH.format("a"))[0].json()
+        assert ANNOTATION_BOOKING_SIGNATURE in patch["metadata"]["annotations"]
+        kept = pod_annotations(apiserver, "a")
+        assert ANNOTATION_BOOKING_SIGNATURE not in kept
+        assert not set(BOOKING_KEYS) & set(kept)
+        apiserver.clear_faults()
+        assert scheduler.schedule(pod, ["n1"]) == "n1"
+        assert KEYS.verify_pod(pod["metadata"]["uid"], pod_annotations(apiserver, "a"))

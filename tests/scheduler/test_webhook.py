@@ -383,6 +383,7 @@ FORGED = {
     "hami.io/bind-phase": "allocating",
     "hami.io/bind-time": "1705054796",
     "hami.io/vgpu-mig-allocations": "[]",
+    "hami-plugin.io/booking-signature": "v1:" + "A" * 43 + "=",
 }
 
 

@@ -1,0 +1,67 @@
+"""Booking keys and signed pods for the tests of a scheduler run with `--booking-key-file`."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hami_plugin.protocol.booking import (
+    ANNOTATION_BOOKING_SIGNATURE,
+    BookingKeys,
+    booking_fields,
+)
+from hami_plugin.protocol.codec import encode_pod_devices
+from hami_plugin.protocol.model import (
+    ANNOTATION_BIND_PHASE,
+    ANNOTATION_BIND_TIME,
+    ANNOTATION_DEVICES_ALLOCATED,
+    ANNOTATION_DEVICES_TO_ALLOCATE,
+    ANNOTATION_VGPU_NODE,
+    ANNOTATION_VGPU_TIME,
+    ContainerDevice,
+)
+
+KEY = "scheduler-test-booking-key-0123456789"
+KEYS = BookingKeys((KEY.encode(),))
+OTHER_KEYS = BookingKeys((b"a-key-the-scheduler-does-not-have",))
+BIND_TIME = "1767268800"
+
+
+def write_key_file(path: Path, *keys: str) -> Path:
+    path.write_text("# booking keys, the signing one first\n" + "\n".join(keys or (KEY,)) + "\n")
+    return path
+
+
+def booking(
+    node: str,
+    gpus: Sequence[tuple[str, int, int]],
+    *,
+    phase: str = "allocating",
+    bind_time: str = BIND_TIME,
+) -> dict[str, str]:
+    """The annotations a bind writes for one container on `gpus` ((uuid, MiB, cores) each)."""
+    devices = encode_pod_devices(
+        (tuple(ContainerDevice(uuid, "NVIDIA", memory, cores) for uuid, memory, cores in gpus),)
+    )
+    return {
+        ANNOTATION_VGPU_NODE: node,
+        ANNOTATION_VGPU_TIME: bind_time,
+        ANNOTATION_DEVICES_TO_ALLOCATE: devices,
+        ANNOTATION_DEVICES_ALLOCATED: devices,
+        ANNOTATION_BIND_PHASE: phase,
+        ANNOTATION_BIND_TIME: bind_time,
+    }
+
+
+def signed(pod: dict[str, Any], keys: BookingKeys = KEYS, uid: str | None = None) -> dict[str, Any]:
+    """A copy of `pod` whose booking annotations carry the signature a bind by a scheduler
+    holding `keys` writes (for the pod's own UID unless `uid` is given)."""
+    pod = copy.deepcopy(pod)
+    metadata = pod["metadata"]
+    annotations = metadata.setdefault("annotations", {})
+    fields = booking_fields(uid or metadata["uid"], annotations)
+    assert fields is not None, annotations
+    annotations[ANNOTATION_BOOKING_SIGNATURE] = keys.sign(fields)
+    return pod
