@@ -36,7 +36,7 @@ from hami_plugin.extender.settings import (
 if TYPE_CHECKING:
     from hami_plugin.clock import Clock
     from hami_plugin.extender.events import EventRecorder
-    from hami_plugin.extender.http import ExtenderServer
+    from hami_plugin.extender.httpserver import ExtenderServer
     from hami_plugin.extender.observer import SchedulerObserver
     from hami_plugin.extender.state import SchedulerState
     from hami_plugin.kube.client import KubeClient
@@ -108,6 +108,7 @@ class SchedulerDaemon:
         watch_timeout_seconds: int = 300,
     ) -> None:
         from hami_plugin.clock import SystemClock
+        from hami_plugin.config.keys import BookingKeyFile
         from hami_plugin.extender.state import SchedulerState
 
         self.config = config
@@ -118,17 +119,31 @@ class SchedulerDaemon:
         self._recovery_interval = recovery_interval_seconds
         self._watch_timeout = watch_timeout_seconds
         self._election_clock = election_clock
+        clock = clock or SystemClock()
+        # raises ConfigError when the file is no longer usable (resolve_config read it)
+        keys = (
+            BookingKeyFile(config.booking_key_file, clock=clock)
+            if config.booking_key_file
+            else None
+        )
         self.state: SchedulerState = SchedulerState(
             config.settings,
             booking_ttl_seconds=config.filter_booking_ttl_seconds,
             node_selector=config.node_label_selector,
-            clock=clock or SystemClock(),
+            clock=clock,
+            booking_keys=keys.keys if keys is not None else None,
         )
+        if keys is None:
+            logger.warning(
+                "no --booking-key-file: pod annotations are trusted as HAMi does; any pod "
+                "author can book GPUs"
+            )
         self._stop = threading.Event()
         self._stopped = threading.Event()
         self._start_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._server: ExtenderServer | None = None
+        self._webhook_server: ExtenderServer | None = None
         self._events: EventRecorder | None = None
         self._elector: Elector | None = None
         self._metrics_server: Any = None
@@ -147,6 +162,14 @@ class SchedulerDaemon:
         if self._server is None:
             raise RuntimeError("the scheduler daemon is not started")
         return self._server.port
+
+    @property
+    def webhook_port(self) -> int:
+        """The webhook listener's port (`--webhook-bind`). Raises before `start()` or without
+        a webhook listener."""
+        if self._webhook_server is None:
+            raise RuntimeError("the scheduler daemon serves no webhook listener")
+        return self._webhook_server.port
 
     @property
     def url(self) -> str:
@@ -181,8 +204,10 @@ class SchedulerDaemon:
         when the metrics endpoint cannot start."""
         from hami_plugin.extender.bind import Binder
         from hami_plugin.extender.events import EventRecorder
-        from hami_plugin.extender.http import ExtenderApp, ExtenderServer, TlsFiles
+        from hami_plugin.extender.http import EXTENDER_ROUTES, WEBHOOK_ROUTES, ExtenderApp
+        from hami_plugin.extender.httpserver import ExtenderServer
         from hami_plugin.extender.recovery import Recovery
+        from hami_plugin.extender.tls import TlsFiles
         from hami_plugin.kube.client import KubeClient
         from hami_plugin.kube.informer import Informer
         from hami_plugin.protocol.objects import read_node, read_pod
@@ -216,12 +241,32 @@ class SchedulerDaemon:
                 max_body_bytes=config.max_body_bytes,
             )
             tls = (
-                TlsFiles(config.cert_file, config.key_file, clock=self.state.clock)
+                TlsFiles(
+                    config.cert_file,
+                    config.key_file,
+                    client_ca_file=config.client_ca_file,
+                    clock=self.state.clock,
+                )
                 if config.tls
                 else None
             )
-            server = ExtenderServer(config.http_host, config.http_port, app, tls=tls)
-            self._server = server
+            if config.webhook_host is None:
+                server = self._server = ExtenderServer(
+                    config.http_host, config.http_port, app, tls=tls
+                )
+            else:
+                # the API server and kubelet present no client certificate: the webhook and
+                # the probes get a listener of their own, without the client CA
+                server = self._server = ExtenderServer(
+                    config.http_host, config.http_port, app.only(EXTENDER_ROUTES), tls=tls
+                )
+                self._webhook_server = ExtenderServer(
+                    config.webhook_host,
+                    config.webhook_port,
+                    app.only(WEBHOOK_ROUTES),
+                    tls=TlsFiles(config.cert_file, config.key_file, clock=self.state.clock),
+                    name="webhook-http",
+                )
             selector = ",".join(f"{k}={v}" for k, v in config.node_label_selector.items())
             self.pod_informer = Informer(
                 kube,
@@ -262,10 +307,16 @@ class SchedulerDaemon:
                 self._spawn("leader-election", self._elector.run, self._stop)
             server.start()
             logger.info(
-                "hami scheduler serving on %s (%s)",
+                "hami scheduler serving on %s (%s%s)",
                 self.url,
                 "leader election on" if config.leader_elect else "always leader",
+                ", client certificates required" if config.client_ca_file else "",
             )
+            if self._webhook_server is not None:
+                self._webhook_server.start()
+                logger.info(
+                    "webhook and probes on https://%s:%d", config.webhook_host, self.webhook_port
+                )
             self.started.set()
 
     def _start_metrics(self) -> None:
@@ -352,8 +403,9 @@ class SchedulerDaemon:
             drain = (
                 timeout if timeout is not None else self.config.node_lock_retry_timeout_seconds + 5
             )
-            if self._server is not None:
-                self._server.stop(drain)
+            for listener in (self._server, self._webhook_server):
+                if listener is not None:
+                    listener.stop(drain)
             for thread in self._threads:
                 thread.join(drain)
                 if thread.is_alive():
@@ -410,10 +462,10 @@ def run(args: argparse.Namespace) -> int:
     _configure_logging(args.log_level)
     try:
         config = resolve_config(args, os.environ)
+        daemon = SchedulerDaemon(config)
     except ConfigError as error:
         logger.error("%s", error)
         return EXIT_USAGE
-    daemon = SchedulerDaemon(config)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         logger.info("received %s: shutting down", signal.Signals(signum).name)

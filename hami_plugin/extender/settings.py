@@ -32,6 +32,7 @@ from hami_plugin.config import (
     read_yaml,
     resolve,
 )
+from hami_plugin.config.keys import load_booking_keys
 from hami_plugin.protocol.codec import (
     AnnotationError,
     parse_gpu_policy,
@@ -51,6 +52,7 @@ __all__ = [
 DEFAULT_HTTP_BIND = "127.0.0.1:8080"
 DEFAULT_HTTPS_BIND = "0.0.0.0:443"
 ENV_NODE_LOCK_EXPIRE = "HAMI_NODELOCK_EXPIRE"
+ENV_BOOKING_KEY_FILE = "HAMI_BOOKING_KEY_FILE"
 ENV_POD_NAME = "POD_NAME"
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -62,6 +64,9 @@ class SchedulerConfig:
 
     `pod_namespace`/`pod_name` are this replica's pod (`$POD_NAMESPACE`/`$POD_NAME` from the
     downward API; "" outside a pod): the leader election's default namespace and identity.
+    `client_ca_file`: with it the extender listener requires a client certificate signed by
+    that CA. `webhook_host`/`webhook_port`: the webhook's own listener (`--webhook-bind`); None
+    serves the webhook on the extender listener.
     """
 
     kubeconfig: str | None = None
@@ -69,6 +74,9 @@ class SchedulerConfig:
     http_port: int = 8080
     cert_file: str = ""
     key_file: str = ""
+    client_ca_file: str = ""
+    webhook_host: str | None = None
+    webhook_port: int = 0
     scheduler_name: str = "hami-scheduler"
     settings: SchedulerSettings = field(default_factory=SchedulerSettings)
     webhook: WebhookSettings = field(default_factory=WebhookSettings)
@@ -85,6 +93,9 @@ class SchedulerConfig:
     node_label_selector: Mapping[str, str] = field(default_factory=dict)
     metrics_bind_address: str = ":9395"
     max_body_bytes: int = 1024 * 1024
+    booking_key_file: str = ""
+    """`--booking-key-file`: sign bookings and count only signed ones; "" trusts every
+    booking, as HAMi does."""
     log_level: str = "info"
     pod_namespace: str = ""
     pod_name: str = ""
@@ -237,6 +248,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--key-file", "--key_file", metavar="PATH", default="", help="TLS private key (PEM)")
     add(
+        "--client-ca-file",
+        metavar="PATH",
+        default="",
+        help="CA (PEM) whose client certificates alone may call /filter and /bind (needs "
+        "--webhook-bind)",
+    )
+    add(
+        "--webhook-bind",
+        metavar="HOST:PORT",
+        default="",
+        help="serve /webhook and the probes on their own TLS listener (same certificate)",
+    )
+    add(
         "--scheduler-name",
         default="hami-scheduler",
         metavar="NAME",
@@ -330,6 +354,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="HAMi's device config YAML; its nvidia: section sets defaults and resource names",
     )
+    add(
+        "--booking-key-file",
+        metavar="PATH",
+        help="booking keys, one per line (the first signs): sign bookings at bind, count only "
+        f"signed ones (env {ENV_BOOKING_KEY_FILE}; default: trust every booking, as HAMi)",
+    )
     add_bool_flag(
         parser,
         "--force-overwrite-default-scheduler",
@@ -346,9 +376,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--log-level", default="info", choices=LOG_LEVELS, help="log level (info)")
 
 
+def _listeners(args: argparse.Namespace, http: tuple[str, int]) -> tuple[str, str | None, int]:
+    """The client CA and the webhook's own address (None: on the extender listener), checked
+    against each other and the TLS pair. Raises ConfigError."""
+    client_ca, webhook_bind = args.client_ca_file or "", args.webhook_bind or ""
+    tls = bool(args.cert_file and args.key_file)
+    if client_ca and not tls:
+        raise ConfigError("--client-ca-file needs --cert-file and --key-file")
+    if client_ca and not webhook_bind:
+        raise ConfigError(
+            "--client-ca-file: the API server calls the webhook without a client certificate: "
+            "give --webhook-bind"
+        )
+    if not webhook_bind:
+        return client_ca, None, 0
+    if not tls:
+        raise ConfigError(
+            "--webhook-bind: the API server calls webhooks over HTTPS only: "
+            "give --cert-file and --key-file"
+        )
+    host, port = parse_host_port(webhook_bind)
+    if port != 0 and (host, port) == http:
+        raise ConfigError(f"--webhook-bind {webhook_bind}: the same address as --http-bind")
+    return client_ca, host, port
+
+
 # The settings a flag or the environment may set (flag > environment).
-_FLAGS = {"node_lock_timeout": "--node-lock-timeout", "kubeconfig": "--kubeconfig"}
-_ENV = {"node_lock_timeout": ENV_NODE_LOCK_EXPIRE, "kubeconfig": "KUBECONFIG"}
+_FLAGS = {
+    "node_lock_timeout": "--node-lock-timeout",
+    "kubeconfig": "--kubeconfig",
+    "booking_key_file": "--booking-key-file",
+}
+_ENV = {
+    "node_lock_timeout": ENV_NODE_LOCK_EXPIRE,
+    "kubeconfig": "KUBECONFIG",
+    "booking_key_file": ENV_BOOKING_KEY_FILE,
+}
 
 
 def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> SchedulerConfig:
@@ -359,6 +422,7 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
         raise ConfigError("--cert-file and --key-file go together")
     bind_text = args.http_bind or (DEFAULT_HTTPS_BIND if cert else DEFAULT_HTTP_BIND)
     host, port = parse_host_port(bind_text)
+    client_ca, webhook_host, webhook_port = _listeners(args, (host, port))
     try:
         node_policy = parse_node_policy(args.node_scheduler_policy, key="--node-scheduler-policy")
         gpu_policy = parse_gpu_policy(args.gpu_scheduler_policy, key="--gpu-scheduler-policy")
@@ -375,6 +439,9 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
     if args.max_body_bytes < 1024:
         raise ConfigError("--max-body-bytes must be at least 1024")
     device = read_device_config(args.device_config_file) if args.device_config_file else {}
+    booking_key_file = resolve("booking_key_file", parse_optional_str, layers) or ""
+    if booking_key_file:
+        load_booking_keys(booking_key_file)  # unreadable or no valid key: a start error
     defaults = ResourceNames()
     resources = ResourceNames(
         count=device.get("resourceCountName", defaults.count),
@@ -413,6 +480,9 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
         http_port=port,
         cert_file=cert,
         key_file=key,
+        client_ca_file=client_ca,
+        webhook_host=webhook_host,
+        webhook_port=webhook_port,
         scheduler_name=args.scheduler_name,
         settings=settings,
         webhook=webhook,
@@ -429,6 +499,7 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
         node_label_selector=_label_selector(args.node_label_selector),
         metrics_bind_address=args.metrics_bind_address,
         max_body_bytes=args.max_body_bytes,
+        booking_key_file=booking_key_file,
         log_level=args.log_level,
         pod_namespace=env.get(ENV_POD_NAMESPACE, "").strip(),
         pod_name=env.get(ENV_POD_NAME, "").strip(),

@@ -1,6 +1,9 @@
 """The Kubernetes API as the daemons use it; the only package that imports `kubernetes`.
 
-* `client`: `KubeClient`, the calls (nodes, pods, patches, bindings, leases, events, list, watch);
+* `client`: `KubeClient`, the calls (nodes, pods, patches, bindings, leases, events, Secrets,
+  webhook caBundles, list, watch);
+* `transport`: how each call is sent through the `kubernetes` client's `ApiClient`: one
+  `Request`, retried, timed, under the calling thread's time budget;
 * `api`: the calls each role makes, as protocols (`AllocateApi`, `BindApi`, `LeaseApi`...);
 * `fake`: `FakeKube`, those roles in memory, for unit tests;
 * `errors`: `KubeError` and its kinds, and the one translation point from the library's errors;

@@ -5,7 +5,8 @@ events, and the certificate job's Secrets and webhook caBundles.
 auth, TLS, request building with `param_serialize`, the urllib3 REST client) but not its
 generated API classes, and adds what the daemons need on top of it:
 
-* a dozen plain REST calls (`_Request`: nodes, pods, bindings, leases, events, any list or watch)
+* a dozen plain REST calls (nodes, pods, bindings, leases, events, Secrets, webhook
+  configurations, any list or watch), each a `Request` sent by `hami_plugin.kube.transport`,
   instead of `CoreV1Api`. Importing `kubernetes.client.api.core_v1_api` wraps ~400 methods in
   pydantic `validate_call` and pulls in ~250 model modules: ~20 MiB of resident memory in a daemon
   that needs a dozen URLs. Only the client's plumbing submodules and the config loaders are
@@ -14,19 +15,19 @@ generated API classes, and adds what the daemons need on top of it:
   interpreter);
 * answers decoded here from the raw urllib3 responses into the one pod and node model
   (`hami_plugin.protocol.objects`) and the records of `hami_plugin.kube.records`;
-* a timeout on every request and retries with backoff (`hami_plugin.kube.retry`);
-* every namespace, name and node name checked as one path segment and percent-quoted before
-  anything is sent, so no name changes the path (`hami_plugin.kube.paths`);
+* from the transport (`hami_plugin.kube.transport`): a timeout on every request and retries with
+  backoff (`hami_plugin.kube.retry`); every namespace, name and node name checked as one path
+  segment and percent-quoted before anything is sent, so no name changes the path
+  (`hami_plugin.kube.paths`); errors translated in one place (`hami_plugin.kube.errors`);
 * an optional time budget shared by every call a thread makes inside `KubeClient.deadline()`,
   so that a caller answering someone who waits (kubelet's Allocate) fails in bounded time
   however many calls it makes and however the API server misbehaves;
-* errors translated in one place (`hami_plugin.kube.errors`);
 * list and watch as the API server streams them (`list_objects`, `watch_objects`): pages
   followed with `limit`/`continue`, watch events read by `hami_plugin.kube.watch`;
   `hami_plugin.kube.informer` builds the list-then-watch loop on them;
-* metadata patches sent as JSON merge patch (`application/merge-patch+json`, see `_MERGE_PATCH`):
-  merge patch is what HAMi uses for the node lock, and it gives `null` = delete and the
-  `resourceVersion` precondition.
+* metadata patches sent as JSON merge patch (`application/merge-patch+json`,
+  `transport.MERGE_PATCH`): merge patch is what HAMi uses for the node lock, and it gives
+  `null` = delete and the `resourceVersion` precondition.
 """
 
 from __future__ import annotations
@@ -39,22 +40,20 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import urllib3
 
 # Submodules only: `kubernetes.client` and `kubernetes.client.models` load their members lazily,
 # and `kubernetes.client.CoreV1Api` (or any other generated API or model) must stay unloaded.
 from kubernetes.client.api_client import ApiClient
-from kubernetes.client.exceptions import ApiException
-from kubernetes.client.rest import RESTClientObject, RESTResponse
+from kubernetes.client.rest import RESTClientObject
 
 from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.kube.config import load_configuration, throttled_refresh
-from hami_plugin.kube.errors import Conflict, Gone, InvalidName, KubeError
-from hami_plugin.kube.paths import check_selector_value, collection_path, fill_path
+from hami_plugin.kube.errors import Conflict, Gone, KubeError
+from hami_plugin.kube.paths import check_selector_value, collection_path
 from hami_plugin.kube.records import (
     LeaseRecord,
     ObjectList,
@@ -63,7 +62,6 @@ from hami_plugin.kube.records import (
     WatchEvent,
     WebhookConfigurationRecord,
     event_body,
-    json_object,
     lease_body,
     lease_record,
     page,
@@ -73,50 +71,20 @@ from hami_plugin.kube.records import (
     secret_record,
     webhook_configuration_record,
 )
-from hami_plugin.kube.retry import RetryPolicy, call_with_retries
+from hami_plugin.kube.retry import RetryPolicy
+from hami_plugin.kube.transport import JSON, JSON_PATCH, MERGE_PATCH, Request, Transport
 from hami_plugin.kube.watch import WATCH_READ_TIMEOUT_SECONDS, read_events
 from hami_plugin.protocol.objects import NodeInfo, PodInfo, read_node, read_pod
 
 logger = logging.getLogger(__name__)
-
-# Set explicitly on every patch: the generated client would pick `json-patch+json`, which its REST
-# layer rewrites to `strategic-merge-patch+json` for a dict body. Strategic merge behaves like
-# merge patch on string maps, but it is not what HAMi sends.
-_MERGE_PATCH = "application/merge-patch+json"
-_JSON = "application/json"
-# The auth entry of the generated configuration (`Configuration.auth_settings()`): the bearer
-# token, refreshed by the loaders' `refresh_api_key_hook` (in-cluster token rotation, exec
-# plugins). Client certificates are set up by the REST client's pool manager.
-_AUTH_SETTINGS = ["BearerToken"]
 
 _LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 _LEASE = _LEASES + "/{name}"
 _SECRETS = "/api/v1/namespaces/{namespace}/secrets"
 _SECRET = _SECRETS + "/{name}"
 _MUTATING_WEBHOOK = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}"
-_JSON_PATCH = "application/json-patch+json"
-
-_T = TypeVar("_T")
 
 _DEFAULT_RETRY = RetryPolicy()
-
-
-@dataclass(frozen=True, slots=True)
-class _Request:
-    """One REST call. `{name}` parts of `path` are filled (percent-quoted) from `path_params`;
-    a value that is no path segment (`a/b`, `..`, `50%`) is refused before anything is sent
-    (InvalidName, `hami_plugin.kube.paths`)."""
-
-    method: str
-    path: str
-    path_params: Mapping[str, str] = field(default_factory=dict)
-    query: tuple[tuple[str, str], ...] = ()
-    body: Mapping[str, Any] | list[Any] | None = None
-    """A JSON object, or a list (a JSON patch)."""
-    content_type: str | None = None
-
-
-# --- the client -------------------------------------------------------------------------------
 
 
 class KubeClient:
@@ -147,10 +115,7 @@ class KubeClient:
         if hook is not None:
             api_client.configuration.refresh_api_key_hook = throttled_refresh(hook, self._clock)
         self._api_client = api_client
-        self._retry = retry
-        self._sleep = sleep
-        self._rng = rng or random.Random()
-        self._local = threading.local()
+        self._transport = Transport(api_client, retry, clock=self._clock, sleep=sleep, rng=rng)
         self._unreadable_lock = threading.Lock()
         self._unreadable: dict[str, dict[str, str]] = {}
         """Per node listed: the pods its last list could not read, at the version logged."""
@@ -189,8 +154,7 @@ class KubeClient:
     ) -> None:
         self.close()
 
-    @contextlib.contextmanager
-    def deadline(self, seconds: float) -> Iterator[None]:
+    def deadline(self, seconds: float) -> contextlib.AbstractContextManager[None]:
         """Give the calls this thread makes inside the block `seconds` in total.
 
         Each attempt's timeout is cut to the time left, no retry starts that would end after
@@ -198,27 +162,14 @@ class KubeClient:
         budget was spent). A nested block sets its own budget for its duration; other threads
         are not affected.
         """
-        previous = getattr(self._local, "budget", None)
-        self._local.budget = (self._clock.monotonic() + seconds, seconds)
-        try:
-            yield
-        finally:
-            self._local.budget = previous
-
-    def _time_left(self) -> tuple[float, float] | None:
-        """(seconds left, whole budget) inside `deadline()`, else None."""
-        budget: tuple[float, float] | None = getattr(self._local, "budget", None)
-        if budget is None:
-            return None
-        end, seconds = budget
-        return end - self._clock.monotonic(), seconds
+        return self._transport.deadline(seconds)
 
     # --- nodes ----------------------------------------------------------------------------
 
     def get_node(self, name: str) -> NodeInfo:
         """GET the node. Raises NotFound, Retryable or KubeError."""
-        request = _Request("GET", "/api/v1/nodes/{name}", {"name": name})
-        return self._call(f"get node {name}", request, read_node)
+        request = Request("GET", "/api/v1/nodes/{name}", {"name": name})
+        return self._transport.call(f"get node {name}", request, read_node)
 
     def patch_node_annotations(
         self,
@@ -234,25 +185,25 @@ class KubeClient:
         metadata: dict[str, Any] = {"annotations": dict(annotations)}
         if resource_version is not None:
             metadata["resourceVersion"] = resource_version
-        request = _Request(
+        request = Request(
             "PATCH",
             "/api/v1/nodes/{name}",
             {"name": name},
             body={"metadata": metadata},
-            content_type=_MERGE_PATCH,
+            content_type=MERGE_PATCH,
         )
-        return self._call(f"patch node {name} annotations", request, read_node)
+        return self._transport.call(f"patch node {name} annotations", request, read_node)
 
     # --- pods -----------------------------------------------------------------------------
 
     def get_pod(self, namespace: str, name: str) -> PodInfo:
         """GET the pod. Raises NotFound, Retryable or KubeError."""
-        request = _Request(
+        request = Request(
             "GET",
             "/api/v1/namespaces/{namespace}/pods/{name}",
             {"namespace": namespace, "name": name},
         )
-        return self._call(f"get pod {namespace}/{name}", request, read_pod)
+        return self._transport.call(f"get pod {namespace}/{name}", request, read_pod)
 
     def list_pods_on_node(self, node_name: str) -> list[PodInfo]:
         """All pods bound to the node, every namespace (field selector `spec.nodeName`).
@@ -263,8 +214,8 @@ class KubeClient:
         KubeError.
         """
         selector = f"spec.nodeName={check_selector_value('node name', node_name)}"
-        request = _Request("GET", "/api/v1/pods", query=(("fieldSelector", selector),))
-        listing = self._call(f"list pods on node {node_name}", request, pod_listing)
+        request = Request("GET", "/api/v1/pods", query=(("fieldSelector", selector),))
+        listing = self._transport.call(f"list pods on node {node_name}", request, pod_listing)
         with self._unreadable_lock:
             logged = self._unreadable.pop(node_name, {})
             for identity, (version, why) in listing.unreadable.items():
@@ -300,14 +251,14 @@ class KubeClient:
             metadata["labels"] = dict(labels)
         if resource_version is not None:
             metadata["resourceVersion"] = resource_version
-        request = _Request(
+        request = Request(
             "PATCH",
             "/api/v1/namespaces/{namespace}/pods/{name}",
             {"namespace": namespace, "name": name},
             body={"metadata": metadata},
-            content_type=_MERGE_PATCH,
+            content_type=MERGE_PATCH,
         )
-        return self._call(f"patch pod {namespace}/{name} metadata", request, read_pod)
+        return self._transport.call(f"patch pod {namespace}/{name} metadata", request, read_pod)
 
     def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
         """Bind the pod to `node` (POST a v1 Binding to `pods/<name>/binding`).
@@ -321,7 +272,7 @@ class KubeClient:
         metadata = {"name": name, "namespace": namespace}
         if uid:
             metadata["uid"] = uid
-        request = _Request(
+        request = Request(
             "POST",
             "/api/v1/namespaces/{namespace}/pods/{name}/binding",
             {"namespace": namespace, "name": name},
@@ -331,10 +282,10 @@ class KubeClient:
                 "metadata": metadata,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node},
             },
-            content_type=_JSON,
+            content_type=JSON,
         )
         try:
-            self._call(what, request, _ignore_body)
+            self._transport.call(what, request, _ignore_body)
         except Conflict:
             pod = self.get_pod(namespace, name)
             if pod.node_name != node or (uid and pod.uid != uid):
@@ -407,8 +358,8 @@ class KubeClient:
         number = 1
         while True:
             query = [*base, ("continue", token)] if token else base
-            request = _Request("GET", path, query=tuple(query))
-            answer = self._call(f"list {path} (page {number})", request, page)
+            request = Request("GET", path, query=tuple(query))
+            answer = self._transport.call(f"list {path} (page {number})", request, page)
             yield ObjectList(answer.items, answer.resource_version)
             if not answer.continue_token:
                 return
@@ -452,25 +403,25 @@ class KubeClient:
             query.append(("labelSelector", label_selector))
         if field_selector:
             query.append(("fieldSelector", field_selector))
-        request = _Request("GET", path, query=tuple(query))
+        request = Request("GET", path, query=tuple(query))
         end = self._clock.monotonic() + timeout_seconds + read_timeout_seconds
 
         def open_stream(timeout: float) -> urllib3.BaseHTTPResponse:
-            response = self._send(request, (timeout, timeout))
+            response = self._transport.send(request, (timeout, timeout))
             # The headers came within the call's timeout; events may be far apart.
             if response.connection is not None:
                 response.connection.timeout = read_timeout_seconds
             return response
 
-        response = self._with_retries(what, open_stream, stop)
+        response = self._transport.with_retries(what, open_stream, stop)
         yield from read_events(response, what, stop=stop, end=end, clock=self._clock)
 
     # --- leases ---------------------------------------------------------------------------
 
     def get_lease(self, namespace: str, name: str) -> LeaseRecord:
         """GET a coordination.k8s.io/v1 Lease. Raises NotFound, Retryable or KubeError."""
-        request = _Request("GET", _LEASE, {"namespace": namespace, "name": name})
-        return self._call(f"get lease {namespace}/{name}", request, lease_record)
+        request = Request("GET", _LEASE, {"namespace": namespace, "name": name})
+        return self._transport.call(f"get lease {namespace}/{name}", request, lease_record)
 
     def create_lease(self, record: LeaseRecord) -> LeaseRecord:
         """Create the lease (its resource_version is ignored); return it as stored.
@@ -478,14 +429,16 @@ class KubeClient:
         Raises Conflict if it exists already, Retryable or KubeError.
         """
         record = dataclasses.replace(record, resource_version="")
-        request = _Request(
+        request = Request(
             "POST",
             _LEASES,
             {"namespace": record.namespace},
             body=lease_body(record),
-            content_type=_JSON,
+            content_type=JSON,
         )
-        return self._call(f"create lease {record.namespace}/{record.name}", request, lease_record)
+        return self._transport.call(
+            f"create lease {record.namespace}/{record.name}", request, lease_record
+        )
 
     def update_lease(self, record: LeaseRecord) -> LeaseRecord:
         """Replace the lease (PUT) if it is still at `record.resource_version`; return it as
@@ -496,21 +449,23 @@ class KubeClient:
         """
         if not record.resource_version:
             raise ValueError(f"update_lease {record.namespace}/{record.name}: no resource_version")
-        request = _Request(
+        request = Request(
             "PUT",
             _LEASE,
             {"namespace": record.namespace, "name": record.name},
             body=lease_body(record),
-            content_type=_JSON,
+            content_type=JSON,
         )
-        return self._call(f"update lease {record.namespace}/{record.name}", request, lease_record)
+        return self._transport.call(
+            f"update lease {record.namespace}/{record.name}", request, lease_record
+        )
 
     # --- secrets and webhook configurations (the certificate job) -------------------------
 
     def get_secret(self, namespace: str, name: str) -> SecretRecord:
         """GET a Secret, its data decoded. Raises NotFound, Retryable or KubeError."""
-        request = _Request("GET", _SECRET, {"namespace": namespace, "name": name})
-        return self._call(f"get secret {namespace}/{name}", request, secret_record)
+        request = Request("GET", _SECRET, {"namespace": namespace, "name": name})
+        return self._transport.call(f"get secret {namespace}/{name}", request, secret_record)
 
     def create_secret(self, record: SecretRecord) -> SecretRecord:
         """Create the Secret (its resource_version is ignored); return it as stored.
@@ -518,14 +473,16 @@ class KubeClient:
         Raises Conflict if it exists already, Retryable or KubeError.
         """
         record = dataclasses.replace(record, resource_version="")
-        request = _Request(
+        request = Request(
             "POST",
             _SECRETS,
             {"namespace": record.namespace},
             body=secret_body(record),
-            content_type=_JSON,
+            content_type=JSON,
         )
-        return self._call(f"create secret {record.namespace}/{record.name}", request, secret_record)
+        return self._transport.call(
+            f"create secret {record.namespace}/{record.name}", request, secret_record
+        )
 
     def patch_secret_data(
         self,
@@ -543,20 +500,20 @@ class KubeClient:
         metadata: dict[str, Any] = {}
         if resource_version is not None:
             metadata["resourceVersion"] = resource_version
-        request = _Request(
+        request = Request(
             "PATCH",
             _SECRET,
             {"namespace": namespace, "name": name},
             body={"metadata": metadata, "data": secret_data(data)},
-            content_type=_MERGE_PATCH,
+            content_type=MERGE_PATCH,
         )
-        return self._call(f"patch secret {namespace}/{name} data", request, secret_record)
+        return self._transport.call(f"patch secret {namespace}/{name} data", request, secret_record)
 
     def get_mutating_webhook_configuration(self, name: str) -> WebhookConfigurationRecord:
         """GET a MutatingWebhookConfiguration's webhook names and caBundles. Raises NotFound,
         Retryable or KubeError."""
-        request = _Request("GET", _MUTATING_WEBHOOK, {"name": name})
-        return self._call(
+        request = Request("GET", _MUTATING_WEBHOOK, {"name": name})
+        return self._transport.call(
             f"get mutatingwebhookconfiguration {name}", request, webhook_configuration_record
         )
 
@@ -578,14 +535,14 @@ class KubeClient:
             operations.append(
                 {"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": encoded}
             )
-        request = _Request(
+        request = Request(
             "PATCH",
             _MUTATING_WEBHOOK,
             {"name": name},
             body=operations,
-            content_type=_JSON_PATCH,
+            content_type=JSON_PATCH,
         )
-        return self._call(
+        return self._transport.call(
             f"patch mutatingwebhookconfiguration {name} caBundle",
             request,
             webhook_configuration_record,
@@ -610,15 +567,15 @@ class KubeClient:
         where = f"{ref.namespace}/{ref.name}" if ref.namespace else ref.name
         what = f"create event {reason} for {kind} {where}"
         body = event_body(ref, reason, message, event_type, component, self._clock.now())
-        request = _Request(
+        request = Request(
             "POST",
             "/api/v1/namespaces/{namespace}/events",
             {"namespace": body["metadata"]["namespace"]},
             body=body,
-            content_type=_JSON,
+            content_type=JSON,
         )
         try:
-            self._call(what, request, _ignore_body)
+            self._transport.call(what, request, _ignore_body)
         except Conflict:
             logger.debug("%s: already recorded", what)
         except KubeError as exc:
@@ -635,100 +592,6 @@ class KubeClient:
         """Record a core/v1 Event about the pod; best effort, as `create_event`."""
         self.create_event(ObjectRef.of_pod(pod), reason, message, event_type, component)
 
-    # --- plumbing -------------------------------------------------------------------------
-
-    def _send(
-        self, request: _Request, timeout: float | tuple[float, float]
-    ) -> urllib3.BaseHTTPResponse:
-        """One attempt: build the request with the ApiClient (host, auth, default headers, URL
-        quoting), send it with `timeout` (seconds for the whole answer, or (connect, read)
-        seconds for a stream) and return the raw 2xx response, unread.
-
-        Raises ApiException for any other status (the body read, the connection released), as
-        the generated API does, and urllib3 errors as they come.
-        """
-        headers = {"Accept": _JSON}
-        if request.content_type:
-            headers["Content-Type"] = request.content_type
-        method, url, header_params, body, post_params = self._api_client.param_serialize(
-            method=request.method,
-            # quoted here, whatever the configuration's `safe_chars_for_path_param`
-            resource_path=fill_path(request.path, request.path_params),
-            query_params=list(request.query),
-            header_params=headers,
-            body=_json_body(request.body),
-            auth_settings=_AUTH_SETTINGS,
-        )
-        response: RESTResponse = self._api_client.call_api(
-            method,
-            url,
-            header_params,
-            body,
-            post_params,
-            _request_timeout=timeout,
-        )
-        if 200 <= response.status <= 299:
-            return cast(urllib3.BaseHTTPResponse, response.response)
-        try:
-            response.read()  # type: ignore[no-untyped-call]
-        finally:
-            response.response.release_conn()
-        raise ApiException.from_response(http_resp=response, body=None, data=None)
-
-    def _call(
-        self,
-        what: str,
-        request: _Request,
-        decode: Callable[[dict[str, Any]], _T],
-    ) -> _T:
-        """Send `request` with retries; `decode` the JSON object it answers.
-
-        Raises as `_with_retries`. A body that does not decode (ValueError) is a KubeError,
-        not retried; a path parameter that is no path segment is InvalidName, not sent.
-        """
-        try:
-            fill_path(request.path, request.path_params)
-        except InvalidName as exc:
-            raise InvalidName(f"{what}: {exc}") from None
-        return self._with_retries(
-            what, lambda timeout: decode(_read_object(self._send(request, timeout)))
-        )
-
-    def _with_retries(
-        self,
-        what: str,
-        attempt: Callable[[float], _T],
-        stop: threading.Event | None = None,
-    ) -> _T:
-        """Run `attempt(timeout_seconds)` under the retry policy and the thread's `deadline()`
-        budget (see `retry.call_with_retries`)."""
-        return call_with_retries(
-            what,
-            attempt,
-            self._retry,
-            rng=self._rng,
-            sleep=self._sleep,
-            time_left=self._time_left,
-            clock=self._clock,
-            stop=stop,
-        )
-
-
-def _read_object(response: urllib3.BaseHTTPResponse) -> dict[str, Any]:
-    """Read, release and decode a raw (unread) urllib3 response."""
-    try:
-        data = response.data
-    finally:
-        response.release_conn()
-    return json_object(data)
-
 
 def _ignore_body(body: dict[str, Any]) -> None:
     return None
-
-
-def _json_body(body: Mapping[str, Any] | list[Any] | None) -> dict[str, Any] | list[Any] | None:
-    """A request body as the ApiClient serialises it (a mapping as a plain dict)."""
-    if body is None or isinstance(body, list):
-        return body
-    return dict(body)

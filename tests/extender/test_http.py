@@ -1,13 +1,12 @@
-"""The extender's routes over real HTTP: HAMi's JSON shapes, probes, bad bodies, TLS."""
+"""The extender's routes over real HTTP: HAMi's JSON shapes, probes, bad bodies, TLS (framing:
+`test_http_framing.py`; client certificates and the webhook listener: `test_mtls.py`)."""
 
 from __future__ import annotations
 
 import base64
 import http.client
 import json
-import shutil
 import ssl
-import subprocess
 import threading
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from hami_plugin.protocol.model import (
     ANNOTATION_VGPU_NODE,
 )
 from hami_plugin.testing.apiserver import FakeApiServer, make_container, make_pod
+from tests.extender.certs import Authority, client_context
 from tests.extender.cluster import running_scheduler
 from tests.extender.helpers import cpu_pod, gpu_node, gpu_pod
 from tests.processes import wait_until
@@ -211,26 +211,13 @@ def test_webhook_answers_an_admission_review(apiserver: FakeApiServer) -> None:
     assert ANNOTATION_DEVICES_ALLOCATED not in json.dumps(patch)
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
 def test_tls_serves_and_reloads_the_certificate(apiserver: FakeApiServer, tmp_path: Path) -> None:
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-
-    def make_certificate(common_name: str) -> None:
-        subprocess.run(
-            [
-                "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                "-subj", f"/CN={common_name}", "-addext", "subjectAltName=IP:127.0.0.1",
-                "-keyout", str(key), "-out", str(cert),
-            ],
-            check=True,
-            capture_output=True,
-        )  # fmt: skip
-
-    make_certificate("first")
+    first_ca, second_ca = Authority.create("first"), Authority.create("second")
+    first_ca.serving().write(cert, key)
     with running_scheduler(apiserver, cert_file=str(cert), key_file=str(key)) as scheduler:
         assert scheduler.daemon.url.startswith("https://")
-        context = ssl.create_default_context(cafile=str(cert))
-        scheduler.ssl_context = context
+        scheduler.ssl_context = client_context(first_ca.write(tmp_path / "first.crt"))
         assert scheduler.request("GET", "/healthz")[0] == 200
         assert scheduler.filter(cpu_pod("web"), ["n"])["NodeNames"] == ["n"]
         # plain HTTP on the TLS port gets nothing useful
@@ -240,9 +227,10 @@ def test_tls_serves_and_reloads_the_certificate(apiserver: FakeApiServer, tmp_pa
         except (OSError, http.client.HTTPException):
             status = None
         assert status != 200
-        # a renewed certificate is served without a restart
-        make_certificate("second")
-        scheduler.ssl_context = ssl.create_default_context(cafile=str(cert))
+        # a renewed certificate (from another CA here, to tell them apart) is served without
+        # a restart
+        second_ca.serving().write(cert, key)
+        scheduler.ssl_context = client_context(second_ca.write(tmp_path / "second.crt"))
 
         def served_second() -> bool:
             try:
@@ -250,7 +238,7 @@ def test_tls_serves_and_reloads_the_certificate(apiserver: FakeApiServer, tmp_pa
             except ssl.SSLError:
                 return False
 
-        wait_until(served_second, what="the renewed certificate")
+        wait_until(served_second, what="the renewed certificate", interval=0.2)
 
 
 def test_an_unexpected_error_is_a_500_and_the_server_lives_on(
