@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from hami_plugin.certs.booking_key import new_key
 from hami_plugin.demo.workload import (
     NODE_LABELS,
     NODES,
@@ -245,6 +246,9 @@ class DemoCluster:
         self._dir.mkdir(parents=True, exist_ok=True)
         self.api.start()
         kubeconfig = self.api.write_kubeconfig(self._dir / "kubeconfig")
+        # signed bookings, as the manifests configure them: one key both daemons share
+        booking_keys = self._dir / "booking-keys"
+        booking_keys.write_text(new_key() + "\n", encoding="utf-8")
         for node in self.nodes:
             self.api.add_object(
                 make_node(node.name, labels={"kubernetes.io/hostname": node.name, **NODE_LABELS})
@@ -263,6 +267,7 @@ class DemoCluster:
                     "--device-plugin-path", str(sockets), "--hook-path", str(self._dir / "hook"),
                     "--device-split-count", str(SPLIT_COUNT),
                     "--metrics-bind-address", "127.0.0.1:0",
+                    "--booking-key-file", str(booking_keys),
                 ],
                 self._dir / f"device-plugin-{node.short}.log",
             )  # fmt: skip
@@ -272,6 +277,7 @@ class DemoCluster:
                 "scheduler", "--kubeconfig", str(kubeconfig), "--http-bind", "127.0.0.1:0",
                 "--metrics-bind-address", "127.0.0.1:0", "--node-scheduler-policy", self.policy,
                 "--node-label-selector", ",".join(f"{k}={v}" for k, v in NODE_LABELS.items()),
+                "--booking-key-file", str(booking_keys),
             ],
             self._dir / "scheduler.log",
         )  # fmt: skip
