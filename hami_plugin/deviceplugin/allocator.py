@@ -11,6 +11,17 @@ an entry once served is never served again to the same pod (`ServedEntries`).
 Kubelet waits for Allocate without a deadline (and admits nothing else meanwhile), so the API
 calls of one Allocate share a time budget, and reporting a failure gets a budget of its own: a
 hanging API server costs seconds, not the minutes its retry policy allows per call.
+
+Through an API server outage (the daemon gives a `nodecache.NodeCache` and a
+`writebehind.WriteBehind`): the pods and the node are read from the API first (a list is at
+least as fresh as what kubelet admits from), and from the node's watch when the API does not
+answer within `read_budget_seconds`, or at once while writes are still queued or for
+`away_hold_seconds` after a read found it away (asking again would cost every call the budget:
+a hanging API server would make each admission wait that long). From the
+watch a pod is chosen only when its next entry asks kubelet's device count
+(`select_pending_pod(count_must_match=True)`), and a call no pod there matches fails saying the
+API server is away. The writes go through the write-behind queue, so a pod served from the
+watch is not failed for a patch the API server cannot take yet.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Sequence
 
+from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.deviceplugin.allocate import (
     AllocateConfig,
     AllocateFailure,
@@ -34,11 +46,13 @@ from hami_plugin.deviceplugin.allocate import (
     decide_allocation,
     with_entries_consumed,
 )
+from hami_plugin.deviceplugin.nodecache import CacheNotListedError, NodeCache
 from hami_plugin.deviceplugin.pending import PendingPodChoice, select_pending_pod
 from hami_plugin.deviceplugin.preferred import PreferredAnswer, PreferredRequest, decide_preferred
+from hami_plugin.deviceplugin.writebehind import WriteBehind, release_node_lock
 from hami_plugin.kube.api import AllocateApi
-from hami_plugin.kube.errors import Conflict
-from hami_plugin.protocol import hostpaths, nodelock
+from hami_plugin.kube.errors import Retryable
+from hami_plugin.protocol import hostpaths
 from hami_plugin.protocol.booking import BookingKeys
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
@@ -53,13 +67,16 @@ logger = logging.getLogger(__name__)
 
 EVENT_REASON_ALLOCATE_FAILED = "AllocateFailed"
 
-_LOCK_RELEASE_ATTEMPTS = 4
 ALLOCATE_BUDGET_SECONDS = 20.0
 """All API calls of one Allocate, up to writing its result."""
 REPORT_BUDGET_SECONDS = 10.0
 """Reporting a failed Allocate (bind-phase, lock, event), and releasing the lock after success."""
 PREFERRED_BUDGET_SECONDS = 5.0
 """Finding the pending pod for GetPreferredAllocation; after it, the answer falls back."""
+READ_BUDGET_SECONDS = 5.0
+"""Reading the node and its pods from the API when a watch can answer instead."""
+AWAY_HOLD_SECONDS = 5.0
+"""After a read found the API server away, how long the next reads go to the watch directly."""
 MAX_SERVED_PODS = 10_000
 """Pods whose served entries `ServedEntries` remembers; beyond it the oldest are forgotten."""
 
@@ -192,6 +209,8 @@ class PodAllocator:
     (`--resource-name`): with keys, a refused pod none of whose containers asks for it is no
     candidate (`pending.select_pending_pod`). With keys, `served` records what was handed out
     (`ServedEntries`); without them there is none and the annotations decide, as in HAMi.
+    `cache` and `writes` carry Allocate through an API server outage (the module docstring);
+    without them every read and write goes to the API, and a write that fails fails the pod.
     """
 
     def __init__(
@@ -207,6 +226,11 @@ class PodAllocator:
         allocate_budget_seconds: float = ALLOCATE_BUDGET_SECONDS,
         report_budget_seconds: float = REPORT_BUDGET_SECONDS,
         preferred_budget_seconds: float = PREFERRED_BUDGET_SECONDS,
+        read_budget_seconds: float = READ_BUDGET_SECONDS,
+        cache: NodeCache | None = None,
+        writes: WriteBehind | None = None,
+        away_hold_seconds: float = AWAY_HOLD_SECONDS,
+        clock: Clock | None = None,
     ) -> None:
         self._kube = kube
         self._node_name = node_name
@@ -219,6 +243,13 @@ class PodAllocator:
         self._allocate_budget = allocate_budget_seconds
         self._report_budget = report_budget_seconds
         self._preferred_budget = preferred_budget_seconds
+        self._read_budget = read_budget_seconds
+        self._cache = cache
+        self._writes = writes
+        self._away_hold = away_hold_seconds
+        self._clock: Clock = clock or SystemClock()
+        self._away_since: float | None = None
+        """When a read last found the API server away (monotonic), None once one succeeds."""
 
     def _within(self, seconds: float) -> contextlib.AbstractContextManager[object]:
         """The API calls of this thread inside the block share `seconds` (when supported)."""
@@ -238,23 +269,86 @@ class PodAllocator:
             license_present=os.path.exists(hostpaths.license_path(hook)),
         )
 
-    def _pending_pod(self, device_count: int) -> tuple[NodeInfo, PendingPodChoice]:
-        """The pod kubelet's call for `device_count` devices is for (`select_pending_pod`)."""
-        node = self._kube.get_node(self._node_name)
-        pods = self._kube.list_pods_on_node(self._node_name)
+    def _read(self) -> tuple[NodeInfo, list[PodInfo], str | None]:
+        """The node and its pods, and why they come from the watch (None: from the API).
+
+        Raises the API's KubeError when there is no watch to fall back on, and
+        AllocateFailure(NO_PENDING_POD) when the API does not answer and the watch has not
+        listed yet.
+        """
+        cache, writes = self._cache, self._writes
+        if cache is None:
+            return self._kube.get_node(self._node_name), self._list_pods(), None
+        away: str | None = None
+        since = self._away_since
+        if writes is not None and writes.backlog:
+            away = f"{writes.backlog} write(s) wait for it"
+        elif since is not None and self._clock.monotonic() - since < self._away_hold:
+            away = f"a read {self._clock.monotonic() - since:.1f} s ago found it away"
+        else:
+            try:
+                with self._within(self._read_budget):
+                    read = self._kube.get_node(self._node_name), self._list_pods(), None
+                self._away_since = None
+                return read
+            except Retryable as error:
+                self._away_since = self._clock.monotonic()
+                away = str(error)
+        try:
+            return cache.node(), cache.pods(), away
+        except CacheNotListedError as error:
+            raise AllocateFailure(
+                FailureReason.NO_PENDING_POD,
+                f"the API server does not answer ({away}) and {error}: nothing to choose from",
+                pod_known=False,
+            ) from error
+
+    def _list_pods(self) -> list[PodInfo]:
+        return self._kube.list_pods_on_node(self._node_name)
+
+    def _pending_pod(self, device_count: int) -> tuple[NodeInfo, PendingPodChoice, bool]:
+        """The pod kubelet's call for `device_count` devices is for (`select_pending_pod`),
+        read as this process left it (its queued writes, the entries it served, its written
+        writes, in that order: see `writebehind`), and whether the API server is away (the
+        choice came from the watch: the call's writes are queued without asking it again)."""
+        node, pods, away = self._read()
+        writes = self._writes
+        if writes is not None:
+            node = writes.node_applied(node)
+            pods = writes.applied(pods, queued=True)
         if self.served is not None:
             pods = self.served.applied(pods)
-        choice = select_pending_pod(
-            self._node_name,
-            node.annotations.get(ANNOTATION_NODE_LOCK),
-            pods,
-            device_count,
-            self._booking_keys() if self._booking_keys is not None else None,
-            resource_name=self._resource_name,
-        )
+        if writes is not None:
+            pods = writes.applied(pods, queued=False)
+        try:
+            choice = select_pending_pod(
+                self._node_name,
+                node.annotations.get(ANNOTATION_NODE_LOCK),
+                pods,
+                device_count,
+                self._booking_keys() if self._booking_keys is not None else None,
+                resource_name=self._resource_name,
+                count_must_match=away is not None,
+            )
+        except AllocateFailure as error:
+            if away is None:
+                raise
+            raise AllocateFailure(
+                error.reason,
+                f"{error}; the API server does not answer ({away}), so the pods come from this "
+                "node's watch, and it holds none that this call could be for (a pod bound just "
+                "before the outage that the watch never delivered is served once it answers)",
+                pod_known=False,
+            ) from error
+        if away is not None:
+            logger.info(
+                "the API server does not answer (%s): pod %s chosen from the node's watch",
+                away,
+                choice.pod.key,
+            )
         if choice.lock_warning:
             logger.warning("node %s: %s", self._node_name, choice.lock_warning)
-        return node, choice
+        return node, choice, away is not None
 
     def allocate(
         self, requests: Sequence[Sequence[str]], advertised: Collection[str] | None = None
@@ -271,7 +365,7 @@ class PodAllocator:
         check_requests(requests)
         with self._within(self._allocate_budget):
             # kubelet sends one container per call; the first one's count picks the pod.
-            node, choice = self._pending_pod(len(requests[0]))
+            node, choice, away = self._pending_pod(len(requests[0]))
             pod = choice.pod
             try:
                 if choice.refusal is not None:
@@ -285,15 +379,15 @@ class PodAllocator:
                 }
                 if decision.complete:
                     patch[ANNOTATION_BIND_PHASE] = BindPhase.SUCCESS
-                self._kube.patch_pod_metadata(pod.namespace, pod.name, patch)
+                self._patch_pod(pod, patch, away)
                 if self.served is not None:
                     self.served.record(pod.uid, (c.entry_index for c in decision.containers))
             except Exception as error:
-                self._fail(pod, node, error)  # with a budget of its own
+                self._fail(pod, node, error, away)  # with a budget of its own
                 raise PodAllocationError(pod, error) from error
         if decision.complete:
             with self._within(self._report_budget):
-                self._release_lock(pod, node)
+                self._release_lock(pod, node, away)
         for container in decision.containers:
             if container.kubelet_ids_not_used:
                 logger.warning(
@@ -323,7 +417,7 @@ class PodAllocator:
         pod: PodInfo | None
         try:
             with self._within(self._preferred_budget):
-                _, choice = self._pending_pod(requests[0].size if requests else 0)
+                _, choice, _ = self._pending_pod(requests[0].size if requests else 0)
             pod = choice.pod
             if choice.refusal is not None:
                 # Told when kubelet's Allocate comes; the answer only falls back here.
@@ -350,44 +444,45 @@ class PodAllocator:
                 )
         return answers
 
-    def _fail(self, pod: PodInfo, node: NodeInfo, error: BaseException) -> None:
+    def _fail(self, pod: PodInfo, node: NodeInfo, error: BaseException, away: bool) -> None:
         """Tell the pod: bind-phase `failed`, lock released, a Warning event (best effort,
         within the report budget). Logged by the RPC edge (`_abort_with`), not here."""
         message = f"allocate failed for pod {pod.namespace}/{pod.name}: {error}"
         with self._within(self._report_budget):
             try:
-                self._kube.patch_pod_metadata(
-                    pod.namespace, pod.name, {ANNOTATION_BIND_PHASE: BindPhase.FAILED}
-                )
+                self._patch_pod(pod, {ANNOTATION_BIND_PHASE: BindPhase.FAILED}, away)
             except Exception as patch_error:
                 logger.warning(
                     "could not mark pod %s/%s failed: %s", pod.namespace, pod.name, patch_error
                 )
-            self._release_lock(pod, node)
-            try:
-                self._kube.create_pod_event(pod, EVENT_REASON_ALLOCATE_FAILED, message, "Warning")
-            except Exception as event_error:  # the allocation's own error must reach kubelet
-                logger.warning("no event for pod %s/%s: %s", pod.namespace, pod.name, event_error)
-
-    def _release_lock(self, pod: PodInfo, node: NodeInfo) -> None:
-        """Delete the node lock if `pod` may (`nodelock.releasable_by`, HAMi's rule), with
-        the node's resourceVersion as precondition; retried on conflict, never raises."""
-        for _attempt in range(_LOCK_RELEASE_ATTEMPTS):
-            value = node.annotations.get(ANNOTATION_NODE_LOCK)
-            if not nodelock.releasable_by(value, pod.namespace, pod.name):
-                return
-            try:
-                self._kube.patch_node_annotations(
-                    node.name, {ANNOTATION_NODE_LOCK: None}, resource_version=node.resource_version
+            self._release_lock(pod, node, away)
+            # The allocation's own error must reach kubelet: the event is best effort.
+            if self._writes is not None:
+                self._writes.record_event(
+                    pod, EVENT_REASON_ALLOCATE_FAILED, message, "Warning", queue=away
                 )
                 return
-            except Conflict:
-                try:
-                    node = self._kube.get_node(node.name)
-                except Exception as error:
-                    logger.warning("node %s: lock not released: %s", node.name, error)
-                    return
-            except Exception as error:
-                logger.warning("node %s: lock not released: %s", node.name, error)
-                return
-        logger.warning("node %s: lock not released: kept losing the race", node.name)
+            try:
+                self._kube.create_pod_event(pod, EVENT_REASON_ALLOCATE_FAILED, message, "Warning")
+            except Exception as event_error:
+                logger.warning("no event for pod %s/%s: %s", pod.namespace, pod.name, event_error)
+
+    def _patch_pod(self, pod: PodInfo, annotations: dict[str, str | None], away: bool) -> None:
+        """Patch the pod's annotations, through the write-behind queue when there is one
+        (queued at once when the API server is `away`); raises what `WriteBehind.patch_pod`
+        raises, else the API's KubeError."""
+        if self._writes is not None:
+            self._writes.patch_pod(pod, annotations, queue=away)
+        else:
+            self._kube.patch_pod_metadata(pod.namespace, pod.name, annotations)
+
+    def _release_lock(self, pod: PodInfo, node: NodeInfo, away: bool) -> None:
+        """Delete the node lock if `pod` may (`writebehind.release_node_lock`: HAMi's rule,
+        the node's resourceVersion as precondition, retried on conflict); never raises."""
+        if self._writes is not None:
+            self._writes.release_lock(node, pod.namespace, pod.name, queue=away)
+            return
+        try:
+            release_node_lock(self._kube, node, node.name, pod.namespace, pod.name)
+        except Retryable as error:
+            logger.warning("node %s: lock not released: %s", node.name, error)

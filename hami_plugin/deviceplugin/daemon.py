@@ -150,9 +150,11 @@ class DevicePluginDaemon:
         from hami_plugin.deviceplugin.kubelet import KubeletRegistrar
         from hami_plugin.deviceplugin.metrics import NodePods, start_device_plugin_metrics
         from hami_plugin.deviceplugin.monitor.containers import ContainerScanner, FeedbackLoop
+        from hami_plugin.deviceplugin.nodecache import NodeCache
         from hami_plugin.deviceplugin.nvml import NvmlError
         from hami_plugin.deviceplugin.register import RegisterPublisher
         from hami_plugin.deviceplugin.server import DevicePluginService
+        from hami_plugin.deviceplugin.writebehind import WriteBehind
         from hami_plugin.kube.client import KubeClient
         from hami_plugin.kube.errors import KubeError
         from hami_plugin.protocol.hostpaths import containers_dir
@@ -184,6 +186,17 @@ class DevicePluginDaemon:
         self._set_gpus(gpus)
         board = self.board = DeviceBoard()
         self._refresh_devices()
+        # One watch of this node's pods (and one of the Node) serves the metrics, the container
+        # scan and Allocate while the API server is away; a `kube` without watches (FakeKube)
+        # is asked every time instead, and Allocate writes straight to it.
+        cache: NodeCache | None = None
+        writes: WriteBehind | None = None
+        if isinstance(kube, KubeClient):
+            cache = NodeCache(kube, settings.node_name)
+            writes = WriteBehind(kube)
+            pods = NodePods.from_cache(cache, clock=self._clock)
+        else:
+            pods = NodePods.from_kube(kube, settings.node_name, clock=self._clock)
         allocator = PodAllocator(
             kube,
             settings.node_name,
@@ -197,6 +210,9 @@ class DevicePluginDaemon:
             ),
             booking_keys=keys.keys if keys is not None else None,
             resource_name=settings.resource_name,
+            cache=cache,
+            writes=writes,
+            clock=self._clock,
         )
         service = DevicePluginService(
             board, allocator, preferred_allocation=settings.enable_preferred_allocation
@@ -222,7 +238,6 @@ class DevicePluginDaemon:
         # HAMi-core's per-container shared regions: read for /metrics, cleaned up and
         # arbitrated by priority (HAMi's vGPU monitor), over one watch of this node's pods and
         # one set of files.
-        pods = NodePods.watching(kube, settings.node_name, self._stop, clock=self._clock)
         scanner = ContainerScanner(
             containers_dir(settings.hook_path),
             pods,
@@ -232,6 +247,9 @@ class DevicePluginDaemon:
         )
         feedback = FeedbackLoop(scanner) if settings.priority_feedback else None
         try:
+            if cache is not None and writes is not None:
+                cache.start(self._stop)
+                writes.start()
             registrar.start()
             health.start(gpus)
             publisher.start()
@@ -258,6 +276,8 @@ class DevicePluginDaemon:
                 feedback.stop()
             scanner.close()
             registrar.stop()
+            if writes is not None:
+                writes.stop()
             publisher.stop()
             publisher.withdraw()  # bounded; the scheduler falls back to HAMi's node lock
             health.stop()

@@ -56,6 +56,7 @@ from hami_plugin.protocol.model import ANNOTATION_DEVICES_ALLOCATED, ANNOTATION_
 from hami_plugin.scheduler.usage import collapse_pod_devices
 
 if TYPE_CHECKING:
+    from hami_plugin.deviceplugin.nodecache import NodeCache
     from hami_plugin.deviceplugin.nvml import GpuUsage, NvmlBackend
     from hami_plugin.deviceplugin.settings import DevicePluginSettings
     from hami_plugin.metrics.families import Collector
@@ -113,19 +114,6 @@ def booked_slots(
     return slots
 
 
-class _IgnoreEvents:
-    """The pod watch is read through its store; its events need no handler."""
-
-    def on_upsert(self, new: object, old: object | None) -> None:
-        return None
-
-    def on_delete(self, old: object) -> None:
-        return None
-
-    def on_synced(self) -> None:
-        return None
-
-
 class NodePods:
     """The pods bound to this node, listed at most once per `max_age_seconds`.
 
@@ -175,38 +163,12 @@ class NodePods:
         return cls(list_pods, clock=clock)
 
     @classmethod
-    def watching(
-        cls, kube: Any, node_name: str, stop: threading.Event, *, clock: Clock | None = None
-    ) -> NodePods:
-        """Pods of `node_name` from a watch (`hami_plugin.kube.informer.Informer` on a daemon
-        thread until `stop`): always current, and one watch per node instead of a list per
-        scrape and per feedback round. Until the first list is in, reading raises (so the
-        directory clean-up keeps everything). A `kube` without watches falls back to
-        `from_kube`."""
-        if not hasattr(kube, "watch_objects"):
-            return cls.from_kube(kube, node_name, clock=clock)
-        from hami_plugin.kube.informer import Informer
-        from hami_plugin.protocol.objects import read_pod
-
-        informer: Informer[PodInfo] = Informer(
-            kube,
-            "/api/v1/pods",
-            read_pod,
-            lambda pod: f"{pod.namespace}/{pod.name}",
-            _IgnoreEvents(),
-            name=f"pods on node {node_name}",
-            field_selector=f"spec.nodeName={node_name}",
-        )
-        threading.Thread(
-            target=informer.run, args=(stop,), name="node-pod-watch", daemon=True
-        ).start()
-
-        def list_pods() -> Sequence[PodInfo]:
-            if not informer.synced.is_set():
-                raise RuntimeError(f"the watch of node {node_name}'s pods has not listed yet")
-            return informer.items()
-
-        return cls(list_pods, max_age_seconds=0.0, clock=clock)
+    def from_cache(cls, cache: NodeCache, *, clock: Clock | None = None) -> NodePods:
+        """Pods of the cache's node from its watch (`deviceplugin.nodecache`): always current,
+        and one watch per node (shared with Allocate) instead of a list per scrape and per
+        feedback round. Until the first list is in, reading raises (so the directory clean-up
+        keeps everything)."""
+        return cls(cache.pods, max_age_seconds=0.0, clock=clock)
 
     def __call__(self) -> Sequence[PodInfo]:
         """The pods, listed now unless a list younger than `max_age_seconds` is at hand."""

@@ -177,6 +177,15 @@ def _choose_in_flight(
     return readable[choice.pod.key], ""
 
 
+def _asks_next(pod: PodInfo, device_count: int) -> bool:
+    """True unless the pod's next to-allocate entry is readable and asks another count (an
+    unreadable or used-up booking is left to fail the pod, as without the rule)."""
+    view = inflight.in_flight_pod(pod.namespace, pod.name, pod.creation_timestamp, pod.annotations)
+    if view is None or view.finished:
+        return True
+    return view.remaining_counts[0] == device_count
+
+
 def select_pending_pod(
     node_name: str,
     lock_value: str | None,
@@ -185,6 +194,7 @@ def select_pending_pod(
     keys: BookingKeys | None = None,
     *,
     resource_name: str = RESOURCE_GPU,
+    count_must_match: bool = False,
 ) -> PendingPodChoice:
     """Choose the pod kubelet is admitting, from the node lock, the pods on the node and the
     number of devices kubelet asks (`len(devices_ids)`, or `allocation_size`).
@@ -201,9 +211,15 @@ def select_pending_pod(
     when no container of it asks for `resource_name` (the plugin's resource,
     `requests_resource`): kubelet never calls Allocate for such a pod.
 
+    With `count_must_match` (the pods come from this node's watch, the API server being away:
+    kubelet may be admitting a pod the watch never delivered), the pod the lock names and the
+    one candidate are chosen only when their next entry asks `device_count` devices too, as
+    `inflight.choose` chooses among several: a wrong guess would fail a pod kubelet is not
+    admitting, or serve it to another.
+
     Raises AllocateFailure(NO_PENDING_POD) when no pod qualifies, and (NO_MATCHING_POD) when
-    several do and none can be told to be the one; `pod_known` is False for both (nothing is
-    patched).
+    several do (or, with `count_must_match`, one does) and none can be told to be the one;
+    `pod_known` is False for both (nothing is patched).
     """
     warning: str | None = None
     lock: nodelock.NodeLock | None = None
@@ -217,6 +233,13 @@ def select_pending_pod(
         for pod in pods:
             if lock.owned_by(pod.namespace, pod.name) and pod.phase == POD_PENDING:
                 refusal = booking_refusal(pod, keys)
+                if count_must_match and refusal is None and not _asks_next(pod, device_count):
+                    raise AllocateFailure(
+                        FailureReason.NO_MATCHING_POD,
+                        f"node {node_name}: pod {pod.key}, which the node lock names, does not "
+                        f"ask {device_count} device(s) next",
+                        pod_known=False,
+                    )
                 if refusal is None or requests_resource(pod, resource_name):
                     return PendingPodChoice(pod=pod, via_lock=True, refusal=refusal)
                 warning = (
@@ -237,7 +260,7 @@ def select_pending_pod(
             pod_known=False,
         )
     chosen = candidates[0]
-    if len(candidates) > 1:
+    if len(candidates) > 1 or count_must_match:
         refused = {key for key, refusal in refusals.items() if refusal is not None}
         found, reason = _choose_in_flight(node_name, candidates, device_count, refused)
         if found is None:

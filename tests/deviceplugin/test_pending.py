@@ -522,3 +522,37 @@ def test_unsigned_pods_asking_for_no_gpu_change_no_answer(
 
     assert outcome([*idle, *pods]) == outcome(pods)
     assert outcome([*pods, *idle]) == outcome(pods)
+
+
+# --- from the node's watch while the API server is away: the count must match ---------------------
+
+
+def test_from_the_watch_one_candidate_is_chosen_only_when_it_asks_the_count() -> None:
+    """kubelet may be admitting a pod the watch never delivered: a lone candidate asking
+    another count is not it (without the rule it would be chosen, and failed)."""
+    pod = in_flight("only", 2)
+    assert select_pending_pod(NODE, None, [pod], 2, count_must_match=True).pod is pod
+    with pytest.raises(AllocateFailure) as caught:
+        select_pending_pod(NODE, None, [pod], 1, count_must_match=True)
+    assert caught.value.reason is FailureReason.NO_MATCHING_POD
+    assert not caught.value.pod_known
+    assert "no pod in flight asks 1 device(s) next" in str(caught.value)
+
+
+def test_from_the_watch_the_pod_the_lock_names_must_ask_the_count() -> None:
+    locked = in_flight("locked", 1, 2, consumed=1)  # its next entry asks 2
+    lock = "2024-05-10T08:01:02Z,default,locked"
+    choice = select_pending_pod(NODE, lock, [locked], 2, count_must_match=True)
+    assert choice.pod is locked and choice.via_lock
+    with pytest.raises(AllocateFailure) as caught:
+        select_pending_pod(NODE, lock, [locked], 1, count_must_match=True)
+    assert caught.value.reason is FailureReason.NO_MATCHING_POD
+    assert not caught.value.pod_known
+    assert str(caught.value) == (
+        f"node {NODE}: pod default/locked, which the node lock names, does not ask 1 device(s) next"
+    )
+
+
+def test_from_the_watch_a_broken_booking_is_still_the_one_that_fails() -> None:
+    broken = dataclasses.replace(make_pod("GPU-x,NVIDIA,notanumber,0:;", name="broken"))
+    assert select_pending_pod(NODE, None, [broken], 1, count_must_match=True).pod is broken

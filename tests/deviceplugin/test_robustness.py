@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -104,8 +105,9 @@ class Stack:
 
 
 def make_allocator(
-    kube: KubeClient, hook: str, vgpulock: str, *, align: bool = True, **budgets: float
+    kube: KubeClient, hook: str, vgpulock: str, *, align: bool = True, **budgets: Any
 ) -> PodAllocator:
+    """The allocator of the stack; `budgets` are PodAllocator's `*_budget_seconds`."""
     return PodAllocator(
         kube,
         NODE,
