@@ -67,6 +67,8 @@ class Recovery:
         interval_seconds: float = 5.0,
         health_interval_seconds: float = 15.0,
         handshake_interval_seconds: float = 10.0,
+        watch_failed_at: Callable[[], float | None] = lambda: None,
+        outage_grace_seconds: float = 30.0,
     ) -> None:
         self._state = state
         self._clock = state.clock
@@ -79,6 +81,8 @@ class Recovery:
         self._health_interval = health_interval_seconds
         self._handshake_interval = handshake_interval_seconds
         self._handshakes_written: dict[str, float] = {}
+        self._watch_failed_at = watch_failed_at
+        self._outage_grace = outage_grace_seconds
 
     def run(self, stop: threading.Event) -> None:
         """Loop until `stop`; one failed pass is logged and the next one runs as planned.
@@ -135,7 +139,15 @@ class Recovery:
     # --- allocation timeout -----------------------------------------------------------------
 
     def fail_stale_allocations(self) -> None:
-        """Mark pods stuck in `allocating` failed, free their lock and booking."""
+        """Mark pods stuck in `allocating` failed, free their lock and booking.
+
+        Not within `outage_grace_seconds` of a failure of the pod watch: after an API server
+        outage the device plugins write the bind-phase of the pods they served meanwhile from
+        their queues (docs/device-plugin.md), which takes a few seconds once the API answers;
+        failing those pods first would free GPUs their containers use."""
+        failed_at = self._watch_failed_at()
+        if failed_at is not None and self._clock.monotonic() - failed_at < self._outage_grace:
+            return
         now = self._clock.now()
         for stale in self._state.stale_allocations(now, self._allocation_timeout):
             try:

@@ -32,6 +32,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
+from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import Gone, KubeError
 from hami_plugin.kube.records import WatchEvent, object_identity
@@ -65,7 +66,9 @@ class Informer(Generic[T]):
     Selectors are passed to the list and the watch as the API server applies them.
     `watch_timeout_seconds` is asked of the server per watch request (it ends the stream, the
     informer resumes); `watch_read_timeout_seconds` is how long a silent stream lives.
-    Failures wait `initial_backoff_seconds` doubling to `max_backoff_seconds`, with jitter.
+    Failures wait `initial_backoff_seconds` doubling to `max_backoff_seconds`, with jitter;
+    `last_failure` is when the last one happened (on `clock.monotonic()`), so that a caller can
+    tell how long the watch has been healthy.
     """
 
     def __init__(
@@ -85,8 +88,12 @@ class Informer(Generic[T]):
         initial_backoff_seconds: float = 0.5,
         max_backoff_seconds: float = 30.0,
         rng: random.Random | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._client = client
+        self._clock: Clock = clock or SystemClock()
+        self.last_failure: float | None = None
+        """`clock.monotonic()` of the last failed list or watch; None before any."""
         self._path = path
         self._transform = transform
         self._key = key
@@ -161,6 +168,7 @@ class Informer(Generic[T]):
                 logger.info("%s: %s; listing again", self.name, exc)
             except KubeError as exc:
                 streak += 1
+                self.last_failure = self._clock.monotonic()
                 logger.warning("%s: %s", self.name, exc)
             if streak:
                 delay = self._backoff.backoff_seconds(min(streak, 32), self._rng)

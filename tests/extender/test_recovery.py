@@ -67,6 +67,41 @@ def test_allocation_timeout_marks_failed_and_frees_everything(apiserver: FakeApi
         assert scheduler.filter(other, ["n1"])["NodeNames"] == ["n1"]
 
 
+def test_no_allocation_timeout_within_the_grace_after_a_pod_watch_failure(
+    apiserver: FakeApiServer,
+) -> None:
+    """After an API server outage the device plugins write what they served meanwhile from
+    their queues: an allocation that timed out during the outage is failed only once the pod
+    watch has been healthy for the grace (30 s), not as soon as the API answers."""
+    clock = ManualClock(datetime.now(UTC))
+    apiserver.add_object(gpu_node("n1", 1, split=1))
+    pod = apiserver.add_object(gpu_pod("served-in-outage"))
+    with running_scheduler(apiserver, clock=clock, allocation_timeout_seconds=120) as scheduler:
+        assert scheduler.schedule(pod, ["n1"]) == "n1"
+        scheduler.sees_pod("default", "served-in-outage", lambda p: p.node_name == "n1")
+        # the outage: the pod watch and its relists fail until the fault is cleared
+        apiserver.inject_fault("GET", "/api/v1/pods", times=None, status=503)
+        informer = scheduler.daemon.pod_informer
+        assert informer is not None
+        wait_until(lambda: informer.last_failure is not None, what="the pod watch to fail")
+        first_failure = informer.last_failure
+        clock.advance(121)  # the outage outlasts the allocation timeout
+        wait_until(
+            lambda: (informer.last_failure or 0) > (first_failure or 0),
+            what="the pod watch to fail again, at the end of the outage",
+        )
+        apiserver.clear_faults()
+        time.sleep(1.0)  # several recovery passes (every 0.2 s): none may fail the pod
+        assert phase_of(apiserver, "served-in-outage") == "allocating"
+        assert used_slots(scheduler, "n1") == 1
+        # the grace counts from the last failure; past it the timeout applies again
+        clock.advance(30)
+        wait_until(
+            lambda: phase_of(apiserver, "served-in-outage") == "failed", what="bind-phase failed"
+        )
+        wait_until(lambda: used_slots(scheduler, "n1") == 0, what="the GPU freed")
+
+
 def test_deleting_a_pod_releases_its_lock_at_once(apiserver: FakeApiServer) -> None:
     apiserver.add_object(gpu_node("n1", 1))
     pod = apiserver.add_object(gpu_pod("gone"))
