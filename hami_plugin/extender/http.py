@@ -9,7 +9,9 @@ Routes (HAMi v2.10 `pkg/scheduler/routes/route.go`, docs/hami-reference.md 3.8):
   every replica (it needs no state);
 * `GET /healthz`: 200 while the process serves; `GET /readyz`: 200 once the first pod and node
   lists are in and, with leader election, while this replica leads, else 503 with the reason
-  (HAMi always answers 200, so a Service could route to a replica that refuses everything).
+  (HAMi always answers 200, so a Service could route to a replica that refuses everything);
+  `GET /readyz/informer-sync`: that first check alone (the pod's readiness probe: a follower
+  must stay ready, or a rolling update never completes and the webhook loses its replicas).
 
 `ExtenderApp` is bytes in, `HttpReply` out, independent of the socket; the listeners
 (`hami_plugin.extender.httpserver`) frame HTTP and call it. One listener serves every route, or,
@@ -49,7 +51,9 @@ __all__ = ["EXTENDER_ROUTES", "NOT_LEADER", "WEBHOOK_ROUTES", "ExtenderApp", "Ro
 
 NOT_LEADER = "not the leader"
 _SYNC_WAIT_SECONDS = 10.0
-_PROBES = frozenset({"/healthz", "/readyz"})
+_INFORMER_SYNC = "/readyz/informer-sync"
+_NOT_SYNCED = "waiting for the first pod and node lists"
+_PROBES = frozenset({"/healthz", "/readyz", _INFORMER_SYNC})
 EXTENDER_ROUTES = frozenset({"/filter", "/bind"}) | _PROBES
 """What the extender listener serves when the webhook has a listener of its own."""
 WEBHOOK_ROUTES = frozenset({"/webhook"}) | _PROBES
@@ -97,6 +101,7 @@ class ExtenderApp:
             "/webhook": ("POST", lambda: self.webhook(body, content_type)),
             "/healthz": ("GET", lambda: text_reply(200, "ok")),
             "/readyz": ("GET", self.readyz),
+            _INFORMER_SYNC: ("GET", self.informer_sync),
         }
         route = routes.get(path)
         if route is None:
@@ -112,6 +117,10 @@ class ExtenderApp:
     def readyz(self) -> HttpReply:
         why = self._readiness()
         return text_reply(200, "ok") if why is None else text_reply(503, why)
+
+    def informer_sync(self) -> HttpReply:
+        """200 once the first pod and node lists are in, leader or not."""
+        return text_reply(200, "ok") if self._state.synced else text_reply(503, _NOT_SYNCED)
 
     def filter(self, body: bytes) -> HttpReply:
         clock = self._state.clock

@@ -288,14 +288,14 @@ def test_the_scheduler_deployment(objects: list[Obj], tmp_path: Path) -> None:
     assert parse_hami_args(extender["args"], []).booking_key_file == "/booking/keys"
     tls = secret_volume(deployment, extender, "/tls")
     booking = secret_volume(deployment, extender, "/booking")
-    # kubelet presents no client certificate: the probes go to the webhook listener
-    for probe in ("readinessProbe", "livenessProbe"):
+    # kubelet presents no client certificate: the probes go to the webhook listener. Ready
+    # once synced, leader or not (/readyz, 503 on followers, would stall rolling updates and
+    # empty the webhook's Service); the extender's Service adds the leader label below.
+    for probe, path in (("readinessProbe", "/readyz/informer-sync"), ("livenessProbe", "/healthz")):
         request = extender[probe]["httpGet"]
-        assert (request["path"], request["port"], request["scheme"]) == (
-            "/healthz",
-            "webhook",
-            "HTTPS",
-        )
+        assert (request["path"], request["port"], request["scheme"]) == (path, "webhook", "HTTPS")
+    strategy = deployment["spec"]["strategy"]
+    assert strategy["rollingUpdate"]["maxUnavailable"] == 0  # why followers must be ready
 
     # the extender's Service reaches the leader's https and metrics ports; the webhook's every
     # replica's webhook port

@@ -10,7 +10,7 @@ party connects as it would in a cluster, from the manifests alone:
   signature verifies with the key file the device plugin's pods mount;
 * the API server, with the caBundle `hami certs` wrote into the webhook configuration and the
   Service DNS name it checks, calls /webhook through the webhook's Service port;
-* kubelet's probes reach /healthz on the port they name;
+* kubelet's probes (/healthz, /readyz/informer-sync) answer 200 on the port they name;
 * a client without kube-scheduler's certificate gets no answer from the extender port.
 """
 

@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from hami_plugin.extender.leader import (
+    _EXPIRY_SLACK_SECONDS,
     DEFAULT_LEASE_NAME,
     DEFAULT_LEASE_NAMESPACE,
     ElectionConfig,
@@ -176,7 +177,7 @@ def test_the_first_candidate_creates_the_lease_and_leads(store: FakeKube, clock:
     assert a.elector.is_leader() and not b.elector.is_leader()
     assert a.transitions == ["started"] and b.transitions == []
     assert b.elector.holder() == "a"
-    assert 2.0 <= wait < 2.0 * 2.2  # a candidate's retry is jittered as client-go's
+    assert 1.0 < wait <= 2.0  # jittered, never longer than one retry period
     lease = _lease(store)
     assert (lease.holder_identity, lease.lease_duration_seconds, lease.lease_transitions) == (
         "a",
@@ -225,6 +226,69 @@ def test_a_follower_takes_over_a_lease_duration_after_it_last_saw_it_change(
     assert not a.elector.is_leader()  # its renew deadline passed long ago
     lease = _lease(store)
     assert (lease.holder_identity, lease.lease_transitions) == ("b", 1)
+
+
+def test_a_candidate_reads_again_the_moment_the_lease_it_saw_expires(
+    store: FakeKube, clock: FakeClock
+) -> None:
+    a = _replica(store, clock, "a")
+    b = _replica(store, clock, "b")
+    a.elector.tick()  # a leads, then dies: it never writes again
+    seen = clock.now
+    waits = []
+    while not b.elector.is_leader():
+        waits.append(b.elector.tick())
+        if not b.elector.is_leader():
+            clock.advance(waits[-1])
+        assert clock.now - seen <= 30, "the follower never took over"
+
+    assert clock.now - seen == pytest.approx(15.0 + _EXPIRY_SLACK_SECONDS)
+    # every wait within one retry period; the last one cut short to land on the expiry
+    assert all(0 < wait <= 2.0 for wait in waits)
+
+
+def test_a_dead_leaders_lease_is_taken_within_one_retry_period_of_its_expiry(
+    store: FakeKube, clock: FakeClock
+) -> None:
+    # a renews on its cadence, b reads on its own; whenever a dies, b takes over no earlier
+    # than a lease duration after a's last renewal and at most one retry period later.
+    a = _replica(store, clock, "a")
+    b = _replica(store, clock, "b")
+    a_next = b_next = clock.now
+    death = clock.now + 20.0
+    last_renewal = None
+    for step in range(40):
+        death += 0.37  # a different phase against both cadences each round
+        while not b.elector.is_leader():
+            if a_next <= death and a_next <= b_next:
+                clock.now = a_next
+                a_next = clock.now + a.elector.tick()
+                if a.elector.is_leader():
+                    last_renewal = clock.now
+            else:
+                clock.now = b_next
+                b_next = clock.now + b.elector.tick()
+        assert last_renewal is not None
+        assert 15.0 <= clock.now - last_renewal <= 15.0 + 2.0 + _EXPIRY_SLACK_SECONDS, step
+        # b is the dead one now, a the follower: swap roles for the next round
+        a, b = b, a
+        a_next, b_next = clock.now + 2.0, clock.now
+        death = clock.now + 20.0 + 0.37 * step
+        last_renewal = clock.now
+
+
+def test_a_candidate_that_failed_at_expiry_waits_a_retry_period(
+    store: FakeKube, clock: FakeClock
+) -> None:
+    a = _replica(store, clock, "a")
+    b = _replica(store, clock, "b")
+    a.elector.tick()
+    b.elector.tick()
+    clock.advance(15.0 + _EXPIRY_SLACK_SECONDS)
+    b.view.down = True  # the read at expiry fails: no busy loop against a failing API server
+
+    assert 1.0 < b.elector.tick() <= 2.0
+    assert not b.elector.is_leader()
 
 
 def test_a_leader_that_cannot_renew_steps_down_before_anyone_can_take_over(
