@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+_SIGNAL_POLL_SECONDS = 0.5
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -267,7 +269,11 @@ class DevicePluginDaemon:
                 booking_keys=keys.keys if keys is not None else None,
             )
             self.started.set()
-            self._stop.wait()
+            # Waking twice a second lets the main thread run a signal handler: the kernel may
+            # hand the process's SIGTERM to any thread, and then nothing interrupts an untimed
+            # wait here (the pod would be SIGKILLed at the end of its grace period).
+            while not self._stop.wait(_SIGNAL_POLL_SECONDS):
+                pass
             logger.info("stopping: removing %s", registrar.socket_path)
         finally:
             if self.metrics is not None:

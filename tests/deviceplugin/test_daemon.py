@@ -6,7 +6,9 @@ In-process runs (`DevicePluginDaemon` on a thread) cover the end-to-end path and
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -322,6 +324,36 @@ def test_sigterm_stops_serving_removes_the_socket_and_exits_zero(
         assert node is not None
         assert ANNOTATION_ALLOCATE_PROTOCOL not in node["metadata"]["annotations"]
         assert kubelet.latest().stream_ended.wait(5)
+
+
+def test_a_sigterm_the_kernel_hands_to_another_thread_still_stops_the_daemon(
+    sock_dir: str, tmp_path: Path, apiserver: FakeApiServer
+) -> None:
+    # kubelet signals the process; the kernel may deliver it to any of its threads, and only
+    # the main thread runs Python's handlers: it must not sleep in an untimed wait.
+    apiserver.add_node(NODE)
+    gpus_file = tmp_path / "gpus.yaml"
+    write_gpus(gpus_file)
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    with FakeKubelet(sock_dir) as kubelet:
+        process = start_cli(
+            tmp_path, "--nvml", "fake", "--fake-gpus", str(gpus_file), "--node-name", NODE,
+            "--kubeconfig", str(kubeconfig), "--device-plugin-path", sock_dir,
+            "--hook-path", str(tmp_path / "hook"),
+        )  # fmt: skip
+        try:
+            kubelet.wait_for_registrations(1, timeout=15)
+            wait_until(lambda: register_value(apiserver) is not None, timeout=5.0)
+            threads = [int(t) for t in os.listdir(f"/proc/{process.pid}/task")]
+            other = next(t for t in threads if t != process.pid)
+            libc = ctypes.CDLL(None, use_errno=True)
+            assert libc.tgkill(process.pid, other, signal.SIGTERM) == 0, ctypes.get_errno()
+            code = process.wait(30)
+        finally:
+            process.kill()
+        assert code == 0, process.log()
+        assert "received SIGTERM" in process.log()
+        assert not os.path.exists(os.path.join(sock_dir, "nvidia-gpu.sock"))
 
 
 def test_nvml_failure_at_start_is_one_line_and_exit_one(tmp_path: Path, sock_dir: str) -> None:
