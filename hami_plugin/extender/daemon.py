@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from hami_plugin.extender.events import EventRecorder
     from hami_plugin.extender.httpserver import ExtenderServer
     from hami_plugin.extender.observer import SchedulerObserver
+    from hami_plugin.extender.requeue import Requeuer
     from hami_plugin.extender.state import SchedulerState
     from hami_plugin.kube.client import KubeClient
     from hami_plugin.kube.informer import Informer
@@ -51,6 +52,7 @@ logger = logging.getLogger(__name__)
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+_SIGNAL_POLL_SECONDS = 0.5
 
 
 class StartError(Exception):
@@ -276,6 +278,7 @@ class SchedulerDaemon:
                 self.state.pod_events,
                 name="pods",
                 watch_timeout_seconds=self._watch_timeout,
+                clock=self.state.clock,
             )
             self.node_informer = Informer(
                 kube,
@@ -295,6 +298,7 @@ class SchedulerDaemon:
                 allocation_timeout_seconds=config.allocation_timeout_seconds,
                 node_lock_timeout=config.node_lock_timeout,
                 interval_seconds=self._recovery_interval,
+                watch_failed_at=self._pod_watch_failed_at,
             )
             if config.leader_elect:
                 self._elector = self._make_elector(kube)
@@ -302,9 +306,11 @@ class SchedulerDaemon:
             self._spawn("informer-pods", self.pod_informer.run, self._stop)
             self._spawn("informer-nodes", self.node_informer.run, self._stop)
             self._spawn("recovery", recovery.run, self._stop)
+            if config.requeue_qps > 0:
+                self._spawn("requeue", self._make_requeuer(kube).run, self._stop)
             self._spawn("ready", self._watch_ready)
             if self._elector is not None:
-                self._spawn("leader-election", self._elector.run, self._stop)
+                self._spawn("leader-election", self._campaign, self._elector)
             server.start()
             logger.info(
                 "hami scheduler serving on %s (%s%s)",
@@ -318,6 +324,10 @@ class SchedulerDaemon:
                     "webhook and probes on https://%s:%d", config.webhook_host, self.webhook_port
                 )
             self.started.set()
+
+    def _pod_watch_failed_at(self) -> float | None:
+        informer = self.pod_informer
+        return None if informer is None else informer.last_failure
 
     def _start_metrics(self) -> None:
         if self._observer is not None:
@@ -361,6 +371,26 @@ class SchedulerDaemon:
             clock=self._election_clock or self.state.clock,
         )
 
+    def _make_requeuer(self, kube: KubeClient) -> Requeuer:
+        """The loop that asks kube-scheduler to retry the GPU pods it parked while this replica
+        could not answer (`hami_plugin.extender.requeue`)."""
+        from hami_plugin.extender.requeue import Requeuer
+
+        informer = self.pod_informer
+        assert informer is not None
+        state = self.state
+        return Requeuer(
+            kube,
+            informer.items,
+            lambda: self.readiness() is None,
+            lambda pod: state.booking_phase(pod.namespace, pod.name) is not None,
+            scheduler_name=self.config.scheduler_name,
+            settings=self.config.settings,
+            clock=state.clock,
+            qps=self.config.requeue_qps,
+            window_seconds=self.config.requeue_window_seconds,
+        )
+
     def _started_leading(self) -> None:
         logger.info("this replica leads now")
         self.state.observer.leader_changed(True)
@@ -374,6 +404,15 @@ class SchedulerDaemon:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
+
+    def _campaign(self, elector: Elector) -> None:
+        """Run the election once the first lists are in. A replica that cannot answer yet must
+        not hold the Lease: a restarted leader would take its own back at once (its identity
+        is its pod's name) while the synced follower waits out the lease duration."""
+        while not self.ready.wait(0.2):
+            if self._stop.is_set():
+                return
+        elector.run(self._stop)
 
     def _watch_ready(self) -> None:
         for synced in (self.state.pods_synced, self.state.nodes_synced):
@@ -429,7 +468,10 @@ class SchedulerDaemon:
             logger.error("cannot start: %s", error)
             self.shutdown(5)
             return EXIT_FAILURE
-        self._stop.wait()
+        # Waking twice a second lets the main thread run a signal handler: the kernel may hand
+        # a process's SIGTERM to any thread, and then nothing interrupts an untimed wait here.
+        while not self._stop.wait(_SIGNAL_POLL_SECONDS):
+            pass
         self.shutdown()
         return EXIT_OK
 

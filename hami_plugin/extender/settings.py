@@ -84,6 +84,10 @@ class SchedulerConfig:
     node_lock_retry_timeout_seconds: float = 28.0
     allocation_timeout_seconds: float = 120.0
     filter_booking_ttl_seconds: float = 30.0
+    requeue_qps: float = 20.0
+    """`--requeue-qps`: patches a second that ask kube-scheduler to retry parked GPU pods
+    (`hami_plugin.extender.requeue`); 0 turns the requeue loop off."""
+    requeue_window_seconds: float = 60.0
     leader_elect: bool = False
     leader_elect_resource_name: str = ""
     leader_elect_resource_namespace: str = ""
@@ -301,6 +305,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="how long a filter booking that no bind follows holds its GPUs (30s)",
     )
+    add(
+        "--requeue-qps",
+        type=float,
+        default=20.0,
+        metavar="N",
+        help="once able to answer again, ask kube-scheduler to retry the GPU pods it parked, at "
+        "most N pod patches a second; 0 turns it off (20)",
+    )
+    add(
+        "--requeue-window",
+        default="60s",
+        metavar="DURATION",
+        help="how long after becoming able to answer parked pods are looked for (60s)",
+    )
     add_bool_flag(
         parser,
         "--leader-elect",
@@ -435,6 +453,9 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
     )
     allocation = _duration(args.allocation_timeout, "--allocation-timeout")
     ttl = _duration(args.filter_booking_ttl, "--filter-booking-ttl")
+    requeue_window = _duration(args.requeue_window, "--requeue-window")
+    if not math.isfinite(args.requeue_qps) or args.requeue_qps < 0:
+        raise ConfigError("--requeue-qps must be a number >= 0")
     lease, renew, retry_period = _election_timings(args)
     if args.max_body_bytes < 1024:
         raise ConfigError("--max-body-bytes must be at least 1024")
@@ -490,6 +511,8 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
         node_lock_retry_timeout_seconds=retry.total_seconds(),
         allocation_timeout_seconds=allocation.total_seconds(),
         filter_booking_ttl_seconds=ttl.total_seconds(),
+        requeue_qps=args.requeue_qps,
+        requeue_window_seconds=requeue_window.total_seconds(),
         leader_elect=parse_setting("--leader-elect", args.leader_elect, parse_bool),
         leader_elect_resource_name=args.leader_elect_resource_name,
         leader_elect_resource_namespace=args.leader_elect_resource_namespace,

@@ -260,6 +260,19 @@ class KubeClient:
         )
         return self._transport.call(f"patch pod {namespace}/{name} metadata", request, read_pod)
 
+    def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> PodInfo:
+        """Merge-patch the pod's `status` through the `pods/<name>/status` subresource (lists
+        such as `conditions` are replaced whole); return the updated pod. The kube-scheduler
+        stand-in writes `PodScheduled` this way. Raises NotFound, Retryable or KubeError."""
+        request = Request(
+            "PATCH",
+            "/api/v1/namespaces/{namespace}/pods/{name}/status",
+            {"namespace": namespace, "name": name},
+            body={"status": dict(status)},
+            content_type=MERGE_PATCH,
+        )
+        return self._transport.call(f"patch pod {namespace}/{name} status", request, read_pod)
+
     def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
         """Bind the pod to `node` (POST a v1 Binding to `pods/<name>/binding`).
 

@@ -26,6 +26,7 @@ __all__ = [
     "ContainerSpec",
     "NodeInfo",
     "ObjectError",
+    "PodCondition",
     "PodInfo",
     "read_node",
     "read_pod",
@@ -52,6 +53,16 @@ class ContainerSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class PodCondition:
+    """One entry of `status.conditions`, as kube-scheduler writes `PodScheduled`: `status`
+    "True"/"False"/"Unknown", its `reason` ("Unschedulable", "SchedulerError") and `message`."""
+
+    status: str
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class PodInfo:
     """What the daemons need of a pod.
 
@@ -75,6 +86,8 @@ class PodInfo:
     resource_version: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
     scheduler_name: str = ""
+    scheduled: PodCondition | None = None
+    """The `PodScheduled` condition; None while the pod has none (never tried)."""
 
     @property
     def key(self) -> str:
@@ -201,6 +214,19 @@ def _init_containers_done(status: Mapping[str, Any], expected: int) -> bool:
     return True
 
 
+def _scheduled_condition(status: Mapping[str, Any]) -> PodCondition | None:
+    for position, entry in enumerate(_list(status.get("conditions"), "status.conditions")):
+        where = f"status.conditions[{position}]"
+        condition = _mapping(entry, where)
+        if condition.get("type") == "PodScheduled":
+            return PodCondition(
+                status=_text(condition.get("status"), f"{where}.status"),
+                reason=_text(condition.get("reason"), f"{where}.reason"),
+                message=_text(condition.get("message"), f"{where}.message"),
+            )
+    return None
+
+
 def read_pod(obj: Mapping[str, Any]) -> PodInfo:
     """Copy the daemons' fields out of a Pod object (camelCase keys, as the API sends it).
 
@@ -229,6 +255,7 @@ def read_pod(obj: Mapping[str, Any]) -> PodInfo:
         resource_version=_text(metadata.get("resourceVersion"), "metadata.resourceVersion"),
         labels=_string_map(metadata.get("labels"), "metadata.labels"),
         scheduler_name=_text(spec.get("schedulerName"), "spec.schedulerName"),
+        scheduled=_scheduled_condition(status),
     )
 
 

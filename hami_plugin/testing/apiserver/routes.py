@@ -1,6 +1,7 @@
-"""The REST verbs on the store: a request's path routed to a collection, an object or a Pod's
-`binding`, and GET, LIST, POST (create), PUT (replace), PATCH, DELETE and the bind applied to
-it as the API server applies them. Watches are routed here too, and served by `watch`."""
+"""The REST verbs on the store: a request's path routed to a collection, an object, a Pod's
+`binding` or its `status`, and GET, LIST, POST (create), PUT (replace), PATCH, DELETE and the
+bind applied to it as the API server applies them. Watches are routed here too, and served by
+`watch`."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ _ROUTES: list[tuple[re.Pattern[str], str]] = [
         "object",
     ),
     (re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/binding"), "binding"),
+    (re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/status"), "status"),
     (re.compile(r"/apis/coordination\.k8s\.io/v1/(?P<res>leases)"), "collection"),
     (
         re.compile(r"/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/(?P<res>leases)"),
@@ -56,7 +58,7 @@ _ROUTES: list[tuple[re.Pattern[str], str]] = [
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """Where a path leads: a "collection", an "object" or a Pod's "binding"."""
+    """Where a path leads: a "collection", an "object", a Pod's "binding" or its "status"."""
 
     kind: str
     plural: str
@@ -84,6 +86,8 @@ def handle(store: ObjectStore, request: RecordedRequest) -> tuple[int, JsonObjec
     with store.lock:
         if target.kind == "binding":
             return _bind(store, target.namespace, str(target.name), request)
+        if target.kind == "status":
+            return _status(store, target.namespace, str(target.name), request)
         if target.kind == "collection":
             return _collection(store, target.plural, target.namespace, request)
         return _object(store, target.plural, target.namespace, str(target.name), request)
@@ -152,6 +156,33 @@ def _check_precondition(plural: str, name: str, current: JsonObject, proposed: J
             "modified; please apply your changes to the latest version and try again",
             {"name": name, "kind": plural},
         )
+
+
+def _status(
+    store: ObjectStore, namespace: str, name: str, request: RecordedRequest
+) -> tuple[int, JsonObject]:
+    """`pods/<name>/status`: GET the pod; PATCH or PUT change its `status` only, the rest of
+    the request is ignored (as kube-scheduler's condition writes and kubelet's status writes
+    go)."""
+    key = (namespace, name)
+    pod = store.get("pods", key)
+    if pod is None:
+        raise not_found("pods", name)
+    if request.method == "GET":
+        return 200, copy.deepcopy(pod)
+    if request.method == "PATCH":
+        proposed = apply_patch(pod, request)
+    elif request.method == "PUT":
+        proposed = _body_object(request)
+        if not isinstance(proposed.get("metadata"), dict):
+            raise ApiError(400, "BadRequest", "metadata must be an object")
+    else:
+        raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported here")
+    _check_precondition("pods", name, pod, proposed)
+    status = proposed.get("status")
+    if not isinstance(status, dict):
+        raise ApiError(422, "Invalid", "status must be an object")
+    return 200, copy.deepcopy(store.replace("pods", key, pod, {**pod, "status": status}))
 
 
 def _bind(

@@ -1,0 +1,565 @@
+"""A kube-scheduler stand-in for tests: the queue of kube-scheduler 1.24 in front of our
+extender, over the wire.
+
+It watches pods and nodes through the API server (the double, with a `KubeClient`), takes the
+Pending, unbound, not-deleting pods of its `scheduler_name`, and schedules them one at a time
+as kube-scheduler does with an extender that is `nodeCacheCapable` and owns the GPU resources
+(`daemonset/kube-scheduler-config.yaml`): POST `/filter` with `ExtenderArgs` (the pod, the
+node names), then POST `/bind` with `ExtenderBindingArgs` to the first node returned. No
+in-tree plugin is modelled: every node passes them, and the extender decides.
+
+The queueing rules it follows, and why (`docs/kube-scheduler.md`):
+
+* A failed attempt writes `PodScheduled` False to the pod's status (`pods/<name>/status`),
+  reason "Unschedulable" and the error or the fit failure as message, as 1.24 does for an
+  extender error (`docs/kube-scheduler.md` 2); the write is skipped when the condition would
+  not change. A failed bind writes reason "SchedulerError", message "binding rejected: ...".
+* A failed filter (connection refused, a non-200 answer, `Error` in the result) or one that
+  left no node parks the pod in the unschedulable pool with no plugin to blame, unless a move
+  request came during its attempt, which sends it to the backoff queue (1.24's
+  `AddUnschedulableIfNotPresent`, `docs/kube-scheduler.md` 2). A failed bind sends the pod to
+  the backoff queue (its move request). `errors_to_backoff=True` plays 1.28 and later instead:
+  a pod rejected by no plugin always goes to the backoff queue (`docs/kube-scheduler.md` 2).
+* A parked pod leaves the pool (`docs/kube-scheduler.md` 3):
+  - on an update of the pod that `isPodUpdated` does not ignore (anything but
+    `resourceVersion`, `generation`, `managedFields`, `finalizers` and `status`): to the
+    backoff queue while its backoff runs, else to the active queue ("PodUpdate");
+  - on a move request, which moves every pod with no plugin to blame: an assigned pod deleted
+    ("AssignedPodDelete"), a node added ("NodeAdd"), a node update that changes its labels,
+    taints, `spec.unschedulable`, allocatable or conditions ("NodeUpdate"); annotation-only
+    node updates move nothing;
+  - at the flush: every `flush_interval_seconds` (30 s) the pods parked longer than
+    `flush_after_seconds` (`--pod-max-in-unschedulable-pods-duration`, 5 minutes) move
+    ("UnschedulableTimeout").
+* Backoff: `initial_backoff_seconds` (1 s) doubling per attempt up to `max_backoff_seconds`
+  (10 s), from the last failure.
+* An update of a pod being scheduled puts it in the active queue at once (1.24's `Update` of
+  a pod in no queue), so its failing attempt does not park it.
+
+Simplified: the bind runs in the scheduling thread (kube-scheduler binds in a goroutine while
+the next pod is scheduled), no preemption, no prioritize call, one profile.
+
+`moves` and `attempts` record what happened, for tests to assert on; `parked()` is the
+unschedulable pool now; `hold()`/`release()` pause it between two attempts. `start()`/`stop()`
+run and join its three threads (two informers, the scheduling loop). `extender_url` may be
+changed while it runs (a restarted extender on another port); a pod already being scheduled
+finishes with the old one.
+"""
+
+from __future__ import annotations
+
+import copy
+import http.client
+import json
+import logging
+import ssl
+import threading
+import urllib.parse
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hami_plugin.clock import Clock, SystemClock
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.kube.errors import KubeError
+from hami_plugin.kube.informer import Informer
+
+__all__ = ["Attempt", "KubeSchedulerStandIn", "Move", "is_pod_updated"]
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+
+REASON_UNSCHEDULABLE = "Unschedulable"
+REASON_SCHEDULER_ERROR = "SchedulerError"
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A pod left the unschedulable pool: `event` names why ("PodUpdate", "NodeAdd", ...)."""
+
+    pod: str
+    event: str
+    at: float
+    """Monotonic seconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One scheduling attempt: `outcome` "bound", "error" (the filter failed), "unschedulable"
+    (no node left) or "bind-error"; `message` as written to the pod's condition."""
+
+    pod: str
+    outcome: str
+    node: str = ""
+    message: str = ""
+    at: float = 0.0
+
+
+@dataclass(slots=True)
+class _Queued:
+    pod: JsonObject
+    attempts: int = 0
+    failed_at: float = float("-inf")
+    parked_at: float = 0.0
+
+
+@dataclass(slots=True)
+class _Queues:
+    active: dict[str, _Queued] = field(default_factory=dict)
+    backoff: dict[str, _Queued] = field(default_factory=dict)
+    unschedulable: dict[str, _Queued] = field(default_factory=dict)
+    in_flight: dict[str, _Queued] = field(default_factory=dict)
+    assumed: set[str] = field(default_factory=set)
+
+    def find(self, key: str) -> _Queued | None:
+        for queue in (self.active, self.backoff, self.unschedulable, self.in_flight):
+            if key in queue:
+                return queue[key]
+        return None
+
+    def remove(self, key: str) -> None:
+        for queue in (self.active, self.backoff, self.unschedulable):
+            queue.pop(key, None)
+
+
+def _key(pod: Mapping[str, Any]) -> str:
+    metadata = pod.get("metadata") or {}
+    return f"{metadata.get('namespace') or 'default'}/{metadata.get('name')}"
+
+
+def is_pod_updated(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """kube-scheduler's `isPodUpdated`: the pods differ once `resourceVersion`, `generation`,
+    `managedFields`, `finalizers` and `status` are left out (`docs/kube-scheduler.md` 4)."""
+
+    def strip(pod: Mapping[str, Any]) -> JsonObject:
+        stripped = copy.deepcopy(dict(pod))
+        metadata = dict(stripped.get("metadata") or {})
+        for name in ("resourceVersion", "generation", "managedFields", "finalizers"):
+            metadata.pop(name, None)
+        stripped["metadata"] = metadata
+        stripped.pop("status", None)
+        return stripped
+
+    return strip(old) != strip(new)
+
+
+def _node_scheduling_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """1.24's `nodeSchedulingPropertiesChange`: labels, taints, unschedulable, allocatable or
+    conditions changed (annotations alone do not count)."""
+    fields = (
+        ("metadata", "labels"),
+        ("spec", "taints"),
+        ("spec", "unschedulable"),
+        ("status", "allocatable"),
+        ("status", "conditions"),
+    )
+    for section, name in fields:
+        # absent, null, empty and false all read as "none"
+        before = (old.get(section) or {}).get(name) or None
+        after = (new.get(section) or {}).get(name) or None
+        if before != after:
+            return True
+    return False
+
+
+class _PodEvents:
+    def __init__(self, owner: KubeSchedulerStandIn) -> None:
+        self._owner = owner
+
+    def on_upsert(self, new: JsonObject, old: JsonObject | None) -> None:
+        self._owner._pod_upserted(new, old)
+
+    def on_delete(self, old: JsonObject) -> None:
+        self._owner._pod_deleted(old)
+
+    def on_synced(self) -> None:
+        return None
+
+
+class _NodeEvents:
+    def __init__(self, owner: KubeSchedulerStandIn) -> None:
+        self._owner = owner
+
+    def on_upsert(self, new: JsonObject, old: JsonObject | None) -> None:
+        if old is None:
+            self._owner._move_all("NodeAdd")
+        elif _node_scheduling_change(old, new):
+            self._owner._move_all("NodeUpdate")
+
+    def on_delete(self, old: JsonObject) -> None:
+        return None
+
+    def on_synced(self) -> None:
+        return None
+
+
+class KubeSchedulerStandIn:
+    """See the module docstring. `kube` is owned by the caller."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        extender_url: str,
+        *,
+        scheduler_name: str = "hami-scheduler",
+        flush_after_seconds: float = 300.0,
+        flush_interval_seconds: float = 30.0,
+        initial_backoff_seconds: float = 1.0,
+        max_backoff_seconds: float = 10.0,
+        errors_to_backoff: bool = False,
+        http_timeout_seconds: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.extender_url = extender_url
+        self._kube = kube
+        self._scheduler_name = scheduler_name
+        self._flush_after = flush_after_seconds
+        self._flush_interval = flush_interval_seconds
+        self._initial_backoff = initial_backoff_seconds
+        self._max_backoff = max_backoff_seconds
+        self._errors_to_backoff = errors_to_backoff
+        self._http_timeout = http_timeout_seconds
+        self._ssl_context = ssl_context
+        self._clock: Clock = clock or SystemClock()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._queues = _Queues()
+        self._cycle = 0
+        self._move_request_cycle = -1
+        self._stop = threading.Event()
+        self._held = False
+        self._threads: list[threading.Thread] = []
+        self.moves: list[Move] = []
+        self.attempts: list[Attempt] = []
+        self._pods: Informer[JsonObject] = Informer(
+            kube, "/api/v1/pods", dict, _key, _PodEvents(self), name="standin-pods",
+            watch_timeout_seconds=30, initial_backoff_seconds=0.1, max_backoff_seconds=1.0,
+        )  # fmt: skip
+        self._nodes: Informer[JsonObject] = Informer(
+            kube, "/api/v1/nodes", dict, lambda node: str(node["metadata"]["name"]),
+            _NodeEvents(self), name="standin-nodes",
+            watch_timeout_seconds=30, initial_backoff_seconds=0.1, max_backoff_seconds=1.0,
+        )  # fmt: skip
+
+    # --- what tests read ------------------------------------------------------------------------
+
+    def parked(self) -> set[str]:
+        """The pods in the unschedulable pool now."""
+        with self._lock:
+            return set(self._queues.unschedulable)
+
+    def moved(self) -> list[Move]:
+        with self._lock:
+            return list(self.moves)
+
+    def tried(self) -> list[Attempt]:
+        with self._lock:
+            return list(self.attempts)
+
+    @property
+    def synced(self) -> bool:
+        return self._pods.synced.is_set() and self._nodes.synced.is_set()
+
+    # --- lifecycle --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for name, target in (
+            ("standin-pods", self._pods.run),
+            ("standin-nodes", self._nodes.run),
+            ("standin-schedule", self._loop),
+        ):
+            thread = threading.Thread(target=target, args=(self._stop,), name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._wake:
+            self._wake.notify_all()
+        for thread in self._threads:
+            thread.join(self._http_timeout + 10)
+
+    def hold(self, timeout: float = 60.0) -> None:
+        """Start no new attempt, and return once the attempt in progress (if any) is over: a
+        test kills the extender between two attempts this way. Raises TimeoutError."""
+        with self._wake:
+            self._held = True
+            if not self._wake.wait_for(lambda: not self._queues.in_flight, timeout):
+                raise TimeoutError("an attempt is still in progress")
+
+    def release(self) -> None:
+        """Undo `hold`."""
+        with self._wake:
+            self._held = False
+            self._wake.notify_all()
+
+    # --- events -----------------------------------------------------------------------------------
+
+    def _ours(self, pod: Mapping[str, Any]) -> bool:
+        spec = pod.get("spec") or {}
+        metadata = pod.get("metadata") or {}
+        phase = (pod.get("status") or {}).get("phase") or "Pending"
+        return (
+            spec.get("schedulerName") == self._scheduler_name
+            and not spec.get("nodeName")
+            and metadata.get("deletionTimestamp") is None
+            and phase == "Pending"
+        )
+
+    def _pod_upserted(self, new: JsonObject, old: JsonObject | None) -> None:
+        key = _key(new)
+        now = self._clock.monotonic()
+        with self._wake:
+            queues = self._queues
+            if not self._ours(new):
+                queues.remove(key)
+                if (new.get("spec") or {}).get("nodeName"):
+                    queues.assumed.discard(key)
+                return
+            if key in queues.assumed:
+                return  # 1.24 ignores updates of an assumed pod
+            queued = queues.find(key)
+            if queued is None:
+                queues.active[key] = _Queued(new)
+            elif key in queues.unschedulable:
+                queued.pod = new
+                if old is not None and is_pod_updated(old, new):
+                    del queues.unschedulable[key]
+                    self._requeue(key, queued, now)
+                    self.moves.append(Move(key, "PodUpdate", now))
+            elif key in queues.in_flight:
+                queued.pod = new
+                if old is not None and is_pod_updated(old, new):
+                    queues.active[key] = _Queued(new, queued.attempts, queued.failed_at)
+            else:
+                queued.pod = new
+            self._wake.notify_all()
+
+    def _pod_deleted(self, old: JsonObject) -> None:
+        key = _key(old)
+        with self._wake:
+            self._queues.remove(key)
+            self._queues.assumed.discard(key)
+        if (old.get("spec") or {}).get("nodeName"):
+            self._move_all("AssignedPodDelete")
+
+    def _move_all(self, event: str) -> None:
+        """A move request: every parked pod (none has a plugin to blame) leaves the pool."""
+        now = self._clock.monotonic()
+        with self._wake:
+            for key, queued in list(self._queues.unschedulable.items()):
+                del self._queues.unschedulable[key]
+                self._requeue(key, queued, now)
+                self.moves.append(Move(key, event, now))
+            self._move_request_cycle = self._cycle
+            self._wake.notify_all()
+
+    def _requeue(self, key: str, queued: _Queued, now: float) -> None:
+        # called with the lock held
+        if self._backoff_until(queued) > now:
+            self._queues.backoff[key] = queued
+        else:
+            self._queues.active[key] = queued
+
+    def _backoff_until(self, queued: _Queued) -> float:
+        exponent = max(queued.attempts - 1, 0)
+        duration = min(self._initial_backoff * 2.0**exponent, self._max_backoff)
+        return queued.failed_at + duration
+
+    # --- the scheduling loop ------------------------------------------------------------------
+
+    def _loop(self, stop: threading.Event) -> None:
+        next_flush = self._clock.monotonic() + self._flush_interval
+        while not stop.is_set():
+            now = self._clock.monotonic()
+            if now >= next_flush:
+                self._flush_unschedulable(now)
+                next_flush = now + self._flush_interval
+            picked = self._pop(now)
+            if picked is None:
+                with self._wake:
+                    self._wake.wait(0.05)
+                continue
+            key, queued = picked
+            try:
+                self._schedule_one(key, queued)
+            except Exception:  # a test double must keep going: log it, back off
+                logger.exception("stand-in: scheduling %s failed", key)
+                with self._wake:
+                    self._queues.in_flight.pop(key, None)
+                    self._queues.backoff[key] = queued
+                    self._wake.notify_all()
+
+    def _flush_unschedulable(self, now: float) -> None:
+        with self._wake:
+            for key, queued in list(self._queues.unschedulable.items()):
+                if now - queued.parked_at > self._flush_after:
+                    del self._queues.unschedulable[key]
+                    self._requeue(key, queued, now)
+                    self.moves.append(Move(key, "UnschedulableTimeout", now))
+
+    def _pop(self, now: float) -> tuple[str, _Queued] | None:
+        with self._wake:
+            queues = self._queues
+            for key, queued in list(queues.backoff.items()):
+                if self._backoff_until(queued) <= now:
+                    del queues.backoff[key]
+                    queues.active[key] = queued
+            if not queues.active or self._held or not self.synced:
+                return None
+            key = next(iter(queues.active))
+            queued = queues.active.pop(key)
+            queued.attempts += 1
+            self._cycle += 1
+            queues.in_flight[key] = queued
+            return key, queued
+
+    def _schedule_one(self, key: str, queued: _Queued) -> None:
+        cycle = self._cycle
+        url = self.extender_url
+        pod = queued.pod
+        nodes = sorted(str(node["metadata"]["name"]) for node in self._nodes.items())
+        if not nodes:
+            self._failed(key, queued, cycle, "unschedulable", "no nodes available to schedule pods")
+            return
+        try:
+            result = self._post(url, "/filter", {"Pod": pod, "Nodes": None, "NodeNames": nodes})
+            error = str(result.get("Error") or "")
+        except _ExtenderError as failure:
+            error = str(failure)
+        if error:
+            self._failed(key, queued, cycle, "error", error)
+            return
+        chosen = [str(name) for name in result.get("NodeNames") or ()]
+        if not chosen:
+            failed = result.get("FailedNodes") or {}
+            reasons = Counter(str(reason) for reason in failed.values())
+            detail = ", ".join(sorted(f"{count} {reason}" for reason, count in reasons.items()))
+            message = f"0/{len(nodes)} nodes are available: {detail}."
+            self._failed(key, queued, cycle, "unschedulable", message)
+            return
+        node = chosen[0]
+        metadata = pod.get("metadata") or {}
+        binding = {
+            "PodName": metadata.get("name"),
+            "PodNamespace": metadata.get("namespace") or "default",
+            "PodUID": metadata.get("uid") or "",
+            "Node": node,
+        }
+        with self._wake:
+            self._queues.assumed.add(key)
+        try:
+            answer = self._post(url, "/bind", binding)
+            bind_error = str(answer.get("Error") or "")
+        except _ExtenderError as failure:
+            bind_error = str(failure)
+        if bind_error:
+            with self._wake:
+                self._queues.assumed.discard(key)
+            self._failed(key, queued, cycle, "bind-error", f"binding rejected: {bind_error}")
+            return
+        with self._wake:
+            self._queues.in_flight.pop(key, None)
+            self._wake.notify_all()
+            self._queues.remove(key)  # a copy queued by an update during the attempt
+            self.attempts.append(Attempt(key, "bound", node, "", self._clock.monotonic()))
+
+    def _failed(self, key: str, queued: _Queued, cycle: int, outcome: str, message: str) -> None:
+        reason = REASON_SCHEDULER_ERROR if outcome == "bind-error" else REASON_UNSCHEDULABLE
+        self._write_condition(key, reason, message)
+        now = self._clock.monotonic()
+        current = self._pods.get(key)
+        with self._wake:
+            queues = self._queues
+            queues.in_flight.pop(key, None)
+            self._wake.notify_all()
+            self.attempts.append(Attempt(key, outcome, "", message, now))
+            if current is None or not self._ours(current):
+                return
+            queued.pod = current
+            queued.failed_at = now
+            if key in queues.active:
+                return  # updated during the attempt: already queued again
+            to_backoff = (
+                outcome == "bind-error"
+                or self._move_request_cycle >= cycle
+                or (self._errors_to_backoff and outcome == "error")
+            )
+            if to_backoff:
+                queues.backoff[key] = queued
+            else:
+                queued.parked_at = now
+                queues.unschedulable[key] = queued
+            self._wake.notify_all()
+
+    def _write_condition(self, key: str, reason: str, message: str) -> None:
+        current = self._pods.get(key)
+        if current is None:
+            return
+        status = current.get("status") or {}
+        conditions = [dict(c) for c in status.get("conditions") or ()]
+        wanted = {"type": "PodScheduled", "status": "False", "reason": reason, "message": message}
+        if any(all(c.get(k) == v for k, v in wanted.items()) for c in conditions):
+            return  # UpdatePodCondition: nothing changed, nothing written
+        stamp = self._clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
+        conditions = [c for c in conditions if c.get("type") != "PodScheduled"]
+        conditions.append(
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": reason,
+                "message": message,
+                "lastProbeTime": None,
+                "lastTransitionTime": stamp,
+            }
+        )
+        namespace, name = key.split("/", 1)
+        try:
+            self._kube.patch_pod_status(namespace, name, {"conditions": conditions})
+        except KubeError as error:
+            logger.warning("stand-in: condition of %s not written: %s", key, error)
+
+    def _post(self, url: str, path: str, document: Mapping[str, Any]) -> JsonObject:
+        """POST a JSON document to the extender; its JSON answer. Raises _ExtenderError worded
+        as kube-scheduler's extender client words it."""
+        target = url.rstrip("/") + path
+        parts = urllib.parse.urlsplit(target)
+        connection: http.client.HTTPConnection
+        if parts.scheme == "https":
+            connection = http.client.HTTPSConnection(
+                parts.hostname or "", parts.port, timeout=self._http_timeout,
+                context=self._ssl_context,
+            )  # fmt: skip
+        else:
+            connection = http.client.HTTPConnection(
+                parts.hostname or "", parts.port, timeout=self._http_timeout
+            )
+        try:
+            body = json.dumps(document).encode()
+            connection.request(
+                "POST", parts.path, body=body, headers={"Content-Type": "application/json"}
+            )
+            response = connection.getresponse()
+            data = response.read()
+        except (OSError, http.client.HTTPException) as error:
+            raise _ExtenderError(f'Post "{target}": {error}') from None
+        finally:
+            connection.close()
+        if response.status != 200:
+            raise _ExtenderError(
+                f"failed {path.lstrip('/')} with extender at URL {target}, code {response.status}"
+            )
+        try:
+            answer = json.loads(data)
+        except ValueError as error:
+            raise _ExtenderError(f"{path.lstrip('/')}: {error}") from None
+        if not isinstance(answer, dict):
+            raise _ExtenderError(f"{path.lstrip('/')}: the answer is not an object")
+        return answer
+
+
+class _ExtenderError(Exception):
+    """A failed extender call."""
