@@ -15,8 +15,9 @@ hanging API server costs seconds, not the minutes its retry policy allows per ca
 Through an API server outage (the daemon gives a `nodecache.NodeCache` and a
 `writebehind.WriteBehind`): the pods and the node are read from the API first (a list is at
 least as fresh as what kubelet admits from), and from the node's watch when the API does not
-answer within `read_budget_seconds`, or at once while writes are still queued or for
-`away_hold_seconds` after a read found it away (asking again would cost every call the budget:
+answer within `read_budget_seconds`, or at once while writes are still queued (the API too
+when the watch has no pod for the call) or for `away_hold_seconds` after a read found it
+away (asking again would cost every call the budget:
 a hanging API server would make each admission wait that long). From the
 watch a pod is chosen only when its next entry asks kubelet's device count
 (`select_pending_pod(count_must_match=True)`), and a call no pod there matches fails saying the
@@ -269,8 +270,9 @@ class PodAllocator:
             license_present=os.path.exists(hostpaths.license_path(hook)),
         )
 
-    def _read(self) -> tuple[NodeInfo, list[PodInfo], str | None]:
+    def _read(self, *, past_queue: bool = False) -> tuple[NodeInfo, list[PodInfo], str | None]:
         """The node and its pods, and why they come from the watch (None: from the API).
+        `past_queue`: ask the API even though writes are queued.
 
         Raises the API's KubeError when there is no watch to fall back on, and
         AllocateFailure(NO_PENDING_POD) when the API does not answer and the watch has not
@@ -281,7 +283,7 @@ class PodAllocator:
             return self._kube.get_node(self._node_name), self._list_pods(), None
         away: str | None = None
         since = self._away_since
-        if writes is not None and writes.backlog:
+        if writes is not None and writes.backlog and not past_queue:
             away = f"{writes.backlog} write(s) wait for it"
         elif since is not None and self._clock.monotonic() - since < self._away_hold:
             away = f"a read {self._clock.monotonic() - since:.1f} s ago found it away"
@@ -310,8 +312,25 @@ class PodAllocator:
         """The pod kubelet's call for `device_count` devices is for (`select_pending_pod`),
         read as this process left it (its queued writes, the entries it served, its written
         writes, in that order: see `writebehind`), and whether the API server is away (the
-        choice came from the watch: the call's writes are queued without asking it again)."""
-        node, pods, away = self._read()
+        choice came from the watch: the call's writes are queued without asking it again).
+
+        While writes are queued the watch is asked first, and the API only when the watch holds
+        no pod the call could be for: after the API server returns, the queue waits out its
+        backoff (up to 5 s) and the watch its own (up to 30 s), and a pod bound meanwhile is in
+        neither (kubelet does not retry a failed Allocate)."""
+        try:
+            return self._pending_pod_from(self._read(), device_count)
+        except AllocateFailure:
+            writes = self._writes
+            if writes is None or not writes.backlog:
+                raise
+            # still from the watch within `away_hold_seconds` of a failed read
+            return self._pending_pod_from(self._read(past_queue=True), device_count)
+
+    def _pending_pod_from(
+        self, read: tuple[NodeInfo, list[PodInfo], str | None], device_count: int
+    ) -> tuple[NodeInfo, PendingPodChoice, bool]:
+        node, pods, away = read
         writes = self._writes
         if writes is not None:
             node = writes.node_applied(node)

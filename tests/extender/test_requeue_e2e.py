@@ -64,8 +64,9 @@ class Run:
     """From the restart until every pod is bound."""
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
+@contextmanager
+def running_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """The API server double and both GPU nodes, for one test; the plugins must exit 0."""
     api = FakeApiServer().start()
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
     nodes: dict[str, GpuNode] = {}
@@ -81,6 +82,12 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             shutil.rmtree(node.sock_dir, ignore_errors=True)
             assert code == 0, node.plugin.log()[-3000:]
         api.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with running_cluster(tmp_path) as running:
+        yield running
 
 
 def _start_scheduler(cluster: Cluster, name: str, *extra: str) -> Scheduler:
