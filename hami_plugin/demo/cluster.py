@@ -27,10 +27,11 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,7 +138,9 @@ class ProcessGroup:
         env = {key: os.environ[key] for key in _CHILD_ENV if key in os.environ}
         env["PYTHONUNBUFFERED"] = "1"
         daemon = Daemon(name, argv, log_path)
-        with log_path.open("wb") as log:
+        # A Ctrl-C between the child's exec and its entry here would leave it running: the
+        # signal waits until the daemon is listed (stop_all then stops it with the others).
+        with _signals_deferred(), log_path.open("wb") as log:
             daemon.process = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -146,7 +149,7 @@ class ProcessGroup:
                 env=env,
                 start_new_session=True,  # its own process group: killpg reaches all of it
             )
-        self._daemons.append(daemon)
+            self._daemons.append(daemon)
         logger.debug("started %s (pid %d): %s", name, daemon.process.pid, " ".join(argv))
         return daemon
 
@@ -178,6 +181,28 @@ class ProcessGroup:
                 )
         self._daemons.clear()
         return problems
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive inside are delivered on the way out (main thread only;
+    the handler is a Python function, so a child started inside gets the default action)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+
+    def record(signum: int, frame: object) -> None:
+        arrived.append(signum)
+
+    previous = {s: signal.signal(s, record) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for signum in dict.fromkeys(arrived):
+            signal.raise_signal(signum)
 
 
 def _signal_group(daemon: Daemon, signum: int) -> None:
