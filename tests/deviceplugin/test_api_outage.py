@@ -12,7 +12,6 @@ nothing in the plugin depends on how long it lasts, only on whether the API serv
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
@@ -21,9 +20,8 @@ import grpc
 import pytest
 
 from hami_plugin.clock import ManualClock
-from hami_plugin.deviceplugin.allocate import AllocateConfig
 from hami_plugin.deviceplugin.allocator import AWAY_HOLD_SECONDS, PodAllocator
-from hami_plugin.deviceplugin.nodecache import CacheNotListedError, NodeCache
+from hami_plugin.deviceplugin.nodecache import NodeCache
 from hami_plugin.deviceplugin.preferred import PreferredRequest
 from hami_plugin.deviceplugin.writebehind import WriteBehind
 from hami_plugin.kube.client import KubeClient
@@ -344,47 +342,11 @@ def test_a_pod_the_watch_never_saw_fails_clearly_and_disturbs_no_other(node: Nod
 # --- in process: when Allocate asks the API server again -----------------------------------------
 
 
-@pytest.fixture
-def allocator_parts(
-    apiserver: FakeApiServer, kube: KubeClient, tmp_path: Path
-) -> Iterator[tuple[PodAllocator, WriteBehind, ManualClock]]:
-    """A PodAllocator with the node's watch and a write-behind queue (worker not started), on
-    a manual clock."""
-    apiserver.add_node(NODE)
-    stop = threading.Event()
-    cache = NodeCache(kube, NODE)
-    cache.start(stop)
-    writes = WriteBehind(kube)
-    clock = ManualClock()
-    allocator = PodAllocator(
-        kube,
-        NODE,
-        AllocateConfig(hook_path=str(tmp_path / "hook"), vgpulock_host_path=str(tmp_path)),
-        cache=cache,
-        writes=writes,
-        clock=clock,
-    )
-    try:
-        wait_until(lambda: listed(cache), "the watches listed")
-        yield allocator, writes, clock
-    finally:
-        stop.set()
-        writes.stop()
-
-
-def listed(cache: NodeCache) -> bool:
-    try:
-        cache.node()
-        cache.pods()
-    except CacheNotListedError:
-        return False
-    return True
-
-
 def test_after_a_read_finds_the_api_away_the_next_reads_skip_it_for_a_while(
-    apiserver: FakeApiServer, allocator_parts: tuple[PodAllocator, WriteBehind, ManualClock]
+    apiserver: FakeApiServer,
+    allocator_parts: tuple[PodAllocator, NodeCache, WriteBehind, ManualClock],
 ) -> None:
-    allocator, writes, clock = allocator_parts
+    allocator, _, writes, clock = allocator_parts
     apiserver.inject_fault(status=503, times=None)
     request = PreferredRequest(available=(f"{GPUS[0]}-0",), must_include=(), size=1)
     allocator.preferred([request])  # the API read fails: from the watch

@@ -11,18 +11,10 @@ could be for (the read overlaid with the queued writes, which stay in order). Fo
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from hami_plugin.clock import ManualClock
-from hami_plugin.deviceplugin.allocate import AllocateConfig
 from hami_plugin.deviceplugin.allocator import AWAY_HOLD_SECONDS, PodAllocator
-from hami_plugin.deviceplugin.nodecache import CacheNotListedError, NodeCache
+from hami_plugin.deviceplugin.nodecache import NodeCache
 from hami_plugin.deviceplugin.writebehind import WriteBehind
-from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
@@ -36,43 +28,6 @@ from hami_plugin.protocol.model import (
 from hami_plugin.testing.apiserver import FakeApiServer, make_pod
 from tests.deviceplugin.test_signed_wire import GPUS, NODE, entries, gpu_container, stamp
 from tests.processes import wait_until
-
-
-@pytest.fixture
-def parts(
-    apiserver: FakeApiServer, kube: KubeClient, tmp_path: Path
-) -> Iterator[tuple[PodAllocator, NodeCache, WriteBehind, ManualClock]]:
-    """A PodAllocator with the node's watch and a write-behind queue whose worker is not
-    started (what it queues stays queued), on a manual clock."""
-    apiserver.add_node(NODE)
-    stop = threading.Event()
-    cache = NodeCache(kube, NODE)
-    cache.start(stop)
-    writes = WriteBehind(kube)
-    clock = ManualClock()
-    allocator = PodAllocator(
-        kube,
-        NODE,
-        AllocateConfig(hook_path=str(tmp_path / "hook"), vgpulock_host_path=str(tmp_path)),
-        cache=cache,
-        writes=writes,
-        clock=clock,
-    )
-    try:
-        wait_until(lambda: _listed(cache), "the watches listed")
-        yield allocator, cache, writes, clock
-    finally:
-        stop.set()
-        writes.stop()
-
-
-def _listed(cache: NodeCache) -> bool:
-    try:
-        cache.node()
-        cache.pods()
-    except CacheNotListedError:
-        return False
-    return True
 
 
 def _add_bound(apiserver: FakeApiServer, name: str, booking: PodDevices, created: int) -> None:
@@ -102,9 +57,9 @@ def _in_watch(cache: NodeCache, name: str) -> bool:
 
 def test_a_pod_bound_after_the_api_returns_is_served_while_writes_are_still_queued(
     apiserver: FakeApiServer,
-    parts: tuple[PodAllocator, NodeCache, WriteBehind, ManualClock],
+    allocator_parts: tuple[PodAllocator, NodeCache, WriteBehind, ManualClock],
 ) -> None:
-    allocator, cache, writes, clock = parts
+    allocator, cache, writes, clock = allocator_parts
     _add_bound(apiserver, "during", entries((0, 20480)), created=0)
     wait_until(lambda: _in_watch(cache, "during"), "the watch has the pod")
 
