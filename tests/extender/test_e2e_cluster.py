@@ -29,6 +29,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -298,16 +299,16 @@ def _start_node(api: FakeApiServer, kubeconfig: Path, log_dir: Path, name: str) 
     return GpuNode(name, kubelet, admitter, plugin, sock_dir)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    log_dir = tmp_path_factory.mktemp("e2e")
+@contextmanager
+def running_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """The API server double and both GPU nodes, for one test; the plugins must exit 0."""
     api = FakeApiServer().start()
-    kubeconfig = api.write_kubeconfig(log_dir / "kubeconfig")
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
     nodes: dict[str, GpuNode] = {}
     try:
         for name in NODES:
-            nodes[name] = _start_node(api, kubeconfig, log_dir, name)
-        yield Cluster(api, kubeconfig, log_dir, nodes)
+            nodes[name] = _start_node(api, kubeconfig, tmp_path, name)
+        yield Cluster(api, kubeconfig, tmp_path, nodes)
     finally:
         for node in nodes.values():
             node.admitter.stop()
@@ -316,6 +317,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             shutil.rmtree(node.sock_dir, ignore_errors=True)
             assert code == 0, node.plugin.log()[-3000:]
         api.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with running_cluster(tmp_path_factory.mktemp("e2e")) as running:
+        yield running
 
 
 @pytest.fixture(scope="class")

@@ -36,10 +36,9 @@ from hami_plugin.testing.apiserver import make_pod
 from hami_plugin.testing.kubescheduler import KubeSchedulerStandIn
 from tests.extender.cluster import FAST_RETRY
 from tests.extender.helpers import gpu_pod
-from tests.extender.test_e2e_cluster import NAMESPACE, NODES, Cluster, Scheduler
+from tests.extender.test_e2e_cluster import NAMESPACE, NODES, Cluster, Scheduler, running_cluster
 from tests.extender.test_failover import FAST, PODS, ServiceRouter
 from tests.extender.test_failover import NAMESPACE as SCHEDULER_NAMESPACE
-from tests.extender.test_requeue_e2e import running_cluster
 from tests.processes import wait_until
 
 logger = logging.getLogger(__name__)

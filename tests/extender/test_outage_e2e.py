@@ -39,7 +39,7 @@ import pytest
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.testing.kubescheduler import KubeSchedulerStandIn
 from tests.extender.cluster import FAST_RETRY
-from tests.extender.test_e2e_cluster import NODES, Cluster, Scheduler
+from tests.extender.test_e2e_cluster import NODES, Cluster, Scheduler, running_cluster
 from tests.extender.test_failover_e2e import (
     BURST,
     bound,
@@ -48,7 +48,6 @@ from tests.extender.test_failover_e2e import (
     outcomes,
     settled,
 )
-from tests.extender.test_requeue_e2e import running_cluster
 from tests.processes import wait_until
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,6 @@ live pods hold, and no node lock left.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +27,6 @@ import pytest
 
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol.model import ANNOTATION_BIND_PHASE, ANNOTATION_NODE_LOCK
-from hami_plugin.testing.apiserver import FakeApiServer
 from hami_plugin.testing.kubescheduler import KubeSchedulerStandIn
 from tests.extender.cluster import FAST_RETRY
 from tests.extender.helpers import gpu_pod
@@ -36,9 +34,8 @@ from tests.extender.test_e2e_cluster import (
     NAMESPACE,
     NODES,
     Cluster,
-    GpuNode,
     Scheduler,
-    _start_node,
+    running_cluster,
 )
 from tests.processes import wait_until
 
@@ -62,26 +59,6 @@ class Run:
     """From the restart until the new scheduler answers /readyz 200."""
     placed_after_seconds: float
     """From the restart until every pod is bound."""
-
-
-@contextmanager
-def running_cluster(tmp_path: Path) -> Iterator[Cluster]:
-    """The API server double and both GPU nodes, for one test; the plugins must exit 0."""
-    api = FakeApiServer().start()
-    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-    nodes: dict[str, GpuNode] = {}
-    try:
-        for name in NODES:
-            nodes[name] = _start_node(api, kubeconfig, tmp_path, name)
-        yield Cluster(api, kubeconfig, tmp_path, nodes)
-    finally:
-        for node in nodes.values():
-            node.admitter.stop()
-            code = node.plugin.stop()
-            node.kubelet.stop()
-            shutil.rmtree(node.sock_dir, ignore_errors=True)
-            assert code == 0, node.plugin.log()[-3000:]
-        api.stop()
 
 
 @pytest.fixture
