@@ -94,6 +94,7 @@ class Bookings:
 
     def __init__(self) -> None:
         self._bookings: dict[str, Booking] = {}
+        self._by_node: dict[str, set[str]] = {}  # node -> keys of the bookings there
         self._expiries: deque[Booking] = deque()  # FILTERED bookings, oldest first
         self._vanishing: dict[str, tuple[int, float]] = {}  # key -> (token, deadline)
         self._tokens = itertools.count(1)
@@ -103,6 +104,24 @@ class Bookings:
 
     def items(self) -> ItemsView[str, Booking]:
         return self._bookings.items()
+
+    def on_node(self, node: str) -> list[Booking]:
+        """The standing bookings on `node`, in any phase."""
+        return [self._bookings[key] for key in self._by_node.get(node, ())]
+
+    def _store(self, booking: Booking) -> None:
+        previous = self._bookings.get(booking.key)
+        if previous is not None and previous.node != booking.node:
+            self._unindex(previous)
+        self._bookings[booking.key] = booking
+        self._by_node.setdefault(booking.node, set()).add(booking.key)
+
+    def _unindex(self, booking: Booking) -> None:
+        keys = self._by_node.get(booking.node)
+        if keys is not None:
+            keys.discard(booking.key)
+            if not keys:
+                del self._by_node[booking.node]
 
     def book(
         self,
@@ -127,16 +146,19 @@ class Bookings:
             token=next(self._tokens),
         )
         if expires is not None:
-            self._bookings[key] = booking
+            self._store(booking)
             self._expiries.append(booking)
         return booking
 
     def put(self, booking: Booking) -> None:
         """Store `booking` (a `replace` of the standing one, or one made by `book`)."""
-        self._bookings[booking.key] = booking
+        self._store(booking)
 
     def pop(self, key: str) -> Booking | None:
-        return self._bookings.pop(key, None)
+        booking = self._bookings.pop(key, None)
+        if booking is not None:
+            self._unindex(booking)
+        return booking
 
     def expired(self, now: float) -> list[Booking]:
         """The FILTERED bookings whose time is past at monotonic `now` (still stored: the

@@ -13,6 +13,7 @@ condition variable when a method reports a change.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -74,14 +75,23 @@ class InFlightTracker:
         pods.update(self._own.get(node, {}))
         return pods
 
-    def blocker(self, me: inflight.InFlightPod, node: str, key: str) -> str | None:
+    def blocker(
+        self,
+        me: inflight.InFlightPod,
+        node: str,
+        key: str,
+        level: int = 1,
+        also: Sequence[inflight.InFlightPod] = (),
+    ) -> str | None:
         """Why pod `key` (in-flight view `me`) cannot be counted in flight on `node` now, or
-        None when no other in-flight pod there could be confused with it."""
+        None when no other in-flight pod there could be confused with it (`level`: the node's
+        `inflight.protocol_level`). `also` are more pods to count (bookings not claimed yet)."""
         others = [pod for other, pod in self._of(node).items() if other != key]
         for pod in others:
             if pod is _UNREADABLE:
                 return f"a pod in flight on node {node} has no readable booking"
-        blocker = inflight.must_wait_for(me, others)
+        others.extend(also)
+        blocker = inflight.must_wait_for(me, others, level=level)
         if blocker is None:
             return None
         return (
@@ -117,10 +127,17 @@ class InFlightTracker:
 
     # --- the watch ------------------------------------------------------------------------------
 
-    def watched(self, info: PodInfo) -> bool:
+    def has(self, node: str, key: str) -> bool:
+        """Pod `key` counts in flight on `node` (the watch's or this process's)."""
+        return key in self._own.get(node, {}) or key in self._watch.get(node, {})
+
+    def watched(
+        self, info: PodInfo, shape: Callable[[PodInfo], Hashable | None] | None = None
+    ) -> bool:
         """Keep the node's in-flight view of a pod event: pods `allocating` and Pending (being
         deleted too, until they are gone); one whose to-allocate annotation is unreadable could
-        be any Allocate, so it blocks every bind on its node. Returns whether the view changed."""
+        be any Allocate, so it blocks every bind on its node. `shape` gives a pod's
+        `InFlightPod.shape` (asked only of pods in flight). Returns whether the view changed."""
         key = info.key
         node = info.annotations.get(ANNOTATION_VGPU_NODE, "")
         allocating = (
@@ -133,6 +150,8 @@ class InFlightTracker:
             entry = inflight.in_flight_pod(
                 info.namespace, info.name, info.creation_timestamp, info.annotations
             )
+            if entry is not None:
+                entry = replace(entry, uid=info.uid, shape=shape(info) if shape else None)
             if entry is None:
                 logger.warning(
                     "pod %s allocating on node %s has no readable %s: no other pod is bound "

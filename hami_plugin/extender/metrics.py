@@ -37,6 +37,8 @@ What HAMi lacks (no zone label):
 * `hami_scheduler_bind_wait_seconds` histogram: time a bind waited for a node lock or for an
   in-flight pod of its node
 * `hami_scheduler_bookings_expired_total`: filter bookings no bind followed
+* `hami_scheduler_filter_fanned_out_total`: filters that answered past the policy's first node
+  (the bind would have waited there)
 * `hami_scheduler_pods_recovered_total{reason}`: allocation_timeout / owner_gone / lock_expired
 * `hami_scheduler_leader` (1/0, read at scrape time) and
   `hami_scheduler_leadership_changes_total{to}` (to="leader" / "follower")
@@ -257,6 +259,12 @@ class SchedulerMetrics:
             "Filter bookings freed because no bind followed within --filter-booking-ttl",
             registry=self.registry,
         )
+        self._filters_fanned_out = Counter(
+            "hami_scheduler_filter_fanned_out",
+            "Filters that answered a later node than the policy's first because the bind would "
+            "have waited there (--burst-look-ahead)",
+            registry=self.registry,
+        )
         self._pods_recovered = Counter(
             "hami_scheduler_pods_recovered",
             "Stuck allocations and node locks the recovery loop undid, by reason",
@@ -308,6 +316,10 @@ class SchedulerMetrics:
     def booking_expired(self) -> None:
         """A filter booking no bind followed was freed."""
         self._bookings_expired.inc()
+
+    def filter_fanned_out(self) -> None:
+        """A filter sent the pod past the policy's first node, where it would have waited."""
+        self._filters_fanned_out.inc()
 
     def pod_recovered(self, reason: str) -> None:
         """The recovery loop undid something stuck."""

@@ -60,13 +60,17 @@ class NodeRegistry:
         """The node matches `--node-label-selector`."""
         return all(info.labels.get(k) == v for k, v in self.selector.items())
 
-    def speaks_allocate_protocol(self, name: str) -> bool:
-        """The node's device plugin announces the in-flight allocate protocol."""
+    def allocate_protocol_level(self, name: str) -> int:
+        """`inflight.protocol_level` of the node's device plugin: 0 (HAMi's node lock), 1 or 2."""
         info = self._nodes.get(name)
-        return info is not None and (
-            info.annotations.get(inflight.ANNOTATION_ALLOCATE_PROTOCOL)
-            == inflight.ALLOCATE_PROTOCOL
-        )
+        if info is None:
+            return 0
+        return inflight.protocol_level(info.annotations.get(inflight.ANNOTATION_ALLOCATE_PROTOCOL))
+
+    def lock_value(self, name: str) -> str | None:
+        """The node's `hami.io/mutex.lock` as the watch last showed it."""
+        info = self._nodes.get(name)
+        return None if info is None else info.annotations.get(ANNOTATION_NODE_LOCK)
 
     def locked(self) -> list[NodeInfo]:
         """Nodes whose last seen version carries `hami.io/mutex.lock`."""

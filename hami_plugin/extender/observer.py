@@ -52,6 +52,10 @@ class SchedulerObserver(Protocol):
     def booking_expired(self) -> None:
         """A filter booking that no bind followed was freed."""
 
+    def filter_fanned_out(self) -> None:
+        """A filter answered a later node than the policy's first, on which the bind would
+        have waited (a burst fanning out)."""
+
     def pod_recovered(self, reason: str) -> None:
         """The recovery loop undid something stuck; `reason` is one of RECOVERY_REASONS."""
 
@@ -85,6 +89,9 @@ class NullObserver:
         return None
 
     def booking_expired(self) -> None:
+        return None
+
+    def filter_fanned_out(self) -> None:
         return None
 
     def pod_recovered(self, reason: str) -> None:

@@ -88,6 +88,9 @@ class SchedulerConfig:
     """`--requeue-qps`: patches a second that ask kube-scheduler to retry parked GPU pods
     (`hami_plugin.extender.requeue`); 0 turns the requeue loop off."""
     requeue_window_seconds: float = 60.0
+    burst_look_ahead: int = 16
+    """`--burst-look-ahead`: fitting nodes past the policy's first a filter may try for one where
+    the bind would not wait (`hami_plugin.scheduler.filter.decide`); 0: HAMi's choice always."""
     leader_elect: bool = False
     leader_elect_resource_name: str = ""
     leader_elect_resource_namespace: str = ""
@@ -314,6 +317,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "most N pod patches a second; 0 turns it off (20)",
     )
     add(
+        "--burst-look-ahead",
+        type=int,
+        default=16,
+        metavar="N",
+        help="when the bind would wait on the node the policy ranks first (a node lock, or a pod "
+        "in flight kubelet could confuse with this one), answer the first of the next N fitting "
+        "nodes in policy order where it would not; 0 always answers the policy's first (16)",
+    )
+    add(
         "--requeue-window",
         default="60s",
         metavar="DURATION",
@@ -456,6 +468,8 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
     requeue_window = _duration(args.requeue_window, "--requeue-window")
     if not math.isfinite(args.requeue_qps) or args.requeue_qps < 0:
         raise ConfigError("--requeue-qps must be a number >= 0")
+    if args.burst_look_ahead < 0:
+        raise ConfigError("--burst-look-ahead must be a whole number >= 0")
     lease, renew, retry_period = _election_timings(args)
     if args.max_body_bytes < 1024:
         raise ConfigError("--max-body-bytes must be at least 1024")
@@ -513,6 +527,7 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
         filter_booking_ttl_seconds=ttl.total_seconds(),
         requeue_qps=args.requeue_qps,
         requeue_window_seconds=requeue_window.total_seconds(),
+        burst_look_ahead=args.burst_look_ahead,
         leader_elect=parse_setting("--leader-elect", args.leader_elect, parse_bool),
         leader_elect_resource_name=args.leader_elect_resource_name,
         leader_elect_resource_namespace=args.leader_elect_resource_namespace,

@@ -31,7 +31,7 @@ and a pod force-deleted after kubelet received it; see docs/scheduler.md
 from __future__ import annotations
 
 import calendar
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -50,6 +50,21 @@ ALLOCATE_PROTOCOL = "in-flight/v1"
 """Written by our device plugin with the register annotation, removed on its clean shutdown.
 Absent: the node runs HAMi's device plugin, and the scheduler uses HAMi's node lock exactly."""
 
+ALLOCATE_PROTOCOL_V2 = "in-flight/v2"
+"""`ALLOCATE_PROTOCOL` plus: the device plugin asks kubelet's PodResources API (v1 `List`) which
+of several not-started pods kubelet is admitting, so interchangeable pods (same `shape`) need
+not wait for each other. Written instead of v1 only while that API answers."""
+
+
+def protocol_level(value: str | None) -> int:
+    """The node annotation's value as a level: 0 no allocate protocol (HAMi's node lock),
+    1 `ALLOCATE_PROTOCOL`, 2 `ALLOCATE_PROTOCOL_V2`."""
+    if value == ALLOCATE_PROTOCOL_V2:
+        return 2
+    if value == ALLOCATE_PROTOCOL:
+        return 1
+    return 0
+
 
 @dataclass(frozen=True, slots=True)
 class InFlightPod:
@@ -67,6 +82,12 @@ class InFlightPod:
     allocated: PodDevices
     to_allocate: PodDevices
     bound: bool = True
+    uid: str = ""
+    shape: Hashable | None = None
+    """What makes two pods interchangeable at Allocate: equal (and not None) when their GPU
+    requests are the same in every field that matters (the scheduler's reading of counts,
+    memory, cores per container, init containers, and the pod's type/UUID/NUMA/policy options).
+    Set by the scheduler only; None: interchangeable with no pod."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -157,10 +178,20 @@ def _admitted_before(earlier: InFlightPod, later: InFlightPod) -> bool:
     return earlier.bound and not earlier.started and earlier.created_seconds < later.created_seconds
 
 
-def confusable(pod: InFlightPod, other: InFlightPod) -> bool:
+def interchangeable(pod: InFlightPod, other: InFlightPod) -> bool:
+    """True when the two pods ask the same in every field that matters (equal `shape`): any
+    of their containers can be served either booking's GPUs with the same limits, and on a node
+    whose device plugin speaks `ALLOCATE_PROTOCOL_V2` kubelet's own list tells them apart."""
+    return pod.shape is not None and pod.shape == other.shape
+
+
+def confusable(pod: InFlightPod, other: InFlightPod, *, level: int = 1) -> bool:
     """True when an Allocate of `pod` could be taken for one of `other`'s, or the reverse, should
-    kubelet give up on a pod part-way (see the module docstring)."""
+    kubelet give up on a pod part-way (see the module docstring). `level` is the node's
+    `protocol_level`: at 2, interchangeable pods are never confusable."""
     if pod.key == other.key or pod.finished or other.finished:
+        return False
+    if level >= 2 and interchangeable(pod, other):
         return False
     other_counts = other.remaining_counts
     if _admitted_before(other, pod):
@@ -170,17 +201,21 @@ def confusable(pod: InFlightPod, other: InFlightPod) -> bool:
     return not set(pod.remaining_counts).isdisjoint(other_counts)
 
 
-def must_wait_for(pod: InFlightPod, others: Sequence[InFlightPod]) -> InFlightPod | None:
+def must_wait_for(
+    pod: InFlightPod, others: Sequence[InFlightPod], *, level: int = 1
+) -> InFlightPod | None:
     """Scheduler side: the in-flight pod that `pod` must not be bound alongside, else None.
 
     `pod` is about to be bound (not started, `bound` irrelevant); `others` are the pods in
     flight on the same node (annotated `allocating`, Pending, including pods being deleted,
     until they are gone), with `bound=False` for those whose Binding has not returned yet.
-    Returns the first blocker in `others` order. The answer only gets more permissive as
-    `others` start, finish, get bound or disappear, so a stale view errs on the safe side.
+    `level` is the node's `protocol_level` (1 or 2; at 2 interchangeable pods never wait for
+    each other). Returns the first blocker in `others` order. The answer only gets more
+    permissive as `others` start, finish, get bound or disappear, so a stale view errs on the
+    safe side.
     """
     for other in others:
-        if confusable(pod, other):
+        if confusable(pod, other, level=level):
             return other
     return None
 

@@ -18,6 +18,15 @@ The ledger is only read. After the pod's annotations are written, the caller boo
 allocation with `assume` (HAMi tracks it at once, before the informer sees the patch); before
 deciding for a pod that is already tracked (re-scheduling), it calls `ledger.untrack`.
 
+A burst fans out only as far as it must (`would_wait`, `look_ahead`): when the node the policy
+ranks first would make the pod wait at bind (a node lock another pod holds, or an in-flight pod
+kubelet's Allocate could confuse with it: the caller's predicate), the answer is, among the
+nodes that fit, in the policy's order, the first that needs no wait, looking at most
+`look_ahead` fitting nodes past the first; when every one of them would wait, the first (it is
+waited for there). The predicate is asked only of fitting nodes, and only once the first needs
+a wait: a pod placed when nothing is in flight goes exactly where HAMi's Filter puts it. The
+booking of the node chosen is that node's own fit, so the annotations stay exact.
+
 A `FitCache` passed to `decide` remembers each node's last fit: a node whose usage snapshot is
 the very same object (the ledger replaces a node's snapshot on every change) and a pod with
 the same requests and placement options get the remembered result. It makes repeated
@@ -27,11 +36,15 @@ that did not change.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from hami_plugin.protocol.codec import AnnotationError, encode_pod_devices, parse_pod_gpu_options
+from hami_plugin.protocol.codec import (
+    AnnotationError,
+    encode_pod_devices,
+    parse_pod_gpu_options,
+)
 from hami_plugin.protocol.model import (
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_DEVICES_TO_ALLOCATE,
@@ -40,6 +53,7 @@ from hami_plugin.protocol.model import (
     GpuPolicy,
     NodePolicy,
     PodDevices,
+    PodGpuOptions,
 )
 from hami_plugin.protocol.objects import PodInfo
 from hami_plugin.scheduler.fit import (
@@ -55,7 +69,11 @@ from hami_plugin.scheduler.requests import PodRequests, pod_requests
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.usage import NodeUsage, collapse_pod_devices
 
-__all__ = ["FilterResult", "FitCache", "assume", "decide"]
+__all__ = ["FilterResult", "FitCache", "WouldWait", "assume", "decide", "pod_shape"]
+
+WouldWait = Callable[[str, PodDevices, Hashable], bool]
+"""`would_wait(node, devices, shape)`: True when binding the pod there with these devices would
+have to wait for another pod (the caller knows the locks and the pods in flight)."""
 
 _WALK_GLOBAL_ORDER_FRACTION = 4
 """Walk the ledger's sorted order (skipping non-candidates) when at least 1/4 of the registered
@@ -84,6 +102,11 @@ class FilterResult:
     """The pod's GPU annotation that cannot be read (its key and detail); rendered at the edge."""
     fitted: int = 0
     """How many nodes were fitted (registered candidates tried)."""
+    shape: Hashable | None = None
+    """What the pod asks, as far as Allocate can tell pods apart (`pod_shape`): the requests
+    and the resolved GPU options. None when the pod asks no GPU or has an unreadable option."""
+    fanned_out: bool = False
+    """The first fitting node would have made the pod wait, so `node` is a later one."""
 
 
 class FitCache:
@@ -156,6 +179,32 @@ def _candidates(
     return iter(usages)
 
 
+def pod_shape(pod: PodInfo, settings: SchedulerSettings) -> Hashable | None:
+    """What the pod asks as far as Allocate can tell pods apart: its per-container requests
+    (init containers first) and its GPU options resolved against the defaults (types, UUIDs,
+    NUMA, GPU policy). Two pods with equal shapes get the same limits from either one's
+    booking. None for a pod that asks no GPU or whose options cannot be read."""
+    requests = pod_requests(pod, settings)
+    if not requests.wants_gpu:
+        return None
+    try:
+        options = parse_pod_gpu_options(pod.annotations)
+    except AnnotationError:
+        return None
+    return _signature(requests, _context(options, settings))
+
+
+def _context(options: PodGpuOptions, settings: SchedulerSettings) -> FitContext:
+    return FitContext.for_pod(
+        options, settings.gpu_policy, numa_grouped_order=settings.numa_grouped_order
+    )
+
+
+def _signature(requests: PodRequests, context: FitContext) -> Hashable:
+    """The fit cache's key for the pod, and its `pod_shape`."""
+    return (requests.containers, requests.init_count, context)
+
+
 def decide(
     ledger: Ledger,
     pod: PodInfo,
@@ -166,12 +215,15 @@ def decide(
     exhaustive: bool = False,
     cache: FitCache | None = None,
     requests: PodRequests | None = None,
+    would_wait: WouldWait | None = None,
+    look_ahead: int = 0,
 ) -> FilterResult:
     """Choose a node for the pod among `candidates` (None: every registered node).
 
     `requests` are the pod's `pod_requests` when the caller has them already (read once per
     call). An invalid GPU annotation on the pod is reported in `FilterResult.error` (it is the
-    pod's fault, not the caller's); nothing is raised.
+    pod's fault, not the caller's); nothing is raised. `would_wait` and `look_ahead` fan a
+    burst out (the module docstring); without them the answer is HAMi's.
     """
     if requests is None:
         requests = pod_requests(pod, settings)
@@ -183,12 +235,11 @@ def decide(
         return FilterResult(node=None, requests=requests, error=error)
     node_policy = options.node_policy or settings.node_policy
     gpu_policy = options.gpu_policy or settings.gpu_policy
-    context = FitContext.for_pod(
-        options,
-        settings.gpu_policy,
-        numa_grouped_order=settings.numa_grouped_order,
-    )
-    signature = (requests.containers, requests.init_count, context)
+    context = _context(options, settings)
+    signature = _signature(requests, context)
+    fan_out = would_wait is not None and look_ahead > 0 and not exhaustive
+    first: str | None = None
+    beyond_first = 0
     failed: dict[str, FitFailure] = {}
     scores: dict[str, float] = {}
     placements: dict[str, PodDevices] = {}
@@ -205,10 +256,30 @@ def decide(
             continue
         scores[usage.name] = usage.score
         placements[usage.name] = outcome.devices
-        if chosen is None:
-            chosen = usage.name
-            if not exhaustive:
+        if exhaustive:
+            if chosen is None:
+                chosen = usage.name
+            continue
+        if first is None:
+            first = usage.name
+            if (
+                not fan_out
+                or would_wait is None
+                or not would_wait(usage.name, outcome.devices, signature)
+            ):
+                chosen = first
                 break
+            continue
+        # the first fitting node would wait: the next one that would not, within the look-ahead
+        beyond_first += 1
+        if would_wait is not None and not would_wait(usage.name, outcome.devices, signature):
+            chosen = usage.name
+            break
+        if beyond_first >= look_ahead:
+            break
+    fanned_out = chosen is not None and chosen != first and not exhaustive
+    if chosen is None and first is not None:
+        chosen = first  # every node looked at would wait: wait on the policy's choice
     if chosen is None:
         return FilterResult(
             node=None,
@@ -217,6 +288,7 @@ def decide(
             node_policy=node_policy,
             gpu_policy=gpu_policy,
             fitted=fitted,
+            shape=signature,
         )
     devices = placements[chosen]
     encoded = encode_pod_devices(devices)
@@ -237,6 +309,8 @@ def decide(
         node_policy=node_policy,
         gpu_policy=gpu_policy,
         fitted=fitted,
+        shape=signature,
+        fanned_out=fanned_out,
     )
 
 

@@ -118,6 +118,9 @@ class RecordingObserver:
     def booking_expired(self) -> None:
         self._add("booking_expired", None)
 
+    def filter_fanned_out(self) -> None:
+        self._add("filter_fanned_out", None)
+
     def pod_recovered(self, reason: str) -> None:
         self._add("pod_recovered", reason)
 

@@ -49,6 +49,11 @@ from hami_plugin.extender.bookings import BindPlan, BindRefusal
 from hami_plugin.extender.state import SchedulerState
 from hami_plugin.kube.informer import InformerHandler
 from hami_plugin.protocol.codec import decode_pod_devices, encode_node_devices
+from hami_plugin.protocol.inflight import (
+    ALLOCATE_PROTOCOL,
+    ALLOCATE_PROTOCOL_V2,
+    ANNOTATION_ALLOCATE_PROTOCOL,
+)
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_DEVICES_ALLOCATED,
@@ -66,6 +71,12 @@ from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.testing.apiserver import make_container, make_node, make_pod
 
 NODES = ("node-a", "node-b", "node-c")
+PROTOCOLS: dict[str, dict[str, str]] = {
+    "node-a": {},  # HAMi's device plugin: the node lock (not taken here: no API)
+    "node-b": {ANNOTATION_ALLOCATE_PROTOCOL: ALLOCATE_PROTOCOL},
+    "node-c": {ANNOTATION_ALLOCATE_PROTOCOL: ALLOCATE_PROTOCOL_V2},
+}
+"""Each kind of node once, so filters fan out (`--burst-look-ahead`) between kinds."""
 GPUS_PER_NODE = 2
 SLOTS = 4
 MEMORY_MIB = 8000
@@ -305,7 +316,7 @@ class _Run:
         self.uids = 0
         self.now = _T0
         for node in NODES:
-            annotations = {ANNOTATION_NODE_REGISTER: REGISTER[node]}
+            annotations = {ANNOTATION_NODE_REGISTER: REGISTER[node], **PROTOCOLS[node]}
             allocatable = {"cpu": "8", "pods": "110", RESOURCE_GPU: str(GPUS_PER_NODE * SLOTS)}
             obj = make_node(node, annotations=annotations, allocatable=allocatable)
             self._emit("node", node, "ADDED", obj)
@@ -341,7 +352,7 @@ class _Run:
         if name in self.pods:
             return
         self.uids += 1
-        self.now += timedelta(seconds=1)
+        self.now += timedelta(seconds=self.uids % 2)  # pairs of pods share a creation second
         self._emit("pod", name, "ADDED", _pod_object(name, f"uid-{self.uids}", shape, self.now))
 
     def create_and_schedule(self, name: str, shape: Shape) -> None:
@@ -365,7 +376,10 @@ class _Run:
         plan = self.handler.plan_bind(pod, node)
         if plan is None:
             return
-        if outcome == "bind_fails":
+        if outcome == "bind_fails" or (
+            plan.protocol and self.handler.state.claim_in_flight(plan, deadline=0.0) is not None
+        ):
+            # failed, or the wait for an in-flight pod kubelet could confuse it with timed out
             self.handler.state.bind_failed(plan)
             return
         self._change_pod(name, annotations=plan.annotations, labels=plan.labels)
