@@ -134,6 +134,8 @@ class SchedulerDaemon:
             node_selector=config.node_label_selector,
             clock=clock,
             booking_keys=keys.keys if keys is not None else None,
+            burst_look_ahead=config.burst_look_ahead,
+            node_lock_timeout=config.node_lock_timeout,
         )
         if keys is None:
             logger.warning(
@@ -224,7 +226,9 @@ class SchedulerDaemon:
                     config.kubeconfig, clock=self.state.clock
                 )
             self._start_metrics()
-            events = self._events = EventRecorder(kube, config.scheduler_name)
+            events = self._events = EventRecorder(
+                kube, config.scheduler_name, clock=self.state.clock
+            )
             binder = Binder(
                 self.state,
                 kube,

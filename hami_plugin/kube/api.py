@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Protocol
 
 from hami_plugin.kube.records import (
@@ -87,7 +88,8 @@ class PodEventApi(Protocol):
 
 
 class EventApi(Protocol):
-    """Record an event about any object (best effort): the scheduler's event recorder."""
+    """Record an event about any object (best effort), and count a repeat onto it: the
+    scheduler's event recorder, which correlates events as client-go's does."""
 
     def create_event(
         self,
@@ -96,6 +98,14 @@ class EventApi(Protocol):
         message: str,
         event_type: str = "Normal",
         component: str = "hami-scheduler",
+        *,
+        count: int = 1,
+        first_timestamp: datetime | None = None,
+        last_timestamp: datetime | None = None,
+    ) -> str | None: ...
+
+    def patch_event(
+        self, namespace: str, name: str, count: int, last_timestamp: datetime, message: str
     ) -> None: ...
 
 

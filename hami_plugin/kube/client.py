@@ -40,6 +40,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -62,6 +63,7 @@ from hami_plugin.kube.records import (
     WatchEvent,
     WebhookConfigurationRecord,
     event_body,
+    event_patch,
     lease_body,
     lease_record,
     page,
@@ -570,8 +572,14 @@ class KubeClient:
         message: str,
         event_type: str = "Normal",
         component: str = "hami-scheduler",
-    ) -> None:
-        """Record a core/v1 Event about any object. Best effort: failures are logged, not raised.
+        *,
+        count: int = 1,
+        first_timestamp: datetime | None = None,
+        last_timestamp: datetime | None = None,
+    ) -> str | None:
+        """Record a core/v1 Event about any object, seen `count` times between the two
+        timestamps (each the clock's now when None); return its name, None when it was not
+        recorded. Best effort: failures are logged, not raised.
 
         The event name is `<object>.<hex nanoseconds>` as client-go writes it, so a retry after
         a timeout that had in fact succeeded gets 409 and counts as done.
@@ -579,7 +587,17 @@ class KubeClient:
         kind = ref.kind.lower()
         where = f"{ref.namespace}/{ref.name}" if ref.namespace else ref.name
         what = f"create event {reason} for {kind} {where}"
-        body = event_body(ref, reason, message, event_type, component, self._clock.now())
+        body = event_body(
+            ref,
+            reason,
+            message,
+            event_type,
+            component,
+            last_timestamp or self._clock.now(),
+            count=count,
+            first_timestamp=first_timestamp,
+        )
+        name: str = body["metadata"]["name"]
         request = Request(
             "POST",
             "/api/v1/namespaces/{namespace}/events",
@@ -593,6 +611,25 @@ class KubeClient:
             logger.debug("%s: already recorded", what)
         except KubeError as exc:
             logger.warning("event not recorded: %s", exc)
+            return None
+        return name
+
+    def patch_event(
+        self, namespace: str, name: str, count: int, last_timestamp: datetime, message: str
+    ) -> None:
+        """Count a repeat onto the Event `name`: merge-patch its `count`, `lastTimestamp` and
+        `message`, as client-go's recorder does.
+
+        Raises NotFound (the Event expired: create it anew), Retryable or KubeError.
+        """
+        request = Request(
+            "PATCH",
+            "/api/v1/namespaces/{namespace}/events/{name}",
+            {"namespace": namespace, "name": name},
+            body=event_patch(count, last_timestamp, message),
+            content_type=MERGE_PATCH,
+        )
+        self._transport.call(f"patch event {namespace}/{name}", request, _ignore_body)
 
     def create_pod_event(
         self,

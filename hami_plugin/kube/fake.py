@@ -17,6 +17,7 @@ import copy
 import dataclasses
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from hami_plugin.clock import Clock, SystemClock
@@ -28,6 +29,7 @@ from hami_plugin.kube.records import (
     SecretRecord,
     WebhookConfigurationRecord,
     event_body,
+    event_patch,
 )
 from hami_plugin.protocol.objects import NodeInfo, PodInfo, read_node, read_pod
 
@@ -331,13 +333,40 @@ class FakeKube:
         message: str,
         event_type: str = "Normal",
         component: str = "hami-scheduler",
-    ) -> None:
-        """Keep the Event `KubeClient` would write, in `events`."""
+        *,
+        count: int = 1,
+        first_timestamp: datetime | None = None,
+        last_timestamp: datetime | None = None,
+    ) -> str | None:
+        """Keep the Event `KubeClient` would write, in `events`; return its name."""
         with self._lock:
             self._enter("create_event")
-            self.events.append(
-                event_body(ref, reason, message, event_type, component, self._clock.now())
+            body = event_body(
+                ref,
+                reason,
+                message,
+                event_type,
+                component,
+                last_timestamp or self._clock.now(),
+                count=count,
+                first_timestamp=first_timestamp,
             )
+            self.events.append(body)
+            name: str = body["metadata"]["name"]
+            return name
+
+    def patch_event(
+        self, namespace: str, name: str, count: int, last_timestamp: datetime, message: str
+    ) -> None:
+        """Count a repeat onto a kept Event, as `KubeClient` patches it. Raises NotFound."""
+        with self._lock:
+            self._enter("patch_event")
+            for event in self.events:
+                metadata = event["metadata"]
+                if (metadata["namespace"], metadata["name"]) == (namespace, name):
+                    event.update(event_patch(count, last_timestamp, message))
+                    return
+            raise NotFound(f"patch event {namespace}/{name}: HTTP 404: not found", 404)
 
     def create_pod_event(
         self,

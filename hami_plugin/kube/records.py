@@ -232,9 +232,18 @@ def lease_body(record: LeaseRecord) -> dict[str, Any]:
 
 
 def event_body(
-    ref: ObjectRef, reason: str, message: str, event_type: str, component: str, now: datetime
+    ref: ObjectRef,
+    reason: str,
+    message: str,
+    event_type: str,
+    component: str,
+    now: datetime,
+    *,
+    count: int = 1,
+    first_timestamp: datetime | None = None,
 ) -> dict[str, Any]:
-    """A core/v1 Event about `ref`, as the JSON the API server takes.
+    """A core/v1 Event about `ref`, as the JSON the API server takes: seen `count` times, the
+    last at `now`, the first at `first_timestamp` (`now` when None).
 
     The name is `<object>.<hex nanoseconds>` as client-go writes it; the timestamps are RFC 3339
     in whole seconds, as metav1.Time serialises. An event about a cluster-scoped object (no
@@ -249,7 +258,6 @@ def event_body(
         involved["uid"] = ref.uid
     if ref.resource_version:
         involved["resourceVersion"] = ref.resource_version
-    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "apiVersion": "v1",
         "kind": "Event",
@@ -262,10 +270,20 @@ def event_body(
         "message": message,
         "type": event_type,
         "source": {"component": component},
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
+        "firstTimestamp": _event_time(first_timestamp or now),
+        "lastTimestamp": _event_time(now),
+        "count": count,
     }
+
+
+def event_patch(count: int, last_timestamp: datetime, message: str) -> dict[str, Any]:
+    """The merge patch that counts a repeat onto an existing Event: the fields client-go's
+    recorder changes (`count`, `lastTimestamp`, `message`), nothing else."""
+    return {"count": count, "lastTimestamp": _event_time(last_timestamp), "message": message}
+
+
+def _event_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # --- secrets and webhook configurations (the certificate job) --------------------------------
