@@ -17,7 +17,9 @@ Steps for `ExtenderBindingArgs{PodName, PodNamespace, PodUID, Node}`:
    * any other node (HAMi's device plugin): HAMi's node lock `hami.io/mutex.lock` through the
      API (GET node, decide with `protocol.nodelock`, merge patch with the node's
      resourceVersion; a stale lock is replaced in that same patch). A lock held by a live pod
-     is waited for (woken by the node watch), HAMi only waits for pod-group members.
+     is waited for (woken by the node watch), HAMi only waits for pod-group members. The binds
+     for one node queue in arrival order (`lockqueue.NodeLockQueue`): only the head tries the
+     lock, so a burst makes one GET and one patch per lock change, not one per waiter.
    Both waits end after `--node-lock-retry-timeout` (28 s, below kube-scheduler's 30 s).
 4. ONE pod merge patch with the pod's resourceVersion as precondition: `hami.io/vgpu-node`,
    `hami.io/vgpu-time`, `hami.io/vgpu-devices-to-allocate`, `hami.io/vgpu-devices-allocated`,
@@ -45,11 +47,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 
 from hami_plugin.extender.bookings import BindPlan, BindRefusal
 from hami_plugin.extender.events import PodEvent
 from hami_plugin.extender.filtering import annotation_error_message
+from hami_plugin.extender.lockqueue import LockTicket, NodeLockQueue
 from hami_plugin.extender.state import SchedulerState
 from hami_plugin.kube.api import BindApi
 from hami_plugin.kube.errors import Conflict, KubeError, NotFound
@@ -69,7 +73,9 @@ from hami_plugin.protocol.model import (
 from hami_plugin.protocol.names import dns1123_label_problem, dns1123_subdomain_problem
 from hami_plugin.protocol.nodelock import (
     LockAction,
+    contention_message,
     decide_lock,
+    held_by,
     lock_value,
     releasable_by,
 )
@@ -84,10 +90,26 @@ _CONFLICT_RETRIES = 3
 _ROLLBACK_BUDGET_SECONDS = 5.0
 _API_BUDGET_SECONDS = 10.0
 """Time the API calls after the wait (patch, Binding) may take together."""
+_WAKE_SECONDS = 1.0
+"""A waiting bind reads the clock (deadline, stop) at least this often."""
+_LOCK_RECHECK_SECONDS = 5.0
+"""The head of a node's queue reads a held lock again after this long even when the node
+watch showed no change of it: only a missed watch event makes this necessary."""
 
 
 class BindError(Exception):
     """A bind step failed; the message is the answer's `Error`."""
+
+
+@dataclass(frozen=True, slots=True)
+class _LockRefused:
+    """A lock attempt that did not take the lock: the answer should the wait end now, and
+    the lock value its last GET of the node read."""
+
+    message: str
+    seen: str | None
+    held: bool = True
+    """Another live pod holds the lock (False: the node kept changing under the patch)."""
 
 
 def refusal_message(refusal: BindRefusal) -> str:
@@ -183,6 +205,7 @@ class Binder:
         node_lock_timeout: timedelta = timedelta(minutes=5),
         retry_timeout_seconds: float = 28.0,
         stop: threading.Event | None = None,
+        lock_queue: NodeLockQueue | None = None,
     ) -> None:
         self._state = state
         self._clock = state.clock
@@ -191,6 +214,12 @@ class Binder:
         self._lock_timeout = node_lock_timeout
         self._retry_timeout = retry_timeout_seconds
         self._stop = stop or threading.Event()
+        self._lock_queue = lock_queue or NodeLockQueue(state.clock)
+
+    @property
+    def lock_queue(self) -> NodeLockQueue:
+        """The binds waiting for each node's HAMi lock (their depths feed filter and metrics)."""
+        return self._lock_queue
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         """Bind the pod; returns "" on success, else the error text (HAMi answers it as
@@ -297,28 +326,114 @@ class Binder:
 
     def _lock_node(self, plan: BindPlan, deadline: float) -> None:
         """Take HAMi's node lock for the pod (docs/hami-reference.md 1.7), waiting while another
-        live pod holds it. Raises BindError with HAMi's contention message when the wait ends."""
+        live pod holds it. Raises BindError when the wait ends: HAMi's contention message, or
+        the queue's when the bind never got its turn and the watch shows no lock.
+
+        The binds for one node queue in arrival order and only the head tries the lock; it
+        leaves the queue once it holds the lock (or gives up), so the next one finds the lock
+        held by that pod and waits for the node watch to show it released. A pod that holds
+        the lock already (a retried bind; HAMi's lock is re-entrant) does not queue behind the
+        binds that wait for it to let go."""
         began = self._clock.monotonic()
+        queue = self._lock_queue
+        ticket = None if self._holds_lock(plan) else queue.enter(plan.node, plan.pod.key)
         waited = False
         try:
-            while True:
-                with self._api.deadline(_API_BUDGET_SECONDS):
-                    refusal = self._try_lock(plan)
-                if refusal is None:
-                    return
-                left = deadline - self._clock.monotonic()
-                if left <= 0 or self._stop.is_set():
-                    raise BindError(refusal)
+            if ticket is not None and (ahead := queue.ahead(ticket)) > 0:
+                logger.info(
+                    "bind pod %s waits for node %s's lock: %d binds ahead",
+                    plan.pod.key,
+                    plan.node,
+                    ahead,
+                )
                 waited = True
-                # woken by the node watch when the lock changes; the bound covers a missed event
-                self._state.wait_for_change(min(left, 1.0))
+                if not queue.wait_turn(ticket, deadline, self._stop):
+                    raise BindError(self._queue_refusal(plan, ticket, began))
+            waited = self._take_lock(plan, deadline) or waited
         finally:
+            if ticket is not None:
+                queue.leave(ticket)
             if waited:
                 self._state.observer.bind_waited(self._clock.monotonic() - began)
 
-    def _try_lock(self, plan: BindPlan) -> str | None:
+    def _holds_lock(self, plan: BindPlan) -> bool:
+        """The node watch shows the lock held by the plan's pod."""
+        watched = self._state.node(plan.node)
+        value = watched.annotations.get(ANNOTATION_NODE_LOCK) if watched is not None else None
+        return held_by(value, plan.pod.namespace, plan.pod.name)
+
+    def _queue_refusal(self, plan: BindPlan, ticket: LockTicket, began: float) -> str:
+        """The answer of a bind whose turn never came: HAMi's contention message when the watch
+        shows another pod's lock on the node (what HAMi answers in that case), else how many
+        binds were still ahead (the lock is free, or being written, but others came first)."""
+        watched = self._state.node(plan.node)
+        value = watched.annotations.get(ANNOTATION_NODE_LOCK) if watched is not None else None
+        if value is not None and not held_by(value, plan.pod.namespace, plan.pod.name):
+            return contention_message(plan.node, self._lock_timeout)
+        waited = self._clock.monotonic() - began
+        ahead = self._lock_queue.ahead(ticket)
+        return f"node {plan.node}: {ahead} binds ahead in the lock queue; waited {waited:.1f} s"
+
+    def _take_lock(self, plan: BindPlan, deadline: float) -> bool:
+        """As the head of the node's queue: try the lock until it is the pod's. Returns whether
+        it had to wait; raises BindError with the last refusal when the deadline passed."""
+        waited = False
+        while True:
+            before = self._state.node(plan.node)
+            with self._api.deadline(_API_BUDGET_SECONDS):
+                refused = self._try_lock(plan)
+            if refused is None:
+                return waited
+            waited = True
+            if refused.held:
+                version = before.resource_version if before is not None else None
+                ready = self._wait_for_release(plan.node, refused.seen, version, deadline)
+            else:
+                ready = self._wait_a_while(deadline)
+            if not ready:
+                raise BindError(refused.message)
+
+    def _wait_for_release(
+        self, node: str, seen: str | None, version: str | None, deadline: float
+    ) -> bool:
+        """Sleep until another attempt at `node`'s lock is worth an API call: the node watch
+        shows a lock value other than `seen` (the one the last GET read) in a version of the
+        node other than `version` (the one it showed before that GET), or
+        `_LOCK_RECHECK_SECONDS` passed. False once `deadline` passed or the stop was set.
+
+        The state's `changed` is notified for any node's lock and any in-flight pod, so most
+        wake-ups concern other nodes and cost nothing here. A watch behind our GET shows an
+        older value in the version it showed before: no GET for that either; once it shows
+        `seen`, any other value is newer."""
+        tried = self._clock.monotonic()
+        while True:
+            now = self._clock.monotonic()
+            left = deadline - now
+            if left <= 0 or self._stop.is_set():
+                return False
+            # woken by the node watch when a lock changes; the bound lets the clock be read
+            self._state.wait_for_change(min(left, _WAKE_SECONDS))
+            watched = self._state.node(node)
+            if watched is None or self._clock.monotonic() - tried >= _LOCK_RECHECK_SECONDS:
+                return True
+            if watched.annotations.get(ANNOTATION_NODE_LOCK) == seen:
+                version = watched.resource_version  # caught up with our GET
+            elif watched.resource_version != version:
+                return True
+
+    def _wait_a_while(self, deadline: float) -> bool:
+        """Sleep until the next node change, at most `_WAKE_SECONDS`. False once `deadline`
+        passed or the stop was set."""
+        left = deadline - self._clock.monotonic()
+        if left <= 0 or self._stop.is_set():
+            return False
+        self._state.wait_for_change(min(left, _WAKE_SECONDS))
+        return True
+
+    def _try_lock(self, plan: BindPlan) -> _LockRefused | None:
         """One attempt: None when the pod holds the lock now, else why not."""
         pod = plan.pod
+        value: str | None = None
         for _ in range(_CONFLICT_RETRIES):
             try:
                 record = self._api.get_node(plan.node)
@@ -344,7 +459,7 @@ class Binder:
             if decision.action is LockAction.REENTRANT:
                 return None
             if decision.action is LockAction.CONTENTION:
-                return decision.message
+                return _LockRefused(decision.message, value)
             if decision.action is LockAction.TAKE_OVER:
                 logger.warning("%s", decision.message)
             # TAKE and TAKE_OVER: one patch, atomic thanks to the resourceVersion
@@ -358,7 +473,9 @@ class Binder:
                 continue  # someone wrote the node first: read it again
             logger.info("node %s locked for pod %s", plan.node, pod.key)
             return None
-        return f"node {plan.node}: lock not taken, the node kept changing"
+        return _LockRefused(
+            f"node {plan.node}: lock not taken, the node kept changing", value, held=False
+        )
 
     def _pod_exists(self, namespace: str, name: str) -> bool:
         if self._state.pod_exists(namespace, name):

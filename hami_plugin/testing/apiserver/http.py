@@ -140,6 +140,7 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # a bug in the fake: answer 500 and say so in the log
             logger.exception("fake API server failed on %s %s", request.method, request.path)
             status, answer = 500, ApiError(500, "InternalError", str(exc)).status_body()
+        server.log.answered(request, status)
         self._send(status, json.dumps(answer).encode(), {})
 
     def _stream(self, watch: Watch) -> None:

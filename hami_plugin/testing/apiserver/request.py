@@ -65,6 +65,7 @@ class RequestLog:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._requests: list[RecordedRequest] = []
+        self._answers: list[tuple[RecordedRequest, int]] = []
         self._faults: list[Fault] = []
 
     def record(self, request: RecordedRequest) -> Fault | None:
@@ -76,6 +77,11 @@ class RequestLog:
                     fault.fired += 1
                     return fault
         return None
+
+    def answered(self, request: RecordedRequest, status: int) -> None:
+        """Log the status the store answered `request` with (not watches, not faults)."""
+        with self._lock:
+            self._answers.append((request, status))
 
     def add_fault(self, fault: Fault) -> None:
         with self._lock:
@@ -91,6 +97,13 @@ class RequestLog:
         with self._lock:
             return list(self._requests)
 
+    @property
+    def answers(self) -> list[tuple[RecordedRequest, int]]:
+        """Every request the store answered, with the status, oldest first (a copy)."""
+        with self._lock:
+            return list(self._answers)
+
     def clear_requests(self) -> None:
         with self._lock:
             self._requests.clear()
+            self._answers.clear()

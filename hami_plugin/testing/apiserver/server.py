@@ -204,6 +204,19 @@ class FakeApiServer:
             if re.fullmatch(method, r.method, re.IGNORECASE) and re.fullmatch(path, r.path)
         ]
 
+    def answered_with(
+        self, status: int, method: str = ".*", path: str = ".*"
+    ) -> list[RecordedRequest]:
+        """Requests matching as in `requests_matching` that the store answered with `status`
+        (injected faults are not counted)."""
+        return [
+            r
+            for r, answered in self._log.answers
+            if answered == status
+            and re.fullmatch(method, r.method, re.IGNORECASE)
+            and re.fullmatch(path, r.path)
+        ]
+
     def clear_requests(self) -> None:
         self._log.clear_requests()
 
