@@ -30,7 +30,10 @@ def wait_until(
 
 
 def hami_command(*args: str) -> list[str]:
-    """`python -m hami_plugin <args>`: the `hami` command of this checkout."""
+    """`python -m hami_plugin <args>`: the `hami` command of the checkout it runs in, this one
+    unless `LoggedProcess` is given another as `cwd` (the benchmarks' `--scheduler-source`,
+    `--plugin-source`): `-m` puts the working directory first on `sys.path`, ahead of the
+    venv's editable install of this checkout."""
     return [sys.executable, "-m", "hami_plugin", *args]
 
 
