@@ -87,20 +87,13 @@ order (a 300-pod burst of single-GPU pods onto 8-GPU nodes: a handful of nodes m
 38 it fills anyway, against the 300 spread would use)."""
 
 
-def _unclaimed_in_flight(booking: Booking) -> inflight.InFlightPod:
+def _unclaimed_in_flight(booking: Booking, created: int) -> inflight.InFlightPod:
     """A booking not counted in flight yet (filtered, or its bind still waiting), as the
-    in-flight rules see it: not bound, nothing consumed."""
+    in-flight rules will see it once bound (`_would_wait`): nothing consumed."""
     namespace, _, name = booking.key.partition("/")
     devices = booking.result.devices
     return inflight.InFlightPod(
-        namespace,
-        name,
-        0,
-        devices,
-        devices,
-        bound=False,
-        uid=booking.uid,
-        shape=booking.result.shape,
+        namespace, name, created, devices, devices, uid=booking.uid, shape=booking.result.shape
     )
 
 
@@ -526,7 +519,9 @@ class SchedulerState:
         lock)? On a node with HAMi's lock: another pod's booking there (it takes the lock
         first) or a lock another live pod holds. On an allocate-protocol node: an in-flight
         pod or another booking there that kubelet's Allocate could confuse with this one
-        (`inflight.must_wait_for` at the node's level)."""
+        (`inflight.must_wait_for` at the node's level), counting every other pod as bound: a
+        wait for a Binding to return is a few milliseconds, not worth another node (bind's
+        `claim_in_flight` still waits for it); a wait for an Allocate is a kubelet round trip."""
         others = [booking for booking in self._bookings.on_node(node) if booking.key != pod.key]
         level = self._nodes.allocate_protocol_level(node)
         if level == 0:
@@ -553,11 +548,19 @@ class SchedulerState:
             shape=shape,
         )
         unclaimed = [
-            _unclaimed_in_flight(booking)
+            _unclaimed_in_flight(booking, self._created_seconds(booking.key, me.created_seconds))
             for booking in others
             if not self._in_flight.has(node, booking.key)
         ]
-        return self._in_flight.blocker(me, node, pod.key, level, unclaimed) is not None
+        blocker = self._in_flight.blocker(me, node, pod.key, level, unclaimed, assume_bound=True)
+        return blocker is not None
+
+    def _created_seconds(self, key: str, unknown: int) -> int:
+        """The creation second of the watched pod `key`, else `unknown`."""
+        pod = self._pods.get(key)
+        if pod is None or pod.creation_timestamp is None:
+            return unknown
+        return inflight.created_seconds_of(pod.creation_timestamp)
 
     # --- bind ---------------------------------------------------------------------------------
 

@@ -160,3 +160,17 @@ def test_v1_identical_pods_still_wait_at_bind() -> None:
     assert state.claim_in_flight(first, deadline=0.0) is None
     blocker = state.claim_in_flight(second, deadline=0.0)
     assert blocker is not None and "default/a" in blocker
+
+
+def test_v1_pods_of_successive_seconds_stay_on_binpacks_node() -> None:
+    """A booking whose bind has not returned yet is no reason to fan out when kubelet will tell
+    the pods apart once it has: the wait at bind is for a Binding (milliseconds)."""
+    state, observer = _state()
+    for index in range(3):
+        notes = {ANNOTATION_ALLOCATE_PROTOCOL: ALLOCATE_PROTOCOL}
+        state.node_upserted(read_node(gpu_node(f"node-{index}", 2, annotations=notes)))
+    pods = [gpu_pod(f"p{i}", created=f"2026-01-01T11:00:0{i}Z") for i in range(3)]
+    for pod in pods:
+        state.pod_upserted(read_pod(pod))  # the watch has them: their creation seconds known
+    assert [_filter(state, pod) for pod in pods] == ["node-0"] * 3
+    assert observer.named("filter_fanned_out") == []
