@@ -23,6 +23,17 @@ watch a pod is chosen only when its next entry asks kubelet's device count
 (`select_pending_pod(count_must_match=True)`), and a call no pod there matches fails saying the
 API server is away. The writes go through the write-behind queue, so a pod served from the
 watch is not failed for a patch the API server cannot take yet.
+
+In-flight/v2 (`kubelet_pods`, kubelet's PodResources API): when at least two pods are pending on
+the node, and only then (one pending pod is chosen without it), the call asks kubelet which pods
+it holds without a device of our resource, and `select_pending_pod(admitting=...)` tells
+interchangeable pods apart by it. When kubelet does not answer, the outage is logged once (and
+its end) and `on_kubelet_pods_failed` is told at every failure, so the daemon stops claiming
+in-flight/v2 on the node; its answer says whether the node claimed v2 recently. If not, the
+choice falls back to the in-flight/v1 rule; if it did, pods the scheduler bound together under
+v2 may be among the candidates, which creation order cannot tell apart, so several not-started
+pods asking the count are no answer (the Allocate fails, naming them) rather than a guess that
+could put a container on another pod's GPUs and leave the ledger naming the wrong ones.
 """
 
 from __future__ import annotations
@@ -48,7 +59,7 @@ from hami_plugin.deviceplugin.allocate import (
     with_entries_consumed,
 )
 from hami_plugin.deviceplugin.nodecache import CacheNotListedError, NodeCache
-from hami_plugin.deviceplugin.pending import PendingPodChoice, select_pending_pod
+from hami_plugin.deviceplugin.pending import PendingPodChoice, is_pending_on, select_pending_pod
 from hami_plugin.deviceplugin.preferred import PreferredAnswer, PreferredRequest, decide_preferred
 from hami_plugin.deviceplugin.writebehind import WriteBehind, release_node_lock
 from hami_plugin.kube.api import AllocateApi
@@ -212,6 +223,12 @@ class PodAllocator:
     (`ServedEntries`); without them there is none and the annotations decide, as in HAMi.
     `cache` and `writes` carry Allocate through an API server outage (the module docstring);
     without them every read and write goes to the API, and a write that fails fails the pod.
+    `kubelet_pods` returns the (namespace, name) of the pods kubelet lists without a device of
+    `resource_name` (`podresources.PodResourcesClient.without_devices`), raising when kubelet
+    does not answer; it is asked only when two or more pods are pending on the node, and
+    `on_kubelet_pods_failed` gets each of its errors and answers whether the node claimed
+    in-flight/v2 recently (then several not-started candidates are no answer, else the v1 rule
+    chooses without kubelet's list).
     """
 
     def __init__(
@@ -232,6 +249,8 @@ class PodAllocator:
         writes: WriteBehind | None = None,
         away_hold_seconds: float = AWAY_HOLD_SECONDS,
         clock: Clock | None = None,
+        kubelet_pods: Callable[[], frozenset[tuple[str, str]]] | None = None,
+        on_kubelet_pods_failed: Callable[[Exception], bool] | None = None,
     ) -> None:
         self._kube = kube
         self._node_name = node_name
@@ -251,6 +270,11 @@ class PodAllocator:
         self._clock: Clock = clock or SystemClock()
         self._away_since: float | None = None
         """When a read last found the API server away (monotonic), None once one succeeds."""
+        self._kubelet_pods = kubelet_pods
+        self._on_kubelet_pods_failed = on_kubelet_pods_failed
+        self._kubelet_pods_lock = threading.Lock()
+        self._kubelet_pods_failing = False
+        """Set by a failed `kubelet_pods` call (logged once), cleared by the next success."""
 
     def _within(self, seconds: float) -> contextlib.AbstractContextManager[object]:
         """The API calls of this thread inside the block share `seconds` (when supported)."""
@@ -348,6 +372,7 @@ class PodAllocator:
                 self._booking_keys() if self._booking_keys is not None else None,
                 resource_name=self._resource_name,
                 count_must_match=away is not None,
+                admitting=self._admitting(pods),
             )
         except AllocateFailure as error:
             if away is None:
@@ -368,6 +393,36 @@ class PodAllocator:
         if choice.lock_warning:
             logger.warning("node %s: %s", self._node_name, choice.lock_warning)
         return node, choice, away is not None
+
+    def _admitting(self, pods: Sequence[PodInfo]) -> frozenset[tuple[str, str]] | None:
+        """The pods kubelet lists without our devices (`kubelet_pods`), asked only when two or
+        more `pods` are pending here; None when not asked, or when kubelet did not answer and
+        the node did not claim v2 recently; empty when it did not answer but the node did."""
+        if self._kubelet_pods is None:
+            return None
+        if sum(1 for pod in pods if is_pending_on(pod, self._node_name)) < 2:
+            return None
+        try:
+            listed = self._kubelet_pods()
+        except Exception as error:
+            with self._kubelet_pods_lock:
+                first, self._kubelet_pods_failing = not self._kubelet_pods_failing, True
+            if first:
+                logger.warning(
+                    "node %s: %s; until kubelet answers, several pending pods are told apart "
+                    "by creation order alone (in-flight/v1), and not at all while pods bound "
+                    "under in-flight/v2 may be among them",
+                    self._node_name,
+                    error,
+                )
+            if self._on_kubelet_pods_failed is not None and self._on_kubelet_pods_failed(error):
+                return frozenset()  # pods bound under v2 may be here: no guess by creation order
+            return None
+        with self._kubelet_pods_lock:
+            recovered, self._kubelet_pods_failing = self._kubelet_pods_failing, False
+        if recovered:
+            logger.info("node %s: kubelet's PodResources API answers again", self._node_name)
+        return listed
 
     def allocate(
         self, requests: Sequence[Sequence[str]], advertised: Collection[str] | None = None

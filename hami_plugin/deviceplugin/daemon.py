@@ -7,17 +7,24 @@ the daemon says so in one warning once NVML is up. NVML failing at start is one 
 exit status 1, or, with `--fail-on-init-error=false`, the daemon stays up advertising nothing
 and retries. SIGTERM or SIGINT stops serving, removes the socket and exits 0.
 
+The node annotation `hami-plugin.io/allocate-protocol` goes out with the register annotation:
+`in-flight/v2` while kubelet's PodResources API (`--pod-resources-socket`) answers a `List`,
+probed at every register round, else `in-flight/v1`. An Allocate that finds the API failing
+wakes the register loop, and that round writes v1 whatever its probe says (the next rounds
+probe again), so the scheduler stops sending interchangeable pods together within moments.
+
 Heavy imports (grpc, kubernetes, the NVML adapter) happen in `run`, so `hami --help` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +44,7 @@ if TYPE_CHECKING:
     from hami_plugin.deviceplugin.kubelet import KubeletRegistrar, RestartWatch
     from hami_plugin.deviceplugin.metrics import DevicePluginMetrics
     from hami_plugin.deviceplugin.nvml import NvmlBackend, PhysicalGpu
+    from hami_plugin.deviceplugin.protocol_claim import ProtocolClaim
     from hami_plugin.deviceplugin.register import RegisterPublisher
     from hami_plugin.kube.api import AllocateApi
 
@@ -86,6 +94,8 @@ class DevicePluginDaemon:
         self._booking_keys: BookingKeyFile | None = None
         self._health: HealthMonitor | None = None
         self._publisher: RegisterPublisher | None = None
+        self.protocol: ProtocolClaim | None = None
+        """What the node claims in `hami-plugin.io/allocate-protocol` (while serving)."""
         self.board: DeviceBoard | None = None
         self.registrar: KubeletRegistrar | None = None
         self.metrics: DevicePluginMetrics | None = None
@@ -154,13 +164,14 @@ class DevicePluginDaemon:
         from hami_plugin.deviceplugin.monitor.containers import ContainerScanner, FeedbackLoop
         from hami_plugin.deviceplugin.nodecache import NodeCache
         from hami_plugin.deviceplugin.nvml import NvmlError
+        from hami_plugin.deviceplugin.podresources import PodResourcesClient
+        from hami_plugin.deviceplugin.protocol_claim import ProtocolClaim
         from hami_plugin.deviceplugin.register import RegisterPublisher
         from hami_plugin.deviceplugin.server import DevicePluginService
         from hami_plugin.deviceplugin.writebehind import WriteBehind
         from hami_plugin.kube.client import KubeClient
         from hami_plugin.kube.errors import KubeError
         from hami_plugin.protocol.hostpaths import containers_dir
-        from hami_plugin.protocol.inflight import ALLOCATE_PROTOCOL, ANNOTATION_ALLOCATE_PROTOCOL
 
         settings = self.settings
         keys = self._booking_keys
@@ -199,6 +210,13 @@ class DevicePluginDaemon:
             pods = NodePods.from_cache(cache, clock=self._clock)
         else:
             pods = NodePods.from_kube(kube, settings.node_name, clock=self._clock)
+        # Kubelet's PodResources API tells interchangeable in-flight pods apart (in-flight/v2).
+        kubelet_pods: Callable[[], frozenset[tuple[str, str]]] | None = None
+        podresources = None
+        if settings.pod_resources_socket:
+            podresources = PodResourcesClient(settings.pod_resources_socket)
+            kubelet_pods = functools.partial(podresources.without_devices, settings.resource_name)
+        protocol = self.protocol = ProtocolClaim(podresources, clock=self._clock)
         allocator = PodAllocator(
             kube,
             settings.node_name,
@@ -215,6 +233,8 @@ class DevicePluginDaemon:
             cache=cache,
             writes=writes,
             clock=self._clock,
+            kubelet_pods=kubelet_pods,
+            on_kubelet_pods_failed=self._on_kubelet_pods_failed,
         )
         service = DevicePluginService(
             board, allocator, preferred_allocation=settings.enable_preferred_allocation
@@ -229,13 +249,14 @@ class DevicePluginDaemon:
         health = self._health = HealthMonitor(
             backend, settings, self._on_health_change, clock=self._clock
         )
+        # Our Allocate tells several in-flight pods apart: the scheduler may skip HAMi's lock.
         publisher = self._publisher = RegisterPublisher(
             kube,
             settings.node_name,
             self._register_value,
             interval_seconds=settings.register_interval_seconds,
-            # Our Allocate tells several in-flight pods apart: the scheduler may skip HAMi's lock.
-            also_annotate={ANNOTATION_ALLOCATE_PROTOCOL: ALLOCATE_PROTOCOL},
+            also_annotate=protocol.annotations,
+            on_written=protocol.written,
         )
         # HAMi-core's per-container shared regions: read for /metrics, cleaned up and
         # arbitrated by priority (HAMi's vGPU monitor), over one watch of this node's pods and
@@ -288,6 +309,8 @@ class DevicePluginDaemon:
             publisher.withdraw()  # bounded; the scheduler falls back to HAMi's node lock
             health.stop()
             board.close()
+            if podresources is not None:
+                podresources.close()
             if owned_kube is not None:
                 owned_kube.close()
         logger.info("device plugin stopped")
@@ -331,6 +354,16 @@ class DevicePluginDaemon:
         self._refresh_devices()
         if self._publisher is not None:
             self._publisher.poke()
+
+    def _on_kubelet_pods_failed(self, error: Exception) -> bool:
+        """An Allocate found kubelet's PodResources API failing: claim v1 at once. Returns
+        whether the node claimed v2 recently (pods bound under it may be waiting)."""
+        protocol, publisher = self.protocol, self._publisher
+        if protocol is None:
+            return False
+        if protocol.failed_at_allocate() and publisher is not None:
+            publisher.poke()
+        return protocol.recently_v2()
 
     def _register_value(self) -> str:
         """Rescan the GPUs (inventory changes show up here) and encode the register value."""

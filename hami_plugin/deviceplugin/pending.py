@@ -15,7 +15,17 @@ plugin's resource is no candidate at all: kubelet never calls Allocate for it, s
 take a signed pod's call. What is left: a forged pod that does ask for the resource and was
 created no later than a signed pod that has not started can still take that pod's call, so
 that one admission fails (nothing is served to the forged pod). Without a key every booking is
-trusted, as in HAMi. Pure, no I/O.
+trusted, as in HAMi.
+
+In-flight/v2 (docs/design.md 5.6): with `admitting`, the pods kubelet's PodResources `List`
+shows without a device of the resource, several not-started pods asking kubelet's count are
+told apart by it (`inflight.choose`), and a pod without a usable booking is the wildcard only
+when it is listed there too: kubelet lists the pod it is admitting without devices until its
+first app container has some, and does not list the pods it admits after it, so a pod it lists
+with devices is past its first Allocate and one it does not list is not being admitted yet;
+a refused or unreadable booking only ever meets a first Allocate (it fails there). That also
+closes the forged-pod case above while `List` answers: a forged pod kubelet does not list
+without devices takes no call. Pure, no I/O.
 """
 
 from __future__ import annotations
@@ -137,14 +147,18 @@ def _choose_in_flight(
     candidates: Sequence[PodInfo],
     device_count: int,
     refused: Collection[tuple[str, str]] = frozenset(),
+    admitting: Collection[tuple[str, str]] | None = None,
 ) -> tuple[PodInfo | None, str]:
-    """The candidate kubelet's call for `device_count` devices is for (`inflight.choose`).
+    """The candidate kubelet's call for `device_count` devices is for (`inflight.choose`, with
+    `admitting` when kubelet's PodResources list is known).
 
     A candidate without a usable booking (to-allocate missing, unreadable or all consumed, or
     its (namespace, name) in `refused`: a booking not to be served) could be any Allocate: it
     is taken instead whenever kubelet could be admitting it, that is when nothing else matches
     or the match is a not-started pod created no earlier; it then fails, and the caller's
-    kubelet call with it, rather than another pod's GPUs going to it.
+    kubelet call with it, rather than another pod's GPUs going to it. With `admitting` known,
+    kubelet could be admitting it only when it is in `admitting` (the module docstring): one
+    that is not is left out, and the call is decided without it.
     """
     readable: dict[tuple[str, str], PodInfo] = {}
     views = []
@@ -158,7 +172,9 @@ def _choose_in_flight(
         else:
             readable[view.key] = pod
             views.append(view)
-    choice = inflight.choose(views, device_count)
+    choice = inflight.choose(views, device_count, admitting)
+    if admitting is not None:
+        unusable = [pod for pod in unusable if (pod.namespace, pod.name) in admitting]
     if unusable:
         wildcard = min(
             unusable,
@@ -195,6 +211,7 @@ def select_pending_pod(
     *,
     resource_name: str = RESOURCE_GPU,
     count_must_match: bool = False,
+    admitting: Collection[tuple[str, str]] | None = None,
 ) -> PendingPodChoice:
     """Choose the pod kubelet is admitting, from the node lock, the pods on the node and the
     number of devices kubelet asks (`len(devices_ids)`, or `allocation_size`).
@@ -216,6 +233,12 @@ def select_pending_pod(
     one candidate are chosen only when their next entry asks `device_count` devices too, as
     `inflight.choose` chooses among several: a wrong guess would fail a pod kubelet is not
     admitting, or serve it to another.
+
+    `admitting` (in-flight/v2): the (namespace, name) of the pods kubelet's PodResources `List`
+    shows without a device of `resource_name`, None when not asked or it did not answer. It
+    tells several not-started candidates apart (`inflight.choose_pod`) and keeps a pod without
+    a usable booking from being the wildcard unless it is listed (the module docstring). The
+    pod the lock names and the one candidate are chosen as without it.
 
     Raises AllocateFailure(NO_PENDING_POD) when no pod qualifies, and (NO_MATCHING_POD) when
     several do (or, with `count_must_match`, one does) and none can be told to be the one;
@@ -262,7 +285,7 @@ def select_pending_pod(
     chosen = candidates[0]
     if len(candidates) > 1 or count_must_match:
         refused = {key for key, refusal in refusals.items() if refusal is not None}
-        found, reason = _choose_in_flight(node_name, candidates, device_count, refused)
+        found, reason = _choose_in_flight(node_name, candidates, device_count, refused, admitting)
         if found is None:
             raise AllocateFailure(FailureReason.NO_MATCHING_POD, reason, pod_known=False)
         chosen = found

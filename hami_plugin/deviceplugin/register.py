@@ -37,7 +37,8 @@ class RegisterPublisher:
 
     `build_value` returns the encoded device list (`codec.encode_node_devices`); an exception
     from it is logged and the round skipped. `also_annotate` goes out in every patch and is
-    written again when the node lost it.
+    written again when the node lost it; a callable is asked at every round (a changed value is
+    written at once), and `on_written` is told what each written round carried.
     """
 
     def __init__(
@@ -47,13 +48,16 @@ class RegisterPublisher:
         build_value: Callable[[], str],
         *,
         interval_seconds: float = 30.0,
-        also_annotate: Mapping[str, str] | None = None,
+        also_annotate: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None,
+        on_written: Callable[[Mapping[str, str]], None] | None = None,
     ) -> None:
         self._kube = kube
         self._node_name = node_name
         self._build_value = build_value
         self._interval = interval_seconds
-        self._also = dict(also_annotate or {})
+        self._also_source = also_annotate if callable(also_annotate) else None
+        self._also = dict(also_annotate or {}) if not callable(also_annotate) else {}
+        self._on_written = on_written
         self._last_written: str | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -69,6 +73,11 @@ class RegisterPublisher:
         (written, or unchanged); False after a failure (retry later)."""
         try:
             value = self._build_value()
+            if self._also_source is not None:
+                also = dict(self._also_source())
+                if also != self._also:
+                    self._also = also
+                    self._last_written = None  # write now, not only when the node lost it
         except Exception:
             logger.exception("cannot build the node register annotation")
             return False
@@ -78,6 +87,8 @@ class RegisterPublisher:
                 node = self._kube.get_node(self._node_name)
                 lost = sorted(k for k, v in wanted.items() if node.annotations.get(k) != v)
                 if not lost:
+                    if self._on_written is not None:
+                        self._on_written(dict(self._also))
                     return self._recovered()
                 logger.warning(
                     "node %s: %s missing or changed on the node; writing again",
@@ -96,6 +107,8 @@ class RegisterPublisher:
             return False
         self._recovered()
         self._last_written = value
+        if self._on_written is not None:
+            self._on_written(dict(self._also))
         logger.info("node %s: published %s", self._node_name, ANNOTATION_NODE_REGISTER)
         logger.debug("register annotation: %s", value)
         return True

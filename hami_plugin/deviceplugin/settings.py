@@ -89,6 +89,11 @@ class DevicePluginSettings:
     """The booking keys shared with the scheduler (`config.keys`): only bookings it signed are
     served. None: every booking is trusted, as HAMi's device plugin trusts them (one warning at
     start). Read when the daemon starts (an unreadable file is a start error)."""
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    """Kubelet's PodResources API (v1). While its `List` answers, Allocate asks it which of
+    several not-started pods kubelet is admitting, and the node says
+    `hami-plugin.io/allocate-protocol: in-flight/v2` (docs/design.md 5.6). Empty: not used,
+    the node says in-flight/v1."""
     only_xids: frozenset[int] | None = None
     """When set, only these Xids mark a GPU unhealthy (`DP_DISABLE_HEALTHCHECKS=all` together
     with a `DP_ENABLE_HEALTHCHECKS` list); None means every Xid outside `ignored_xids` counts."""
@@ -190,6 +195,10 @@ _OPTIONS: tuple[_Option, ...] = (
             parse_optional_str, "file of booking keys shared with the scheduler, one per line: "
             "Allocate serves only bookings the scheduler signed (default: none, every booking "
             "is trusted as in HAMi)"),
+    _Option("pod_resources_socket", "--pod-resources-socket", "POD_RESOURCES_SOCKET",
+            parse_str, "kubelet's PodResources API socket, asked which pod kubelet is "
+            "admitting when several could be (default "
+            "/var/lib/kubelet/pod-resources/kubelet.sock; empty: not used)"),
 )  # fmt: skip
 
 _METAVARS = {
@@ -214,6 +223,7 @@ _METAVARS = {
     "metrics_bind_address": "ADDRESS",
     "vgpu_resync_interval_seconds": "DURATION",
     "booking_key_file": "FILE",
+    "pod_resources_socket": "PATH",
 }
 
 # Settings that are not fields of DevicePluginSettings but shape them: (flag, env variable).
@@ -429,5 +439,10 @@ def _validate(settings: DevicePluginSettings) -> None:
         )
     if any(index < 0 for index in settings.filter_indexes):
         problems.append("filtered device indexes must be >= 0")
+    if settings.pod_resources_socket and not settings.pod_resources_socket.startswith("/"):
+        problems.append(
+            "pod resources socket must be an absolute path (or empty: not used), got "
+            f"{settings.pod_resources_socket!r}"
+        )
     if problems:
         raise ConfigError("; ".join(problems))

@@ -17,6 +17,10 @@ The rules (both sides must agree; docs/design.md 5 is the contract):
   the middle of that pod; (2) else the oldest-created not-started pod whose first entry asks the
   count: kubelet admits older pods first. Two pods matching (1), or two matching (2) in the same
   second: ambiguous, no pod (the Allocate fails; a guess could hand one pod's GPUs to another).
+  In-flight/v2: where several not-started pods match (2) and kubelet's PodResources `List` is
+  known (`admitting`, the pods it holds without a device of the resource: the one it is
+  admitting, never one it admits later), only those it lists count: one is the pod, several
+  fall back to the oldest second among them, none is no pod.
 - `must_wait_for` (scheduler): a pod may be bound while another is in flight only when no
   Allocate of either could match the other under `choose_pod`: their GPU device counts do not
   overlap, except that the first entry of an older (strictly earlier second), already bound,
@@ -31,7 +35,7 @@ and a pod force-deleted after kubelet received it; see docs/scheduler.md
 from __future__ import annotations
 
 import calendar
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -179,10 +183,23 @@ def _admitted_before(earlier: InFlightPod, later: InFlightPod) -> bool:
 
 
 def interchangeable(pod: InFlightPod, other: InFlightPod) -> bool:
-    """True when the two pods ask the same in every field that matters (equal `shape`): any
-    of their containers can be served either booking's GPUs with the same limits, and on a node
-    whose device plugin speaks `ALLOCATE_PROTOCOL_V2` kubelet's own list tells them apart."""
-    return pod.shape is not None and pod.shape == other.shape
+    """True when the two pods ask the same in every field that matters (equal `shape`) and
+    each has one GPU entry: either booking gives a container the same limits, and on a node
+    whose device plugin speaks `ALLOCATE_PROTOCOL_V2` kubelet's own list tells them apart.
+
+    One entry only: kubelet's list shows which pod it is admitting, not whether a pod it gave
+    up on between two of its containers is still to come, so pods with several GPU containers
+    keep the v1 rule (their later entries must not be confusable)."""
+    return (
+        pod.shape is not None
+        and pod.shape == other.shape
+        and _entries(pod) == 1
+        and _entries(other) == 1
+    )
+
+
+def _entries(pod: InFlightPod) -> int:
+    return sum(1 for entry in pod.allocated if entry)
 
 
 def confusable(pod: InFlightPod, other: InFlightPod, *, level: int = 1) -> bool:
@@ -238,9 +255,13 @@ def _describe(pod: InFlightPod) -> str:
     return f"{pod.namespace}/{pod.name} ({state}, created {created}, device counts {counts})"
 
 
-def choose(candidates: Sequence[InFlightPod], device_count: int) -> Choice:
+def choose(
+    candidates: Sequence[InFlightPod],
+    device_count: int,
+    admitting: Collection[tuple[str, str]] | None = None,
+) -> Choice:
     """Which candidate kubelet's Allocate/GetPreferredAllocation asking `device_count` devices
-    is for, with the reason when none can be told (see `choose_pod`)."""
+    is for, with the reason when none can be told (see `choose_pod`; `admitting` as there)."""
     live = [pod for pod in candidates if not pod.finished]
     started = [pod for pod in live if pod.started]
     started_match = [pod for pod in started if pod.remaining_counts[0] == device_count]
@@ -259,18 +280,39 @@ def choose(candidates: Sequence[InFlightPod], device_count: int) -> Choice:
             f"no pod in flight asks {device_count} device(s) next; in flight: "
             + ("; ".join(_describe(p) for p in live) or "none"),
         )
+    listed = ""
+    if len(fresh) > 1 and admitting is not None:
+        # kubelet adds a pod to its pod manager just before admitting it, and records a
+        # container's devices after its Allocate: the pod it is admitting is listed without
+        # devices, and the pods it admits after it are not listed at all.
+        shown = [pod for pod in fresh if pod.key in admitting]
+        if not shown:
+            return Choice(
+                None,
+                f"{len(fresh)} not-started pods ask {device_count} device(s) first, and "
+                "kubelet's PodResources list shows none of them without devices (kubelet is "
+                "admitting none of them): " + "; ".join(_describe(p) for p in fresh),
+            )
+        if len(shown) == 1:
+            return Choice(shown[0])
+        fresh = shown
+        listed = ", each listed by kubelet without devices,"
     oldest = min(pod.created_seconds for pod in fresh)
     tied = [pod for pod in fresh if pod.created_seconds == oldest]
     if len(tied) > 1:
         return Choice(
             None,
-            f"pods created in the same second ask {device_count} device(s) first, and kubelet "
-            "admits them in any order: " + "; ".join(_describe(p) for p in tied),
+            f"pods created in the same second{listed} ask {device_count} device(s) first, and "
+            "kubelet admits them in any order: " + "; ".join(_describe(p) for p in tied),
         )
     return Choice(tied[0])
 
 
-def choose_pod(candidates: Sequence[InFlightPod], device_count: int) -> InFlightPod | None:
+def choose_pod(
+    candidates: Sequence[InFlightPod],
+    device_count: int,
+    admitting: Collection[tuple[str, str]] | None = None,
+) -> InFlightPod | None:
     """Device-plugin side: the candidate kubelet's call asking `device_count` devices is for.
 
     (1) A started candidate whose next entry asks `device_count` devices (kubelet finishes a pod
@@ -278,5 +320,13 @@ def choose_pod(candidates: Sequence[InFlightPod], device_count: int) -> InFlight
     entry asks `device_count` (kubelet admits older pods first). None when no candidate matches,
     when several started ones match, or when the oldest matching ones share a creation second:
     guessing could give a container another pod's GPUs. Finished candidates are ignored.
+
+    `admitting` (in-flight/v2): the (namespace, name) of the pods kubelet's PodResources `List`
+    shows without a device of the plugin's resource, None when unknown. Where several
+    not-started candidates match (2), only those in `admitting` count: exactly one is the pod
+    (whatever its age), several are told apart by (2) among themselves, none gives None (kubelet
+    is admitting a pod that is not a candidate). With one match, or without `admitting`, (2) is
+    unchanged. Started candidates are never filtered: kubelet lists a started pod with devices,
+    or without them while only its init containers have some (it does not list those).
     """
-    return choose(candidates, device_count).pod
+    return choose(candidates, device_count, admitting).pod

@@ -7,7 +7,12 @@ them), and admits one pod at a time, calling GetPreferredAllocation and Allocate
 container (init containers first) with device IDs picked as kubelet's device manager picks them.
 
 It talks to the device plugin through a `FakeKubelet`'s latest registration
-(`hami_plugin.testing.kubelet`).
+(`hami_plugin.testing.kubelet`), and keeps kubelet's pod manager as kubelet's PodResources `List`
+shows it, installed into that `FakeKubelet` while it runs: a pod is added just before its
+admission (before its first GetPreferredAllocation or Allocate), each container's device IDs
+are recorded once its Allocate succeeded, and a pod leaves when it is gone or finished; a pod
+kubelet rejected stays until it is gone (older kubelets list the whole pod manager; newer ones
+only active pods, which leaves rejected pods out: the double keeps the harder case).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import urllib3
 from hami_plugin.deviceplugin.api import api_pb2
 from hami_plugin.protocol.model import HEALTHY
 from hami_plugin.protocol.objects import ContainerSpec, read_pod
-from hami_plugin.testing.kubelet import FakeKubelet
+from hami_plugin.testing.kubelet import FakeKubelet, ListedContainer, ListedPod
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +59,16 @@ class _Pod:
     @property
     def key(self) -> tuple[str, str]:
         return self.namespace, self.name
+
+
+@dataclass(slots=True)
+class _Managed:
+    """A pod in kubelet's pod manager: the device IDs recorded per container, and whether
+    admission rejected it."""
+
+    pod: _Pod
+    devices: dict[str, tuple[str, ...]]
+    rejected: bool = False
 
 
 def _device_count(container: ContainerSpec, resource: str) -> int:
@@ -138,6 +153,7 @@ class PodAdmitter:
         self._condition = threading.Condition()
         self._seen: set[str] = set()  # pod UIDs
         self._held: dict[str, set[str]] = {}  # pod UID -> device IDs
+        self._pod_manager: dict[str, _Managed] = {}  # pod UID -> kubelet's record, in order
         self._status_due: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
         self._admitted: list[tuple[str, str]] = []
         self._responses: dict[tuple[str, str, str], api_pb2.ContainerAllocateResponse] = {}
@@ -151,8 +167,10 @@ class PodAdmitter:
     # --- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> PodAdmitter:
-        """Start polling on a thread of its own."""
+        """Start polling on a thread of its own, and answer the kubelet's PodResources `List`
+        from this pod manager."""
         self._stop.clear()
+        self._kubelet.install_pod_resources(self.listed_pods)
         self._thread = threading.Thread(target=self._run, name="pod-admitter", daemon=True)
         self._thread.start()
         return self
@@ -163,6 +181,7 @@ class PodAdmitter:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self._kubelet.install_pod_resources(None)
         self._http.clear()
 
     def __enter__(self) -> PodAdmitter:
@@ -198,6 +217,26 @@ class PodAdmitter:
         """Each batch in the order it was admitted (after the sort)."""
         with self._condition:
             return [list(b) for b in self._batches]
+
+    def listed_pods(self) -> list[ListedPod]:
+        """Kubelet's pod manager as its PodResources `List` shows it: the app containers of each
+        pod, with the device IDs of those whose Allocate succeeded."""
+        with self._condition:
+            managed = list(self._pod_manager.values())
+            return [
+                ListedPod(
+                    entry.pod.namespace,
+                    entry.pod.name,
+                    tuple(
+                        ListedContainer(
+                            name,
+                            {self._resource: entry.devices[name]} if name in entry.devices else {},
+                        )
+                        for name, _ in entry.pod.containers
+                    ),
+                )
+                for entry in managed
+            ]
 
     @property
     def polls(self) -> int:
@@ -259,12 +298,16 @@ class PodAdmitter:
             logger.debug("pod admitter: list failed: %s", error)
             return
         live = {p.uid for p in pods if p.phase not in ("Failed", "Succeeded")}
+        listed = {p.uid for p in pods}
         with self._condition:
             self._polls += 1
             self._condition.notify_all()
             for uid in list(self._held):
                 if uid not in live:  # deleted or finished: its devices are free again
                     del self._held[uid]
+            for uid, entry in list(self._pod_manager.items()):
+                if uid not in listed or (uid not in live and not entry.rejected):
+                    del self._pod_manager[uid]
         batch = [p for p in pods if p.uid not in self._seen]
         if not batch:
             return
@@ -282,12 +325,20 @@ class PodAdmitter:
             self._admit(pod)
 
     def _admit(self, pod: _Pod) -> None:
+        with self._condition:
+            # kubelet's HandlePodAdditions: podManager.AddPod, then admission
+            self._pod_manager[pod.uid] = _Managed(pod, {})
         try:
             self._allocate_pod(pod)
         except AdmissionError as error:
             logger.info("pod admitter: %s/%s rejected: %s", pod.namespace, pod.name, error)
             with self._condition:
                 self._held.pop(pod.uid, None)
+                managed = self._pod_manager.get(pod.uid)
+                if managed is not None:
+                    # the device manager frees a rejected pod's devices (UpdateAllocatedDevices)
+                    managed.rejected = True
+                    managed.devices.clear()
             # The status is tried before the result is published, so a waiter sees it when the
             # API server is up (retried later otherwise).
             self._set_status(
@@ -314,6 +365,9 @@ class PodAdmitter:
             with self._condition:
                 self._responses[(pod.namespace, pod.name, name)] = response
                 self._device_ids[(pod.namespace, pod.name, name)] = tuple(ids)
+                managed = self._pod_manager.get(pod.uid)
+                if managed is not None:  # the device manager's podDevices.insert
+                    managed.devices[name] = tuple(ids)
             if is_init:
                 reusable.extend(i for i in ids if i not in reusable)
             else:

@@ -9,7 +9,12 @@ It behaves as kubelet's device manager does (docs/kubelet-deviceplugin.md 2.1-2.
   GetDevicePluginOptions, and after Register has returned reads ListAndWatch in a thread,
   recording every list;
 * `restart()` is a kubelet restart: the old process's connections die, every unix socket in the
-  directory is deleted (`CleanupPluginDirectory`), and a new kubelet.sock is served.
+  directory is deleted (`CleanupPluginDirectory`), and a new kubelet.sock is served;
+* serves kubelet's PodResources API v1 (`v1.PodResourcesLister`: List, GetAllocatableResources
+  and Get) on `pod_resources_socket` (default `<dir>/pod-resources.sock`; kubelet's
+  is /var/lib/kubelet/pod-resources/kubelet.sock). `List` answers what the installed provider
+  returns (`install_pod_resources`; `PodAdmitter` installs its pod manager), nothing without one;
+  `fail_pod_resources` makes it answer an error status instead.
 
 Tests call Allocate / GetPreferredAllocation through `allocate()` / `preferred()`, on the
 latest registration's connection, as kubelet would.
@@ -25,7 +30,7 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,10 +38,13 @@ from typing import Any
 import grpc
 
 from hami_plugin.deviceplugin.api import api_pb2, api_pb2_grpc
+from hami_plugin.deviceplugin.api.podresources import api_pb2 as podresources_pb2
+from hami_plugin.deviceplugin.api.podresources import api_pb2_grpc as podresources_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
 KUBELET_SOCKET = "kubelet.sock"
+POD_RESOURCES_SOCKET = "pod-resources.sock"
 SUPPORTED_VERSIONS = ("v1beta1",)
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -67,6 +75,29 @@ class DeviceState:
     numa_nodes: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class ListedContainer:
+    """One container as kubelet's PodResources `List` shows it: the device IDs allocated to it
+    per resource name (none until its Allocate succeeded)."""
+
+    name: str
+    devices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ListedPod:
+    """One pod of kubelet's pod manager as `List` shows it (app containers only, as kubelet
+    lists them: init containers that are not sidecars are left out)."""
+
+    namespace: str
+    name: str
+    containers: tuple[ListedContainer, ...] = ()
+
+
+PodResourcesProvider = Callable[[], Sequence[ListedPod]]
+"""What kubelet's `List` answers, read at each call."""
+
+
 @dataclass
 class PluginConnection:
     """One successful registration: the request, the options read back, and every list."""
@@ -91,15 +122,28 @@ class PluginConnection:
 class FakeKubelet:
     """Registration server + plugin client, like kubelet's device manager."""
 
-    def __init__(self, plugin_dir: str, *, dial_timeout_seconds: float = 5.0) -> None:
+    def __init__(
+        self,
+        plugin_dir: str,
+        *,
+        dial_timeout_seconds: float = 5.0,
+        pod_resources_socket: str | None = None,
+    ) -> None:
         self.plugin_dir = plugin_dir
         self.socket_path = os.path.join(plugin_dir, KUBELET_SOCKET)
+        self.pod_resources_socket = pod_resources_socket or os.path.join(
+            plugin_dir, POD_RESOURCES_SOCKET
+        )
+        """Where the PodResources API is served (the device plugin's --pod-resources-socket)."""
         self._dial_timeout = dial_timeout_seconds
         self._condition = threading.Condition()
         self._connections: list[PluginConnection] = []
         self._errors: list[str] = []
         self._server: grpc.Server | None = None
         self._executor: futures.ThreadPoolExecutor | None = None
+        self._pod_resources: PodResourcesProvider | None = None
+        self._pod_resources_fault: tuple[grpc.StatusCode, int | None] | None = None
+        self._pod_resources_calls = 0
         self.restarts = 0
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -114,7 +158,14 @@ class FakeKubelet:
         api_pb2_grpc.add_RegistrationServicer_to_server(  # type: ignore[no-untyped-call]
             _Registration(self), server
         )
+        podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(  # type: ignore[no-untyped-call]
+            _PodResourcesLister(self), server
+        )
+        # One server for both sockets (kubelet runs two): each answers both services.
         server.add_insecure_port(f"unix://{self.socket_path}")
+        if os.path.exists(self.pod_resources_socket):
+            os.unlink(self.pod_resources_socket)  # a socket left by an earlier kubelet
+        server.add_insecure_port(f"unix://{self.pod_resources_socket}")
         server.start()
         self._server = server
         return self
@@ -214,6 +265,86 @@ class FakeKubelet:
             connection = self._connections[-1]
             return connection, connection.lists[-1]
 
+    # --- the PodResources API ---------------------------------------------------------------
+
+    def install_pod_resources(self, provider: PodResourcesProvider | None) -> None:
+        """What `List` answers from now on (None: no pods)."""
+        with self._condition:
+            self._pod_resources = provider
+
+    def fail_pod_resources(self, code: grpc.StatusCode | None, *, times: int | None = None) -> None:
+        """Answer the next `times` PodResources calls (every call when None) with `code`, or
+        answer normally again (`code` None)."""
+        with self._condition:
+            self._pod_resources_fault = None if code is None else (code, times)
+
+    @property
+    def pod_resources_calls(self) -> int:
+        """PodResources `List` calls answered so far, errors included."""
+        with self._condition:
+            return self._pod_resources_calls
+
+    def _pod_resources_check(self, context: grpc.ServicerContext) -> None:
+        with self._condition:
+            fault = self._pod_resources_fault
+            if fault is None:
+                return
+            code, times = fault
+            if times is not None:
+                self._pod_resources_fault = (code, times - 1) if times > 1 else None
+        context.abort(code, f"fake kubelet: {code.name.lower()}")
+
+    def _list_pod_resources(
+        self, context: grpc.ServicerContext
+    ) -> podresources_pb2.ListPodResourcesResponse:
+        with self._condition:
+            self._pod_resources_calls += 1
+            provider = self._pod_resources
+        self._pod_resources_check(context)
+        response = podresources_pb2.ListPodResourcesResponse()
+        for pod in provider() if provider is not None else ():
+            _write_pod(response.pod_resources.add(), pod)
+        return response
+
+    def _get_pod_resources(
+        self, request: podresources_pb2.GetPodResourcesRequest, context: grpc.ServicerContext
+    ) -> podresources_pb2.GetPodResourcesResponse:
+        """kubelet's Get (feature gate KubeletPodResourcesGet on): one pod of the pod manager."""
+        with self._condition:
+            provider = self._pod_resources
+        self._pod_resources_check(context)
+        for pod in provider() if provider is not None else ():
+            if (pod.namespace, pod.name) == (request.pod_namespace, request.pod_name):
+                response = podresources_pb2.GetPodResourcesResponse()
+                _write_pod(response.pod_resources, pod)
+                return response
+        # a plain Go error in kubelet: UNKNOWN on the wire
+        context.abort(
+            grpc.StatusCode.UNKNOWN,
+            f"pod {request.pod_name} in namespace {request.pod_namespace} not found",
+        )
+        raise AssertionError("unreachable: abort raises")
+
+    def _allocatable_resources(
+        self, context: grpc.ServicerContext
+    ) -> podresources_pb2.AllocatableResourcesResponse:
+        """Every device the latest registration listed, one entry per device and NUMA node, as
+        kubelet's containerDevicesFromResourceDeviceInstances writes them."""
+        self._pod_resources_check(context)
+        response = podresources_pb2.AllocatableResourcesResponse()
+        current = self.current()
+        if current is None:
+            return response
+        connection, states = current
+        resource_name = connection.request.resource_name
+        for state in states:
+            if not state.numa_nodes:
+                response.devices.add(resource_name=resource_name, device_ids=[state.id])
+            for node in state.numa_nodes:
+                devices = response.devices.add(resource_name=resource_name, device_ids=[state.id])
+                devices.topology.nodes.add(ID=node)
+        return response
+
     # --- calls kubelet makes on admission ---------------------------------------------------
 
     def allocate(
@@ -310,3 +441,33 @@ class _Registration:
     ) -> api_pb2.Empty:
         self._kubelet._register(request, context)
         return api_pb2.Empty()
+
+
+def _write_pod(message: podresources_pb2.PodResources, pod: ListedPod) -> None:
+    message.name = pod.name
+    message.namespace = pod.namespace
+    for container in pod.containers:
+        resources = message.containers.add(name=container.name)
+        for resource_name, ids in container.devices.items():
+            if ids:
+                resources.devices.add(resource_name=resource_name, device_ids=list(ids))
+
+
+class _PodResourcesLister:
+    def __init__(self, kubelet: FakeKubelet) -> None:
+        self._kubelet = kubelet
+
+    def Get(
+        self, request: podresources_pb2.GetPodResourcesRequest, context: grpc.ServicerContext
+    ) -> podresources_pb2.GetPodResourcesResponse:
+        return self._kubelet._get_pod_resources(request, context)
+
+    def List(
+        self, request: podresources_pb2.ListPodResourcesRequest, context: grpc.ServicerContext
+    ) -> podresources_pb2.ListPodResourcesResponse:
+        return self._kubelet._list_pod_resources(context)
+
+    def GetAllocatableResources(
+        self, request: podresources_pb2.AllocatableResourcesRequest, context: grpc.ServicerContext
+    ) -> podresources_pb2.AllocatableResourcesResponse:
+        return self._kubelet._allocatable_resources(context)

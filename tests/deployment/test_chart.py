@@ -96,6 +96,22 @@ def test_hami_value_keys_reach_the_daemons(tmp_path: Path) -> None:
     assert lease_role["rules"][0]["resourceNames"] == ["gpu-scheduler"]
 
 
+def test_another_kubelet_root_moves_the_pod_resources_socket_too(tmp_path: Path) -> None:
+    objects = helm_template("devicePlugin.pluginPath=/var/lib/k0s/kubelet/device-plugins")
+    daemonset = workload_running(objects, "device-plugin")
+    settings = device_plugin_settings(objects, tmp_path, "node-a")
+    assert settings.pod_resources_socket == "/var/lib/k0s/kubelet/pod-resources/kubelet.sock"
+    plugin = hami_container(daemonset, "device-plugin")
+    (mount,) = [
+        m for m in plugin["volumeMounts"] if m["mountPath"] == "/var/lib/k0s/kubelet/pod-resources"
+    ]
+    assert mount["readOnly"] is True
+    (volume,) = [
+        v for v in daemonset["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]
+    ]
+    assert volume["hostPath"]["path"] == "/var/lib/k0s/kubelet/pod-resources"
+
+
 def test_without_leader_election_one_replica_and_no_lease(tmp_path: Path) -> None:
     objects = helm_template("scheduler.leaderElect=false")
     deployment = workload_running(objects, "scheduler")

@@ -215,6 +215,13 @@ def test_the_device_plugin_daemonset(objects: list[Obj], tmp_path: Path) -> None
 
     settings = device_plugin_settings(objects, tmp_path, "node-a")
     assert settings.node_name == "node-a"
+    # kubelet's PodResources socket (in-flight/v2): its host directory, at the same path, read-only
+    # (connect() on a unix socket writes nothing to the mount)
+    pod_resources_dir = settings.pod_resources_socket.rsplit("/", 1)[0]
+    assert pod_resources_dir == "/var/lib/kubelet/pod-resources"
+    mount = _mount(plugin, pod_resources_dir)
+    assert mount.get("readOnly") is True
+    assert _volume(daemonset, mount["name"])["hostPath"]["path"] == pod_resources_dir
     # the booking key: the scheduler's Secret, a directory kubelet updates when it changes
     assert settings.booking_key_file == "/booking/keys"
     scheduler = workload_running(objects, "scheduler")

@@ -6,14 +6,19 @@ by creation second with random ties, one pod at a time, GetPreferredAllocation t
 GPU container). A small scheduler stand-in writes each pod as the extender's bind does (one
 annotation patch, then the Binding), only when `inflight.must_wait_for` allows, from several
 threads at once. Every container must get exactly its own booking.
+
+The test kubelet also serves kubelet's PodResources API from the admitter's pod manager: the
+daemon asks it (`--pod-resources-socket`) and the node says in-flight/v2, so the stand-in binds
+pods of one shape together (`must_wait_for(level=2)`); the `node_v1` fixture turns it off.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,12 +28,22 @@ import grpc
 import pytest
 import yaml
 
+from hami_plugin.deviceplugin.api.podresources import api_pb2 as podresources_pb2
+from hami_plugin.deviceplugin.api.podresources import api_pb2_grpc as podresources_pb2_grpc
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import NotFound
 from hami_plugin.protocol import codec
-from hami_plugin.protocol.inflight import ANNOTATION_ALLOCATE_PROTOCOL, InFlightPod, must_wait_for
+from hami_plugin.protocol.hostpaths import container_dir
+from hami_plugin.protocol.inflight import (
+    ALLOCATE_PROTOCOL,
+    ALLOCATE_PROTOCOL_V2,
+    ANNOTATION_ALLOCATE_PROTOCOL,
+    InFlightPod,
+    must_wait_for,
+    protocol_level,
+)
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -61,11 +76,20 @@ class Node:
     daemon: DevicePluginDaemon
 
 
-@pytest.fixture
-def node(
-    sock_dir: str, tmp_path: Path, apiserver: FakeApiServer, kube: KubeClient
+@contextlib.contextmanager
+def running_node(
+    sock_dir: str,
+    tmp_path: Path,
+    apiserver: FakeApiServer,
+    kube: KubeClient,
+    *,
+    pod_resources: bool = True,
+    register_interval_seconds: float = 0.3,
 ) -> Iterator[Node]:
+    """The daemon and the test kubelet on one node; `pod_resources`: the daemon asks the test
+    kubelet's PodResources API (else --pod-resources-socket is empty)."""
     apiserver.add_node(NODE)
+    kubelet = FakeKubelet(sock_dir)
     gpus_file = tmp_path / "gpus.yaml"
     gpus = [
         {"uuid": GPU_0, "name": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "numa_node": 0},
@@ -80,10 +104,11 @@ def node(
         fake_gpus=str(gpus_file),
         split_count=SPLIT,
         hook_path=str(tmp_path / "hook"),
-        register_interval_seconds=0.3,
+        register_interval_seconds=register_interval_seconds,
+        pod_resources_socket=kubelet.pod_resources_socket if pod_resources else "",
     )
     daemon = DevicePluginDaemon(settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"))
-    kubelet = FakeKubelet(sock_dir).start()
+    kubelet.start()
     thread = threading.Thread(target=daemon.run)
     thread.start()
     try:
@@ -95,6 +120,35 @@ def node(
         daemon.stop()
         thread.join(10)
         kubelet.stop()
+
+
+@pytest.fixture
+def node(
+    sock_dir: str, tmp_path: Path, apiserver: FakeApiServer, kube: KubeClient
+) -> Iterator[Node]:
+    """The node with kubelet's PodResources API: it says in-flight/v2."""
+    with running_node(sock_dir, tmp_path, apiserver, kube) as running:
+        yield running
+
+
+@pytest.fixture
+def node_v1(
+    sock_dir: str, tmp_path: Path, apiserver: FakeApiServer, kube: KubeClient
+) -> Iterator[Node]:
+    """The node with --pod-resources-socket empty: it says in-flight/v1."""
+    with running_node(sock_dir, tmp_path, apiserver, kube, pod_resources=False) as running:
+        yield running
+
+
+def node_protocol(node: Node) -> str | None:
+    stored = node.apiserver.get_node(NODE)
+    assert stored is not None
+    protocol: str | None = stored["metadata"]["annotations"].get(ANNOTATION_ALLOCATE_PROTOCOL)
+    return protocol
+
+
+def wait_for_protocol(node: Node, protocol: str) -> None:
+    wait_until(lambda: node_protocol(node) == protocol, f"the node says {protocol}", timeout=5)
 
 
 def admitter(node: Node, seed: int) -> PodAdmitter:
@@ -114,6 +168,7 @@ class Spec:
     created: int
     entries: PodDevices  # init containers first; () = a container without GPUs
     init_count: int = 0
+    shape: Hashable | None = None  # the scheduler's reading of the GPU requests
 
     @property
     def key(self) -> tuple[str, str]:
@@ -137,10 +192,14 @@ def booking(name_index: int, counts: Sequence[int], cores: int = 10) -> PodDevic
 
 
 class Scheduler:
-    """Binds pods as the extender's bind does, holding each back while `must_wait_for` says so."""
+    """Binds pods as the extender's bind does, holding each back while `must_wait_for` says so
+    at the node's protocol level (read from its annotation when created)."""
 
     def __init__(self, kube: KubeClient) -> None:
         self._kube = kube
+        self.level = protocol_level(
+            kube.get_node(NODE).annotations.get(ANNOTATION_ALLOCATE_PROTOCOL)
+        )
         self._lock = threading.Lock()
         self._in_flight: dict[tuple[str, str], InFlightPod] = {}
         self.waits = 0
@@ -162,7 +221,14 @@ class Scheduler:
                     del self._in_flight[key]
                     continue
                 left = codec.decode_pod_devices(annotations[ANNOTATION_DEVICES_TO_ALLOCATE])
-                pod = InFlightPod(pod.namespace, pod.name, pod.created_seconds, pod.allocated, left)
+                pod = InFlightPod(
+                    pod.namespace,
+                    pod.name,
+                    pod.created_seconds,
+                    pod.allocated,
+                    left,
+                    shape=pod.shape,
+                )
                 self._in_flight[key] = pod
             views.append(pod)
         return views
@@ -170,9 +236,11 @@ class Scheduler:
     def _admit(self, spec: Spec) -> InFlightPod | None:
         """Register `spec` as in flight (unbound) unless something blocks it; the blocker."""
         created = int(EPOCH.timestamp()) + spec.created
-        candidate = InFlightPod("default", spec.name, created, spec.entries, spec.entries, False)
+        candidate = InFlightPod(
+            "default", spec.name, created, spec.entries, spec.entries, False, shape=spec.shape
+        )
         with self._lock:
-            blocker = must_wait_for(candidate, self._refresh())
+            blocker = must_wait_for(candidate, self._refresh(), level=self.level)
             if blocker is None:
                 self._in_flight[spec.key] = candidate
             else:
@@ -214,7 +282,7 @@ class Scheduler:
         self._kube.bind_pod("default", spec.name, record.uid, NODE)
         with self._lock:
             self._in_flight[spec.key] = InFlightPod(
-                "default", spec.name, created, spec.entries, spec.entries, True
+                "default", spec.name, created, spec.entries, spec.entries, True, shape=spec.shape
             )
 
 
@@ -289,14 +357,51 @@ def run_burst(node: Node, specs: Sequence[Spec], seed: int, waves: int = 3) -> P
     return kubelet
 
 
-def test_the_node_claims_the_in_flight_protocol(node: Node) -> None:
-    def claimed() -> bool:
-        stored = node.apiserver.get_node(NODE)
-        assert stored is not None
-        protocol: str | None = stored["metadata"]["annotations"].get(ANNOTATION_ALLOCATE_PROTOCOL)
-        return protocol == "in-flight/v1"
+def test_without_the_pod_resources_socket_the_node_claims_in_flight_v1(node_v1: Node) -> None:
+    wait_for_protocol(node_v1, "in-flight/v1")
+    assert node_v1.kubelet.pod_resources_calls == 0
 
-    wait_until(claimed, "the in-flight protocol annotation on the node", timeout=5)
+
+def test_with_kubelets_pod_resources_api_the_node_claims_in_flight_v2(node: Node) -> None:
+    wait_for_protocol(node, "in-flight/v2")
+    # the test kubelet's GetAllocatableResources: every advertised slot (no NUMA node: the
+    # daemon reports none without --enable-numa-topology)
+    with grpc.insecure_channel(f"unix://{node.kubelet.pod_resources_socket}") as channel:
+        stub = podresources_pb2_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
+        answer = stub.GetAllocatableResources(podresources_pb2.AllocatableResourcesRequest())
+    assert len(answer.devices) == 2 * SPLIT
+    assert {d.resource_name for d in answer.devices} == {"nvidia.com/gpu"}
+    assert {d.device_ids[0] for d in answer.devices} == {f"{GPU_0}-{i}" for i in range(SPLIT)} | {
+        f"{GPU_1}-{i}" for i in range(SPLIT)
+    }
+    assert not any(d.topology.nodes for d in answer.devices)
+    # while the API fails the node says v1, and v2 again once it answers
+    node.kubelet.fail_pod_resources(grpc.StatusCode.UNAVAILABLE)
+    wait_for_protocol(node, ALLOCATE_PROTOCOL)
+    node.kubelet.fail_pod_resources(None)
+    wait_for_protocol(node, ALLOCATE_PROTOCOL_V2)
+
+
+def test_an_allocate_that_finds_the_api_failing_has_the_node_say_v1_at_once(
+    sock_dir: str, tmp_path: Path, apiserver: FakeApiServer, kube: KubeClient
+) -> None:
+    # A register round every minute: only the Allocate's report can make the node say v1 now.
+    with running_node(sock_dir, tmp_path, apiserver, kube, register_interval_seconds=60) as node:
+        wait_for_protocol(node, ALLOCATE_PROTOCOL_V2)
+        scheduler = Scheduler(node.kube)
+        older, newer = Spec("older", 0, booking(0, [1])), Spec("newer", 1, booking(1, [1]))
+        for spec in (older, newer):
+            create(node.apiserver, spec)
+            scheduler.bind(spec)
+        calls = node.kubelet.pod_resources_calls
+        node.kubelet.fail_pod_resources(grpc.StatusCode.UNAVAILABLE, times=1)
+        # The node claimed v2: pods bound together under it may have reached kubelet in any
+        # order, so creation order is no answer; the call fails, nothing is served or patched.
+        with pytest.raises(grpc.RpcError) as caught:
+            node.kubelet.allocate([f"{GPU_0}-0"])
+        assert "kubelet is admitting none of them" in str(caught.value.details())
+        assert node.kubelet.pod_resources_calls == calls + 1
+        wait_for_protocol(node, ALLOCATE_PROTOCOL)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -374,7 +479,8 @@ def test_a_hami_lock_still_selects_the_named_pod(node: Node) -> None:
     assert ANNOTATION_NODE_LOCK not in stored["metadata"]["annotations"]
 
 
-def test_candidates_that_cannot_be_told_apart_fail_without_a_patch(node: Node) -> None:
+def test_candidates_that_cannot_be_told_apart_fail_without_a_patch(node_v1: Node) -> None:
+    node = node_v1
     # Two pods bound in the same second with the same count: no scheduler following the rule
     # does this, so it is written by hand.
     specs = [Spec("twin-a", 3, booking(0, [1])), Spec("twin-b", 3, booking(1, [1]))]
@@ -452,3 +558,68 @@ def test_the_test_kubelet_counts_devices_and_frees_those_of_deleted_pods(node: N
     assert kubelet.admitted == [big.key, again.key]
     used = {i for key, ids in kubelet.device_ids.items() if key[1] == "big" for i in ids}
     assert len(used) == 2 * SPLIT
+
+
+# --- in-flight/v2: identical pods in flight together ---------------------------------------------
+
+JOB_MEMORY_MIB = 2000
+
+
+def job_pod(index: int) -> Spec:
+    """One pod of a Job: one GPU of 2000 MiB, created in the same second as the others; the
+    scheduler books GPU 0 or GPU 1."""
+    gpu = (GPU_0, GPU_1)[index % 2]
+    entries = ((ContainerDevice(gpu, "NVIDIA", JOB_MEMORY_MIB, 10),),)
+    return Spec(f"job-{index:02d}", 0, entries, shape=("1 GPU", JOB_MEMORY_MIB, 10))
+
+
+@pytest.mark.parametrize("seed", [21, 22])
+def test_twenty_identical_pods_bound_at_once_each_get_their_own_booking(
+    node: Node, seed: int
+) -> None:
+    wait_for_protocol(node, ALLOCATE_PROTOCOL_V2)
+    specs = [job_pod(i) for i in range(2 * SPLIT)]  # every slot of both GPUs
+    for spec in specs:
+        create(node.apiserver, spec)
+    scheduler = Scheduler(node.kube)
+    assert scheduler.level == 2
+    # half bound before kubelet runs (its first batch), the rest from 8 threads while it admits
+    first = specs[:SPLIT]
+    assert all(scheduler.try_bind(spec) for spec in first)
+    rest = specs[SPLIT:]
+    random.Random(seed).shuffle(rest)
+    with admitter(node, seed) as kubelet, futures.ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(scheduler.try_bind, rest))
+        kubelet.wait_for([s.key for s in specs], timeout=30)
+    assert scheduler.waits == 0  # nobody waited for anybody
+    assert_each_container_got_its_own_booking(node, kubelet, specs)
+    # the memory is the same for all: the container's host directory names whose booking it got
+    hook = str(Path(node.daemon.settings.hook_path))
+    for spec in specs:
+        pod = node.apiserver.get_pod(*spec.key)
+        assert pod is not None
+        host_dirs = {m.host_path for m in kubelet.responses[(*spec.key, "c0")].mounts}
+        assert container_dir(hook, pod["metadata"]["uid"], "c0") in host_dirs, spec.name
+    # kubelet's order was its own (ties in random order), and the device plugin asked it
+    admitted = kubelet.admitted
+    assert admitted != sorted(admitted)
+    assert node.kubelet.pod_resources_calls >= len(specs) - 1
+
+
+def test_without_the_pod_resources_socket_identical_pods_wait_for_each_other(
+    node_v1: Node,
+) -> None:
+    wait_for_protocol(node_v1, ALLOCATE_PROTOCOL)
+    specs = [job_pod(i) for i in range(2 * SPLIT)]
+    for spec in specs:
+        create(node_v1.apiserver, spec)
+    scheduler = Scheduler(node_v1.kube)
+    assert scheduler.level == 1
+    assert scheduler.try_bind(specs[0])
+    assert not scheduler.try_bind(specs[1])  # same count, same second: in-flight/v1 waits
+    with admitter(node_v1, 23) as kubelet, futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(scheduler.bind, specs[1:]))
+        kubelet.wait_for([s.key for s in specs], timeout=30)
+    assert scheduler.waits > 1
+    assert_each_container_got_its_own_booking(node_v1, kubelet, specs)
+    assert node_v1.kubelet.pod_resources_calls == 0

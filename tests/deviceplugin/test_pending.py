@@ -556,3 +556,82 @@ def test_from_the_watch_the_pod_the_lock_names_must_ask_the_count() -> None:
 def test_from_the_watch_a_broken_booking_is_still_the_one_that_fails() -> None:
     broken = dataclasses.replace(make_pod("GPU-x,NVIDIA,notanumber,0:;", name="broken"))
     assert select_pending_pod(NODE, None, [broken], 1, count_must_match=True).pod is broken
+
+
+# --- in-flight/v2: kubelet's PodResources list (`admitting`) ------------------------------------
+
+
+def listed(*pods: PodInfo) -> frozenset[tuple[str, str]]:
+    """Kubelet's PodResources list, the pods it shows without a device of the resource."""
+    return frozenset((pod.namespace, pod.name) for pod in pods)
+
+
+def test_kubelets_list_tells_same_second_pods_apart() -> None:
+    first, second = in_flight("first", 1, created=4), in_flight("second", 1, created=4)
+    pods = [first, second]
+    assert select_pending_pod(NODE, None, pods, 1, admitting=listed(second)).pod is second
+    assert select_pending_pod(NODE, None, pods, 1, admitting=listed(first)).pod is first
+    # an older pod kubelet does not list is not the one, whatever its age
+    older = in_flight("older", 1, created=1)
+    assert (
+        select_pending_pod(NODE, None, [older, second], 1, admitting=listed(second)).pod is second
+    )
+
+
+@pytest.mark.parametrize("shown", [(), ("elsewhere",)])
+def test_kubelets_list_naming_none_of_the_pods_fails_the_call(shown: tuple[str, ...]) -> None:
+    pods = [in_flight("a", 1, created=4), in_flight("b", 1, created=5)]
+    admitting = frozenset(("default", name) for name in shown)
+    with pytest.raises(AllocateFailure) as caught:
+        select_pending_pod(NODE, None, pods, 1, admitting=admitting)
+    assert caught.value.reason is FailureReason.NO_MATCHING_POD
+    assert not caught.value.pod_known
+    assert "kubelet is admitting none of them" in str(caught.value)
+    assert "default/a" in str(caught.value) and "default/b" in str(caught.value)
+
+
+def test_kubelets_list_leaves_started_pods_and_the_one_candidate_alone() -> None:
+    started = in_flight("started", 1, 1, created=8, consumed=1)
+    fresh = [in_flight("a", 1, created=4), in_flight("b", 1, created=4)]
+    for admitting in (listed(), listed(*fresh), listed(started)):
+        assert select_pending_pod(NODE, None, [*fresh, started], 1, admitting=admitting).pod is (
+            started
+        )
+    only = in_flight("only", 2)
+    assert select_pending_pod(NODE, None, [only], 1, admitting=listed()).pod is only
+
+
+def test_kubelets_list_decides_whether_a_broken_booking_is_the_wildcard() -> None:
+    broken = dataclasses.replace(
+        make_pod("GPU-x,NVIDIA,notanumber,0:;", name="broken"), creation_timestamp=at(1)
+    )
+    twins = [in_flight("a", 1, created=4), in_flight("b", 1, created=4)]
+    pods = [broken, *twins]
+    # without the list the broken pod, created first, could be the one: it takes the call
+    assert select_pending_pod(NODE, None, pods, 1).pod is broken
+    # kubelet lists `a` and not `broken`: `broken` is not being admitted
+    assert select_pending_pod(NODE, None, pods, 1, admitting=listed(twins[0])).pod is twins[0]
+    # listed without devices, `broken` could be the one (or was rejected): it still fails
+    assert select_pending_pod(NODE, None, pods, 1, admitting=listed(broken)).pod is broken
+    assert select_pending_pod(NODE, None, pods, 1, admitting=listed(broken, twins[1])).pod is (
+        broken
+    )
+    # nothing else matches: a broken booking kubelet does not list takes no call either
+    with pytest.raises(AllocateFailure) as caught:
+        select_pending_pod(NODE, None, pods, 3, admitting=listed(*twins))
+    assert caught.value.reason is FailureReason.NO_MATCHING_POD
+
+
+def test_with_a_key_kubelets_list_keeps_a_forged_pod_it_does_not_show_from_any_call() -> None:
+    # The forged pod asks the count and is created first: without the list it takes the call
+    # of the signed pods (that admission fails); with it, only if kubelet lists it.
+    forged = in_flight("forged", 1, created=0)
+    tenants = [signed(in_flight("t1", 1, created=5)), signed(in_flight("t2", 1, created=5))]
+    pods = [forged, *tenants]
+    assert select_pending_pod(NODE, None, pods, 1, KEYS).pod is forged
+    choice = select_pending_pod(NODE, None, pods, 1, KEYS, admitting=listed(tenants[1]))
+    assert choice.pod is tenants[1]
+    assert choice.refusal is None
+    choice = select_pending_pod(NODE, None, pods, 1, KEYS, admitting=listed(forged))
+    assert choice.pod is forged
+    assert refused(choice) == f"{BOOKING_NOT_SIGNED}: the pod has no {ANNOTATION_BOOKING_SIGNATURE}"

@@ -124,6 +124,20 @@ def test_the_booking_key_file_comes_from_the_flag_or_the_environment() -> None:
     assert from_flag.booking_key_file == "/keys/flag"
 
 
+def test_the_pod_resources_socket_defaults_to_kubelets_and_an_empty_flag_turns_it_off() -> None:
+    kubelets = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert resolve(["--node-name", "n"]).pod_resources_socket == kubelets
+    assert resolve(["--node-name", "n", "--pod-resources-socket", ""]).pod_resources_socket == ""
+    # an empty variable counts as unset, as every variable does
+    assert resolve([], {"NODE_NAME": "n", "POD_RESOURCES_SOCKET": ""}).pod_resources_socket == (
+        kubelets
+    )
+    from_env = resolve([], {"NODE_NAME": "n", "POD_RESOURCES_SOCKET": "/k0s/pod-resources/k.sock"})
+    assert from_env.pod_resources_socket == "/k0s/pod-resources/k.sock"
+    with pytest.raises(ConfigError, match="pod resources socket must be an absolute path"):
+        resolve(["--node-name", "n", "--pod-resources-socket", "kubelet.sock"])
+
+
 def test_bool_flag_without_value_means_true() -> None:
     assert resolve(["--node-name", "n", "--enable-numa-topology"]).enable_numa_topology is True
     assert (

@@ -4,13 +4,15 @@ Table tests for each rule, then a property test that plays the whole interleavin
 binding pods (only when `must_wait_for` allows), kubelet's pod watch cutting them into batches,
 kubelet admitting one pod at a time (each batch sorted by creation second, ties in any order)
 and calling GetPreferredAllocation then Allocate per GPU container, and the device plugin's pure
-decisions answering from the pods' annotations alone.
+decisions answering from the pods' annotations alone, or (in-flight/v2) from them and kubelet's
+PodResources list: kubelet's pod manager (the pods admitted, the one being admitted, the pods
+rejected) with the devices each app container holds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 import pytest
@@ -23,6 +25,7 @@ from hami_plugin.deviceplugin.preferred import PreferredRequest, decide_preferre
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.inflight import (
     ALLOCATE_PROTOCOL,
+    ALLOCATE_PROTOCOL_V2,
     ANNOTATION_ALLOCATE_PROTOCOL,
     InFlightPod,
     choose,
@@ -66,16 +69,18 @@ def view(
     created: int = 0,
     consumed: int = 0,
     bound: bool = True,
+    shape: Hashable | None = None,
 ) -> InFlightPod:
     """An in-flight pod with one entry per count, the first `consumed` entries allocated."""
     booked = tuple(entry(c) for c in counts)
     left = tuple(() if i < consumed else e for i, e in enumerate(booked))
-    return InFlightPod("default", name, created, booked, left, bound)
+    return InFlightPod("default", name, created, booked, left, bound, shape=shape)
 
 
 def test_the_protocol_names() -> None:
     assert ANNOTATION_ALLOCATE_PROTOCOL == "hami-plugin.io/allocate-protocol"
     assert ALLOCATE_PROTOCOL == "in-flight/v1"
+    assert ALLOCATE_PROTOCOL_V2 == "in-flight/v2"
 
 
 # --- the view of a pod ---------------------------------------------------------------------------
@@ -160,6 +165,76 @@ def test_choose_refuses_what_it_cannot_tell(
     assert reason in choice.reason
 
 
+def listed(*names: str) -> frozenset[tuple[str, str]]:
+    """What kubelet's PodResources list shows without devices: these pods of `default`."""
+    return frozenset(("default", name) for name in names)
+
+
+@pytest.mark.parametrize(
+    ("pods", "admitting", "chosen"),
+    [
+        # same second: kubelet lists only the one it is admitting (the other comes later)
+        ([view("a", 1), view("b", 1)], listed("b"), "b"),
+        ([view("a", 1), view("b", 1)], listed("a", "other"), "a"),
+        # the one listed wins over an older one kubelet is not admitting (yet)
+        ([view("old", 1, created=1), view("new", 1, created=5)], listed("new"), "new"),
+        # several listed (one rejected earlier, still shown): the oldest second among them
+        (
+            [view("a", 1, created=1), view("b", 1, created=3), view("c", 1, created=2)],
+            listed("b", "c"),
+            "c",
+        ),
+        # one not-started pod asking the count: chosen as without the list
+        ([view("a", 1), view("b", 2)], listed(), "a"),
+        # a started pod is kubelet's, whatever the list shows
+        ([view("s", 1, 1, created=9, consumed=1), view("a", 1), view("b", 1)], listed("a"), "s"),
+        ([view("s", 1, 1, created=9, consumed=1), view("a", 1), view("b", 1)], listed("s"), "s"),
+        # pods asking another count do not count, listed or not
+        ([view("a", 1), view("b", 2), view("c", 1, created=4)], listed("b", "c"), "c"),
+    ],
+)
+def test_choose_with_kubelets_list(
+    pods: list[InFlightPod], admitting: frozenset[tuple[str, str]], chosen: str
+) -> None:
+    choice = choose(pods, 1, admitting)
+    assert choice.pod is not None, choice.reason
+    assert choice.pod.name == chosen
+    assert choose_pod(pods, 1, admitting) is choice.pod
+
+
+@pytest.mark.parametrize(
+    ("pods", "admitting", "reason"),
+    [
+        (
+            [view("a", 1), view("b", 1, created=3)],
+            listed(),
+            "shows none of them without devices (kubelet is admitting none of them)",
+        ),
+        ([view("a", 1), view("b", 1)], listed("x"), "admitting none of them"),
+        (
+            [view("a", 1), view("b", 1), view("c", 1)],
+            listed("a", "b"),
+            "same second, each listed by kubelet without devices,",
+        ),
+    ],
+)
+def test_choose_with_kubelets_list_refuses_what_it_cannot_tell(
+    pods: list[InFlightPod], admitting: frozenset[tuple[str, str]], reason: str
+) -> None:
+    choice = choose(pods, 1, admitting)
+    assert choice.pod is None
+    assert reason in choice.reason
+    assert "default/a" in choice.reason
+
+
+def test_without_kubelets_list_the_v1_rule_is_unchanged() -> None:
+    pods = [view("a", 1), view("b", 1)]
+    assert choose(pods, 1).pod is None
+    assert choose(pods, 1, None) == choose(pods, 1)
+    older = [view("a", 1, created=1), view("b", 1, created=2)]
+    assert choose_pod(older, 1) is older[0]
+
+
 # --- must_wait_for ------------------------------------------------------------------------------
 
 
@@ -212,6 +287,7 @@ class SimPod:
     created: int
     init_count: int
     entries: PodDevices  # one per container, init containers first; () = no GPU
+    shape: Hashable | None = None  # the scheduler's reading of the pod's GPU requests
     stage: str = "new"  # new -> annotated (in flight, Binding pending) -> bound
     annotations: dict[str, str] = field(default_factory=dict)
     phase: str = "Pending"
@@ -240,7 +316,7 @@ class SimPod:
             self.annotations,
             bound=self.stage == "bound",
         )
-        return pod
+        return None if pod is None else replace(pod, shape=self.shape)
 
     @property
     def allocating(self) -> bool:
@@ -253,6 +329,8 @@ class Cluster:
 
     pods: list[SimPod]
     with_lock: bool
+    level: int = 1  # the node's protocol_level: 2 lets pods of one shape fly together
+    ask_kubelet: bool = False  # the device plugin reads kubelet's PodResources list
     lock: str | None = None
     watch: list[SimPod] = field(default_factory=list)  # bound, not yet in a kubelet batch
     batches: list[list[SimPod]] = field(default_factory=list)
@@ -261,6 +339,9 @@ class Cluster:
     used: dict[str, set[str]] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
     max_allocating: int = 0
+    pod_manager: list[SimPod] = field(default_factory=list)  # kubelet's, in the order added
+    app_devices: dict[str, set[int]] = field(default_factory=dict)  # app containers allocated
+    rejected: list[SimPod] = field(default_factory=list)
 
     # --- scheduler ------------------------------------------------------------------------
 
@@ -279,8 +360,10 @@ class Cluster:
         if self.with_lock:
             return self.lock is None
         created = EPOCH + pod.created
-        candidate = InFlightPod("default", pod.name, created, pod.entries, pod.entries)
-        return must_wait_for(candidate, self.in_flight()) is None
+        candidate = InFlightPod(
+            "default", pod.name, created, pod.entries, pod.entries, shape=pod.shape
+        )
+        return must_wait_for(candidate, self.in_flight(), level=self.level) is None
 
     @staticmethod
     def booking(pod: SimPod) -> str:
@@ -326,7 +409,28 @@ class Cluster:
         if not batch:
             self.batches.pop(0)
         self.next_container = 0
+        self.pod_manager.append(self.admitting)  # podManager.AddPod, then admission
         self.log.append(f"admit {self.admitting.name}")
+
+    def reject(self) -> None:
+        """An earlier admit handler (eviction, sysctl) rejects the pod before its first
+        Allocate. It stays in kubelet's pod manager; its Failed status is taken to reach the API
+        server at once (while it lags, 5.5's residual risk applies)."""
+        pod = self.admitting
+        assert pod is not None and self.next_container == 0
+        pod.phase = "Failed"
+        self.rejected.append(pod)
+        self.admitting = None
+        self.log.append(f"reject {pod.name}")
+
+    def kubelet_list(self) -> frozenset[tuple[str, str]] | None:
+        """What the device plugin reads from kubelet's PodResources list: the pods of the pod
+        manager none of whose app containers holds a device (init containers are not listed)."""
+        if not self.ask_kubelet:
+            return None
+        return frozenset(
+            ("default", pod.name) for pod in self.pod_manager if not self.app_devices.get(pod.name)
+        )
 
     def allocate_next_container(self) -> None:
         pod = self.admitting
@@ -339,14 +443,15 @@ class Cluster:
         taken = set().union(*self.used.values()) if self.used else set()
         available = [i for i in ADVERTISED if i not in taken]
         # GetPreferredAllocation, then Allocate with its answer (the device plugin's logic).
+        admitting = self.kubelet_list()
         try:
-            hint = select_pending_pod(NODE, self.lock, records, count).pod
+            hint = select_pending_pod(NODE, self.lock, records, count, admitting=admitting).pod
         except AllocateFailure:
             hint = None
         (answer,) = decide_preferred(hint, [PreferredRequest(available, (), count)])
         ids = list(answer.device_ids)
         assert len(ids) == count
-        chosen = select_pending_pod(NODE, self.lock, records, count)
+        chosen = select_pending_pod(NODE, self.lock, records, count, admitting=admitting)
         decision = decide_allocation(
             chosen.pod, [ids], AllocateConfig(), lambda: "cache", ADVERTISED
         )
@@ -361,6 +466,8 @@ class Cluster:
         for position, device in enumerate(pod.entries[index]):
             assert envs[f"CUDA_DEVICE_MEMORY_LIMIT_{position}"] == f"{device.used_mem_mib}m"
         self.used.setdefault(pod.name, set()).update(ids)
+        if index >= pod.init_count:  # the device manager records the container's devices
+            self.app_devices.setdefault(pod.name, set()).add(index)
         pod.annotations[ANNOTATION_DEVICES_TO_ALLOCATE] = decision.remaining_to_allocate
         if decision.complete:
             pod.annotations[ANNOTATION_BIND_PHASE] = "success"
@@ -380,6 +487,8 @@ class Cluster:
         enabled: list[tuple[str, SimPod | None]] = []
         if self.admitting is not None:
             enabled.append(("allocate", None))
+            if self.next_container == 0 and not self.with_lock:  # HAMi's lock would expire
+                enabled.append(("reject", None))
         elif self.batches:
             enabled.append(("take", None))
         if self.watch:
@@ -391,6 +500,8 @@ class Cluster:
     def run(self, action: str, pod: SimPod | None, size: int, ties: Sequence[int]) -> None:
         if action == "allocate":
             self.allocate_next_container()
+        elif action == "reject":
+            self.reject()
         elif action == "take":
             self.take_pod(ties)
         elif action == "cut":
@@ -405,14 +516,24 @@ class Cluster:
 
 @st.composite
 def sim_pods(draw: st.DrawFn) -> list[SimPod]:
-    pods = []
-    for number in range(draw(st.integers(1, 6))):
+    """Up to 6 pods, each from one of up to 3 request templates (init containers, device
+    counts). Pods of one template and variant have one shape: interchangeable for the scheduler
+    at level 2. Booked memory differs per pod, so a container served another pod's booking is
+    seen."""
+    templates: list[tuple[int, tuple[int, ...]]] = []
+    for _ in range(draw(st.integers(1, 3))):
         init_count = draw(st.integers(0, 1))
-        counts = draw(
+        drawn = draw(
             st.lists(st.integers(0, 2), min_size=init_count + 1, max_size=init_count + 2).filter(
                 any
             )
         )
+        templates.append((init_count, tuple(drawn)))
+    pods = []
+    for number in range(draw(st.integers(1, 6))):
+        template = draw(st.integers(0, len(templates) - 1))
+        variant = draw(st.integers(0, 1))  # same counts, another request (memory, type)
+        init_count, counts = templates[template]
         entries = tuple(
             tuple(
                 ContainerDevice(
@@ -422,7 +543,8 @@ def sim_pods(draw: st.DrawFn) -> list[SimPod]:
             )
             for k, count in enumerate(counts)
         )
-        pods.append(SimPod(f"pod-{number}", draw(st.integers(0, 2)), init_count, entries))
+        created = draw(st.integers(0, 2))
+        pods.append(SimPod(f"pod-{number}", created, init_count, entries, (template, variant)))
     return pods
 
 
@@ -442,21 +564,32 @@ def play(cluster: Cluster, data: st.DataObject) -> None:
             break
         action, pod = enabled[0]
         cluster.run(action, pod, 0, range(6))
-    # Liveness: every pod bound, admitted and allocated; nobody waits forever.
+    # Liveness: every pod bound, admitted and allocated (or rejected); nobody waits forever.
+    admitted = [p for p in cluster.pods if p not in cluster.rejected]
     stuck = [(p.name, p.stage, p.annotations.get(ANNOTATION_BIND_PHASE)) for p in cluster.pods]
-    assert all(p.stage == "bound" and p.phase == "Running" for p in cluster.pods), (
+    assert all(p.stage == "bound" and p.phase == "Running" for p in admitted), (
         stuck,
         cluster.log,
     )
-    assert all(p.annotations[ANNOTATION_BIND_PHASE] == "success" for p in cluster.pods)
+    assert all(p.annotations[ANNOTATION_BIND_PHASE] == "success" for p in admitted)
+    assert all(p.phase == "Failed" for p in cluster.rejected)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pods=sim_pods(), ask_kubelet=st.booleans(), data=st.data())
+def test_every_container_gets_its_own_booking_in_any_interleaving(
+    pods: list[SimPod], ask_kubelet: bool, data: st.DataObject
+) -> None:
+    # in-flight/v1: kubelet's list, when the device plugin reads it, changes nothing for the worse
+    play(Cluster(pods, with_lock=False, ask_kubelet=ask_kubelet), data)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pods=sim_pods(), data=st.data())
-def test_every_container_gets_its_own_booking_in_any_interleaving(
+def test_with_v2_pods_of_one_shape_in_flight_together_each_get_their_own_booking(
     pods: list[SimPod], data: st.DataObject
 ) -> None:
-    play(Cluster(pods, with_lock=False), data)
+    play(Cluster(pods, with_lock=False, level=2, ask_kubelet=True), data)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -467,6 +600,35 @@ def test_with_hamis_lock_one_pod_is_allocating_at_a_time(
     cluster = Cluster(pods, with_lock=True)
     play(cluster, data)
     assert cluster.max_allocating == 1
+
+
+@pytest.mark.parametrize(
+    "ties", [list(range(8)), list(reversed(range(8))), [3, 0, 7, 1, 6, 2, 5, 4]]
+)
+def test_with_v2_identical_pods_created_in_one_second_are_in_flight_at_once(
+    ties: list[int],
+) -> None:
+    pods = [SimPod(f"p{i}", 0, 0, (entry(1, 100 * i),), shape="1 GPU, 100 MiB") for i in range(8)]
+    v1 = Cluster([SimPod(p.name, 0, 0, p.entries, p.shape) for p in pods], with_lock=False)
+    assert v1.may_annotate(v1.pods[0])
+    v1.annotate(v1.pods[0])
+    assert not v1.may_annotate(v1.pods[1])  # in-flight/v1: the same second waits
+    cluster = Cluster(pods, with_lock=False, level=2, ask_kubelet=True)
+    for pod in pods:
+        assert cluster.may_annotate(pod)
+        cluster.annotate(pod)
+        cluster.bind(pod)
+    assert cluster.max_allocating == 8
+    cluster.cut_batch(8)
+    while cluster.batches or cluster.admitting:
+        if cluster.admitting is None:
+            cluster.take_pod(ties)
+        cluster.allocate_next_container()  # asserts each container got its own pod's booking
+    assert all(p.annotations[ANNOTATION_BIND_PHASE] == "success" for p in pods)
+    order = [p.name for p in cluster.pod_manager]
+    assert sorted(order) == sorted(p.name for p in pods)
+    # kubelet's tie order, not the bind order, decided who came first
+    assert (order == [p.name for p in pods]) == (ties == list(range(8)))
 
 
 def test_a_burst_of_pods_created_in_different_seconds_is_in_flight_at_once() -> None:
@@ -484,3 +646,14 @@ def test_a_burst_of_pods_created_in_different_seconds_is_in_flight_at_once() -> 
             cluster.take_pod(list(reversed(range(8))))
         cluster.allocate_next_container()
     assert all(p.annotations[ANNOTATION_BIND_PHASE] == "success" for p in pods)
+
+
+def test_level_2_frees_only_single_entry_pods_of_one_shape() -> None:
+    """Pods with several GPU containers keep the v1 rule even when identical: kubelet's list
+    shows the pod being admitted, not one it gave up on between two of its containers."""
+    a, b = view("a", 1, shape="s"), view("b", 1, shape="s")
+    assert confusable(a, b, level=1) and not confusable(a, b, level=2)
+    multi_a, multi_b = view("ma", 1, 1, shape="m"), view("mb", 1, 1, shape="m")
+    assert confusable(multi_a, multi_b, level=2)
+    assert confusable(a, view("c", 1, shape="other"), level=2)
+    assert confusable(a, view("d", 1), level=2)  # no shape: interchangeable with nothing

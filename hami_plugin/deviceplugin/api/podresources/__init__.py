@@ -1,0 +1,1 @@
+"""Kubelet PodResources API v1 stubs, generated from proto/ (see proto/generate.py)."""
