@@ -13,3 +13,37 @@
   by the one model, `hami_plugin.protocol.objects`);
 * `watch`: reading a watch stream; `informer`: list-then-watch into a local store.
 """
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+_LEAN_PACKAGES = ("kubernetes", "kubernetes.config", "kubernetes.utils")
+"""Packages of the `kubernetes` distribution whose `__init__` is not run: `kubernetes`'s imports
+every part of it (dynamic and its schema validation, stream and websockets, watch, utils,
+leaderelection, informer; about 11 MiB), `kubernetes.config`'s the kubeconfig loader with
+OAuth and its HTTP stack (about 6 MiB) even for an in-cluster daemon, `kubernetes.utils`'s the
+YAML-to-objects helpers (which `kubernetes.client.rest` does not need for its retry and
+keep-alive helpers). The submodules used here (`kubernetes.client.*`,
+`kubernetes.config.incluster_config`, `kubernetes.config.kube_config`, `kubernetes.utils.retry`,
+`kubernetes.utils.keepalive`) import as usual; a test checks which modules a daemon loads."""
+
+
+def _register_without_init(name: str) -> None:
+    """Register package `name` as a module whose submodules import normally, without running
+    its `__init__` (nothing when it is imported already or not installed)."""
+    if name in sys.modules:
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.submodule_search_locations is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    parent, _, child = name.rpartition(".")
+    if parent:
+        setattr(sys.modules[parent], child, module)
+
+
+for _package in _LEAN_PACKAGES:
+    _register_without_init(_package)

@@ -9,7 +9,6 @@ from collections.abc import Callable
 
 from kubernetes.client.configuration import Configuration
 from kubernetes.config.incluster_config import load_incluster_config
-from kubernetes.config.kube_config import load_kube_config
 
 from hami_plugin.clock import Clock
 from hami_plugin.kube.errors import KubeError
@@ -25,6 +24,10 @@ def load_configuration(kubeconfig: str | None = None) -> Configuration:
     source = kubeconfig or os.environ.get("KUBECONFIG") or ""
     try:
         if source:
+            # only here: the kubeconfig loader brings OAuth and its HTTP stack (in-cluster
+            # daemons never need it)
+            from kubernetes.config.kube_config import load_kube_config
+
             load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=source, client_configuration=configuration, persist_config=False
             )

@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kubernetes.utils import parse_quantity as client_parse_quantity
+from kubernetes.utils.quantity import parse_quantity as client_parse_quantity
 
 from hami_plugin.protocol.quantity import QuantityError, exact_integer, parse_quantity
 
