@@ -283,7 +283,7 @@ class DemoCluster:
                 raise DemoError(f"{sockets} is too long for a unix socket; set a shorter TMPDIR")
             gpus_file = self._dir / f"{node.short}-gpus.yaml"
             gpus_file.write_text(yaml.safe_dump(fake_gpus_document(node)), encoding="utf-8")
-            self._kubelets[node.name] = FakeKubelet(str(sockets)).start()
+            kubelet = self._kubelets[node.name] = FakeKubelet(str(sockets)).start()
             self._plugins[node.name] = self._processes.start(
                 f"device plugin {node.name} ({self.policy})",
                 [
@@ -293,6 +293,8 @@ class DemoCluster:
                     "--device-split-count", str(SPLIT_COUNT),
                     "--metrics-bind-address", "127.0.0.1:0",
                     "--booking-key-file", str(booking_keys),
+                    # kubelet's PodResources API (in-flight/v2): the test kubelet serves it
+                    "--pod-resources-socket", kubelet.pod_resources_socket,
                 ],
                 self._dir / f"device-plugin-{node.short}.log",
             )  # fmt: skip

@@ -4,6 +4,7 @@ binds without a herd of conflicting node patches."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -49,7 +50,8 @@ class HamiDevicePlugin:
                 continue
             if self._stop.wait(self._delay):
                 return
-            self._api.update_object("nodes", "", "n1", lambda n, held=value: self._release(n, held))
+            release = functools.partial(self._release, value=value)
+            self._api.update_object("nodes", "", "n1", release)
 
     @staticmethod
     def _release(node: dict[str, Any], value: str) -> None:
