@@ -41,6 +41,8 @@ sys.path.insert(0, str(REPO))
 # grpc core logs every GOAWAY of the test kubelet's channels at INFO; keep the figures readable.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
+import grpc  # noqa: E402
+
 from hami_plugin.deviceplugin.allocate import AllocateConfig, decide_allocation  # noqa: E402
 from hami_plugin.deviceplugin.allocator import PodAllocator  # noqa: E402
 from hami_plugin.deviceplugin.api import api_pb2  # noqa: E402
@@ -204,15 +206,13 @@ def bench_health_and_rss(
         target_s=2.0,
     )
     # Memory after the process has served lists and allocations (in-cluster shaped load).
-    apiserver.add_pod("rss-pod", node_name=NODE, annotations=PENDING)
-    for _ in range(100):
-        apiserver.update_object(
-            "pods",
-            "default",
-            "rss-pod",
-            lambda pod: pod["metadata"]["annotations"].update(PENDING),
-        )
-        kubelet.allocate([f"{GPUS[3]}-1"])
+    for index in range(100):
+        # a pod per Allocate, each gone once served (as pods come and go on a node)
+        rss_pod = pending_pod(f"rss-pod-{index}")
+        rss_pod["metadata"]["uid"] = f"0a1b2c3d-0000-4000-8000-{index + 2:012d}"
+        apiserver.add_pod(rss_pod)
+        allocate_when_seen(kubelet)
+        apiserver.delete_object("pods", "default", f"rss-pod-{index}")
     time.sleep(1.0)
     emit(
         "daemon_rss",
@@ -222,6 +222,19 @@ def bench_health_and_rss(
         rss_mib=round(process.memory_kib()["VmRSS"] / 1024, 1),
         target_mib=80,
     )
+
+
+def allocate_when_seen(kubelet: FakeKubelet, tries: int = 50) -> None:
+    """Allocate for the pod just marked pending again, once the plugin sees it so (its reads
+    may come from its node watch, a moment behind the API server)."""
+    for attempt in range(tries):
+        try:
+            kubelet.allocate([f"{GPUS[3]}-1"])
+            return
+        except grpc.RpcError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.02)
 
 
 # --- Allocate through the socket -----------------------------------------------------------------
