@@ -12,8 +12,9 @@ condition variable when a method reports a change.
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -81,22 +82,22 @@ class InFlightTracker:
         node: str,
         key: str,
         level: int = 1,
-        also: Sequence[inflight.InFlightPod] = (),
+        also: Iterable[inflight.InFlightPod] = (),
         *,
         assume_bound: bool = False,
     ) -> str | None:
         """Why pod `key` (in-flight view `me`) cannot be counted in flight on `node` now, or
         None when no other in-flight pod there could be confused with it (`level`: the node's
-        `inflight.protocol_level`). `also` are more pods to count (bookings not claimed yet);
-        `assume_bound`: as if every other pod's Binding had returned."""
+        `inflight.protocol_level`). `also` are more pods to count (bookings not claimed yet,
+        read only as far as needed); `assume_bound`: as if every other pod's Binding had
+        returned."""
         others = [pod for other, pod in self._of(node).items() if other != key]
         for pod in others:
             if pod is _UNREADABLE:
                 return f"a pod in flight on node {node} has no readable booking"
         if assume_bound:
             others = [pod if pod.bound else replace(pod, bound=True) for pod in others]
-        others.extend(also)
-        blocker = inflight.must_wait_for(me, others, level=level)
+        blocker = inflight.must_wait_for(me, itertools.chain(others, also), level=level)
         if blocker is None:
             return None
         return (

@@ -547,11 +547,11 @@ class SchedulerState:
             uid=pod.uid,
             shape=shape,
         )
-        unclaimed = [
+        unclaimed = (  # built only as far as the check reads
             _unclaimed_in_flight(booking, self._created_seconds(booking.key, me.created_seconds))
             for booking in others
             if not self._in_flight.has(node, booking.key)
-        ]
+        )
         blocker = self._in_flight.blocker(me, node, pod.key, level, unclaimed, assume_bound=True)
         return blocker is not None
 

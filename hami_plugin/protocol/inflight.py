@@ -35,7 +35,7 @@ and a pod force-deleted after kubelet received it; see docs/scheduler.md
 from __future__ import annotations
 
 import calendar
-from collections.abc import Collection, Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -219,7 +219,7 @@ def confusable(pod: InFlightPod, other: InFlightPod, *, level: int = 1) -> bool:
 
 
 def must_wait_for(
-    pod: InFlightPod, others: Sequence[InFlightPod], *, level: int = 1
+    pod: InFlightPod, others: Iterable[InFlightPod], *, level: int = 1
 ) -> InFlightPod | None:
     """Scheduler side: the in-flight pod that `pod` must not be bound alongside, else None.
 
