@@ -8,6 +8,14 @@ JSON shapes (stable, every field present):
   (plus `"migProfiles"` when the GPU has any);
 - `hami.io/mutex.lock`: `{"time", "namespace", "pod"}` (namespace and pod null for a legacy lock).
 `decode` also reads the pod-level user annotations and the handshake (no `encode` for those).
+
+HAMi's parsers accept values that hold no device at all: a pod device list skips every piece
+without a `,` (`garbage` decodes to `[[]]`), a comma-form register skips empty segments (`:`
+decodes to `[]`). `decode` prints what the value decodes to and, when that is no device or a
+piece was skipped, says so on stderr and exits 1: a user tool should not let `[[]]` pass for
+an answer. (A `hami.io/vgpu-devices-to-allocate` of empty containers, `;;`, is what HAMi's
+device plugin leaves once every container is allocated: no devices, exit 1, and stderr says
+so.)
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hami_plugin.protocol import codec, govalues, nodelock
+from hami_plugin.protocol.govalues import excerpt
 from hami_plugin.protocol.model import (
     ANNOTATION_DEVICE_CORDON,
     ANNOTATION_DEVICE_SCORING_WEIGHTS,
@@ -137,6 +146,42 @@ def _decode_to_json(key: str, value: str) -> Any:
     raise _InputError(f"unsupported annotation key {key!r}")
 
 
+def _skipped_pieces(value: str) -> list[str]:
+    """The pieces of a pod device list HAMi's DecodeContainerDevices skips: not empty, no `,`
+    (the rule of `codec.decode_container_devices`)."""
+    return [
+        piece
+        for container in value.split(";")
+        for piece in container.split(":")
+        if piece and "," not in piece
+    ]
+
+
+def _hollow_value(key: str, value: str, decoded: Any) -> str | None:
+    """Why a decoded device list does not say what it seems to (None when it does): it holds
+    no device, or HAMi's parser skipped part of it."""
+    if key in _POD_DEVICE_KEYS:
+        skipped = _skipped_pieces(value)
+        devices = sum(len(container) for container in decoded)
+    elif key == ANNOTATION_NODE_REGISTER:
+        skipped, devices = [], len(decoded)
+    else:
+        return None
+    if skipped:
+        shown = ", ".join(excerpt(piece) for piece in skipped[:3])
+        more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+        skips = f"HAMi's parser skips {shown}{more} (a device is uuid,type,usedmem,usedcores)"
+        if not devices:
+            return f"{key}: decodes to no devices: {skips} and accepts the value"
+        return f"{key}: {skips}; the devices printed are the rest"
+    if devices:
+        return None
+    if key == ANNOTATION_DEVICES_TO_ALLOCATE and decoded:
+        # HAMi's device plugin empties each container's entry once it is allocated
+        return f"{key}: decodes to no devices: every container is empty (allocated, or no GPU)"
+    return f"{key}: decodes to no devices (HAMi's parser accepts it too)"
+
+
 # --- JSON -> values ----------------------------------------------------------------------
 
 
@@ -248,13 +293,19 @@ def _read_value(value: str) -> str:
 
 
 def run_decode(args: argparse.Namespace) -> int:
-    """`hami decode KEY VALUE`: print the value as JSON; 1 and one line on stderr if bad."""
+    """`hami decode KEY VALUE`: print the value as JSON; 1 and one line on stderr if bad, or
+    if it decodes to no devices or part of it to nothing (the JSON is printed then too)."""
+    value = _read_value(args.value)
     try:
-        result = _decode_to_json(args.key, _read_value(args.value))
+        result = _decode_to_json(args.key, value)
     except (codec.AnnotationError, _InputError) as error:
         print(f"hami decode: {error}", file=sys.stderr)
         return 1
-    print(json.dumps(result, indent=args.indent, ensure_ascii=False))
+    print(json.dumps(result, indent=args.indent, ensure_ascii=False), flush=True)
+    hollow = _hollow_value(args.key, value, result)
+    if hollow is not None:
+        print(f"hami decode: {hollow}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -278,7 +329,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     decode = subparsers.add_parser(
         "decode",
         help="decode a HAMi annotation value into JSON",
-        description="Decode a HAMi annotation value and print it as JSON.",
+        description=(
+            "Decode a HAMi annotation value and print it as JSON. Exit 1 on a value that "
+            "does not decode, or that decodes to no devices or partly to nothing (HAMi's "
+            "parser accepts those: the JSON is printed and stderr says what was skipped)."
+        ),
     )
     decode.add_argument("key", help="annotation key, e.g. hami.io/vgpu-devices-allocated")
     decode.add_argument("value", help="annotation value, or - to read it from stdin")

@@ -106,6 +106,55 @@ def test_bad_input_is_one_line_and_exit_1(
     assert err.count("\n") == 1
 
 
+ALLOCATED = "hami.io/vgpu-devices-allocated"
+_FORM = "(a device is uuid,type,usedmem,usedcores)"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "decoded", "message"),
+    [
+        # HAMi's DecodeContainerDevices skips a piece without ",": garbage is no device at all
+        (TO_ALLOCATE, "garbage", [[]],
+         f'decodes to no devices: HAMi\'s parser skips "garbage" {_FORM} and accepts the value'),
+        (ALLOCATED, "a:b:c:d:e", [[]],
+         f'decodes to no devices: HAMi\'s parser skips "a", "b", "c" and 2 more {_FORM} and '
+         "accepts the value"),
+        (ALLOCATED, "GPU-a,N,1,2:junk:;",
+         [[{"uuid": "GPU-a", "type": "N", "usedmem": 1, "usedcores": 2}], []],
+         f'HAMi\'s parser skips "junk" {_FORM}; the devices printed are the rest'),
+        (ALLOCATED, "", [[]], "decodes to no devices (HAMi's parser accepts it too)"),
+        # what HAMi's device plugin leaves once every container is allocated
+        (TO_ALLOCATE, ";;", [[], [], []],
+         "decodes to no devices: every container is empty (allocated, or no GPU)"),
+        # a comma-form register skips empty segments
+        (REGISTER, ":", [], "decodes to no devices (HAMi's parser accepts it too)"),
+    ],
+)  # fmt: skip
+def test_a_value_that_decodes_to_nothing_says_so(
+    key: str, value: str, decoded: object, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(["decode", key, value], capsys)
+    assert code == 1
+    assert json.loads(out) == decoded  # printed all the same
+    assert err == f"hami decode: {key}: {message}\n"
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        (TO_ALLOCATE, "GPU-a,NVIDIA,1,2:;;"),  # empty containers beside a device are normal
+        (REGISTER, A100),
+        ("nvidia.com/use-gputype", ""),  # not a device list
+    ],
+)
+def test_a_value_with_devices_decodes_quietly(
+    key: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(["decode", key, value], capsys)
+    assert (code, err) == (0, "")
+    assert out
+
+
 @pytest.mark.parametrize(
     ("value", "prefix"),
     [

@@ -458,6 +458,10 @@ class SchedulerState:
         annotation is an answer with `error`.
         """
         requests = pod_requests(info, self.settings)
+        # The decision stays HAMi's (a dropped request asks no GPU); what HAMi reads differently
+        # from what the pod says is logged, once per filter call, before that early answer.
+        for problem in requests.problems:
+            logger.warning("pod %s: %s", info.key, problem)
         if not requests.wants_gpu:
             # HAMi answers NodeNames as given; the Nodes form gets its nodes back (HAMi answers
             # Nodes null there, which makes kube-scheduler drop every node).
@@ -466,8 +470,6 @@ class SchedulerState:
                 nodes=list(nodes) if nodes is not None else None,
                 outcome="no_gpu",
             )
-        for problem in requests.problems:
-            logger.info("pod %s: %s", info.key, problem)
         if nodes is not None:
             answer = simulate(info, requests, nodes, self.clock.now(), self.settings)
         else:

@@ -14,7 +14,16 @@ the wall clock), its text read as UTC, the local time of HAMi's scheduler image.
 writes a table to stderr (stdout stays JSON). `--repeat N` times N more decisions the way the
 scheduler makes them (stopping at the first fitting node in policy order) and adds
 `decision_ms`.
-Exit status: 0 the pod fits (or asks no GPU), 2 no node fits, 1 bad input (one line on stderr).
+
+A pod whose GPU request the scheduler would read differently from what it says (a
+`RequestProblem.wrong_answer` of `scheduler.requests`: `nvidia.com/gpumem: 16Gi` drops the
+request, so HAMi would place the pod as asking no GPU) is bad input: one line per problem on
+stderr, each naming the container, the resource, the value and what to write instead. A
+harmless problem (a percentage above 100, taken as 100) is listed under `problems` in the JSON.
+A snapshot without nodes, or that is not kubectl's output at all, is bad input too.
+
+Exit status: 0 the pod fits (or asks no GPU), 2 no node fits, 1 bad input (on stderr: one
+line, or one per problem of the pod's request).
 """
 
 from __future__ import annotations
@@ -45,7 +54,8 @@ def register(subparsers: Any) -> None:
         help="dry-run the scheduler on a cluster snapshot",
         description=(
             "Decide where a pod would go on a cluster snapshot and explain why. Prints JSON; "
-            "exit 0 when it fits, 2 when no node fits, 1 on bad input."
+            "exit 0 when it fits, 2 when no node fits, 1 on bad input (including a GPU request "
+            "the scheduler would not read as written, such as nvidia.com/gpumem: 16Gi)."
         ),
     )
     parser.add_argument(
@@ -113,7 +123,7 @@ def register(subparsers: Any) -> None:
 
 
 class _BadInputError(Exception):
-    pass
+    """Bad input; every line of the message is printed as its own `hami schedule:` line."""
 
 
 def _read(path: str) -> str:
@@ -147,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except _BadInputError as error:
-        print(f"hami schedule: {error}", file=sys.stderr)
+        for line in str(error).splitlines():
+            print(f"hami schedule: {line}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
 
@@ -155,6 +166,7 @@ def _run(args: argparse.Namespace) -> int:
     from hami_plugin.protocol.codec import AnnotationError, parse_gpu_policy, parse_node_policy
     from hami_plugin.scheduler.filter import decide
     from hami_plugin.scheduler.fit import render_failure
+    from hami_plugin.scheduler.requests import pod_requests
     from hami_plugin.scheduler.settings import SchedulerSettings
     from hami_plugin.scheduler.snapshot import build_ledger, parse_pod, parse_snapshot
 
@@ -173,6 +185,10 @@ def _run(args: argparse.Namespace) -> int:
         pod = parse_pod(_read(args.pod), what=args.pod)
     except (AnnotationError, ValueError) as error:
         raise _BadInputError(str(error)) from None
+    requests = pod_requests(pod, settings)
+    if requests.wrong_answers:
+        lines = (f"{args.pod}: {p.render(would=True)}" for p in requests.wrong_answers)
+        raise _BadInputError("\n".join(lines))
     try:
         now = datetime.fromtimestamp(args.now, UTC) if args.now is not None else datetime.now(UTC)
     except (OverflowError, OSError, ValueError):
@@ -184,7 +200,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         candidates = [node.name for node in snapshot.nodes]
 
-    result = decide(ledger, pod, candidates, now, settings, exhaustive=True)
+    result = decide(ledger, pod, candidates, now, settings, exhaustive=True, requests=requests)
     if result.error is not None:
         raise _BadInputError(f"{args.pod}: {result.error}")
     output: dict[str, Any] = {

@@ -16,12 +16,33 @@ parsed as a Kubernetes quantity and required to be an exact integer:
 count and the cores in int32 without a range check, so, as there, a count or cores value
 outside int32 keeps its low 32 bits (a count that becomes 0 or negative asks no GPU).
 
-A dropped, ignored or truncated value is never silent: it comes back as a `RequestProblem`.
+The request is HAMi's reading, always: the scheduler must decide as HAMi decides. What HAMi
+reads differently from what was written is never silent: it comes back as a `RequestProblem`
+that names the container, the resource and the value, says what to write instead
+(`advice`) and what the scheduler does with it (`effect`). `RequestProblem.wrong_answer`
+sorts them for the user tools and the admission webhook, which refuse a pod over a wrong
+answer and only report the rest (docs/scheduling.md, "Values the scheduler cannot use"):
+
+* wrong answers: a value that drops the request (a count that is not a positive whole
+  number within int32 once truncated, memory that is not a whole number of MiB within the
+  range, e.g. `16Gi`), a value that is ignored so the default applies instead (a percentage
+  or cores that is not a whole number), a value truncated to int32 (count, cores), and a
+  memory value with a byte unit of `Mi` or larger that is within the range and so taken as
+  that many MiB (`1Gi` asks 1073741824 MiB per GPU);
+* harmless: a percentage above 100, taken as 100 (the whole card, which is all a
+  percentage above 100 can mean).
+
+Not reported, as they read the way they are written: a `Ki` memory value within the range
+(`8Ki` is 8192 MiB), decimal suffixes (`3k`: the API server writes a plain 3000 that way), a
+percentage of 0 or below (unset, as documented), cores above 100 (Fit clamps them).
 """
 
 from __future__ import annotations
 
+import enum
+import math
 from dataclasses import dataclass
+from decimal import Decimal
 
 from hami_plugin.protocol.model import NVIDIA_DEVICE_TYPE
 from hami_plugin.protocol.objects import ContainerSpec, PodInfo
@@ -33,6 +54,7 @@ __all__ = [
     "PERCENTAGE_UNSET",
     "ContainerRequest",
     "PodRequests",
+    "ProblemEffect",
     "RequestProblem",
     "container_request",
     "go_int32",
@@ -41,8 +63,13 @@ __all__ = [
 
 INT32_MAX = 2**31 - 1
 _UINT32 = 2**32
+_MIB = 2**20
 PERCENTAGE_UNSET = 101
 """HAMi's "no percentage given; use the memory request" sentinel."""
+_BYTE_UNITS = ("Mi", "Gi", "Ti", "Pi", "Ei")
+"""Binary suffixes that make a memory value a byte count: 1Mi MiB would be 1 TiB per GPU. The
+API server keeps a binary suffix only where the pod was written with one."""
+_UNIT_SUFFIXES = ("Ki", *_BYTE_UNITS, "k", "M", "G", "T", "P", "E")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,28 +102,66 @@ def go_int32(value: int) -> int:
     return (value + 2**31) % _UINT32 - 2**31
 
 
+class ProblemEffect(enum.StrEnum):
+    """What the scheduler (as HAMi v2.10) does with a value it cannot use as written."""
+
+    DROPPED = "dropped"
+    """The container asks no GPU."""
+    IGNORED = "ignored"
+    """The default applies instead."""
+    TRUNCATED = "truncated"
+    """Kept in int32: the low 32 bits (`taken_as`)."""
+    CLAMPED = "clamped"
+    """A percentage above 100 taken as 100 (`taken_as`)."""
+    TAKEN_LITERALLY = "taken literally"
+    """A byte unit on a MiB resource, used as that many MiB (`taken_as`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RequestProblem:
-    """A resource value that was not usable. `dropped`: the container asks no GPU because of it;
-    otherwise the value was ignored and the default applies."""
+    """A resource value that HAMi's scheduler does not read as written (module docstring).
+
+    `reason` says what is wrong with the value, `advice` what to write instead; `taken_as` is
+    the value used for a truncated, clamped or literally taken one. `str()` renders
+    `container 'c': nvidia.com/gpumem=16Gi: <reason>; <advice>; <effect>`.
+    """
 
     container: str
     resource: str
     value: str
     reason: str
-    dropped: bool
+    advice: str
+    effect: ProblemEffect
     taken_as: int | None = None
-    """Set when the value was not ignored but truncated (to int32, as HAMi does)."""
+
+    @property
+    def dropped(self) -> bool:
+        """The container asks no GPU because of this value."""
+        return self.effect is ProblemEffect.DROPPED
+
+    @property
+    def wrong_answer(self) -> bool:
+        """The scheduler would not do what the pod asks: the user tools exit 1 and the
+        webhook denies the pod. Only a clamped percentage is harmless."""
+        return self.effect is not ProblemEffect.CLAMPED
+
+    def render(self, *, would: bool = False) -> str:
+        """The one-line message; `would` words the effect as what the scheduler would do (for
+        a pod not yet scheduled, as the webhook sees it)."""
+        where = f"container {self.container!r}: {self.resource}={self.value}"
+        return f"{where}: {self.reason}; {self.advice}; {self._effect_text(would)}"
+
+    def _effect_text(self, would: bool) -> str:
+        if self.effect is ProblemEffect.DROPPED:
+            return "the scheduler would drop the GPU request" if would else "GPU request dropped"
+        if self.effect is ProblemEffect.IGNORED:
+            return "the scheduler would ignore the value" if would else "value ignored"
+        unit = " MiB" if self.effect is ProblemEffect.TAKEN_LITERALLY else ""
+        taken = f"{self.taken_as}{unit}"
+        return f"the scheduler would take it as {taken}" if would else f"taken as {taken}"
 
     def __str__(self) -> str:
-        if self.dropped:
-            effect = "GPU request dropped"
-        elif self.taken_as is not None:
-            effect = f"taken as {self.taken_as}"
-        else:
-            effect = "value ignored"
-        where = f"container {self.container!r}: {self.resource}={self.value}"
-        return f"{where}: {self.reason}; {effect}"
+        return self.render()
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +177,11 @@ class PodRequests:
         return any(request is not None for request in self.containers)
 
     @property
+    def wrong_answers(self) -> tuple[RequestProblem, ...]:
+        """The problems that make the scheduler's reading differ from the pod's intent."""
+        return tuple(problem for problem in self.problems if problem.wrong_answer)
+
+    @property
     def init_requests(self) -> tuple[ContainerRequest | None, ...]:
         return self.containers[: self.init_count]
 
@@ -121,9 +191,11 @@ class PodRequests:
 
 
 class _BadValueError(Exception):
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, quantity: Decimal | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.quantity = quantity
+        """The value when it is a quantity (not a whole number, or beyond int64)."""
 
 
 def _lookup(container: ContainerSpec, resource: str) -> object | None:
@@ -133,6 +205,7 @@ def _lookup(container: ContainerSpec, resource: str) -> object | None:
 
 
 def _integer(raw: object) -> int:
+    """Go's `Quantity.AsInt64()`; raises _BadValueError saying why not."""
     if not isinstance(raw, (str, int, float)):
         raise _BadValueError(f"not a quantity ({type(raw).__name__})")
     try:
@@ -141,8 +214,57 @@ def _integer(raw: object) -> int:
         raise _BadValueError("not a Kubernetes quantity") from None
     value = exact_integer(quantity)
     if value is None:
-        raise _BadValueError("not a whole number")
+        if quantity == quantity.to_integral_value():
+            raise _BadValueError("beyond the int64 range", quantity)
+        raise _BadValueError("not a whole number", quantity)
     return value
+
+
+def _whole_choices(quantity: Decimal | None, low: int, high: int) -> list[int]:
+    """The whole numbers next to a fractional quantity that lie within low..high."""
+    if quantity is None or quantity == quantity.to_integral_value():
+        return []
+    below, above = math.floor(quantity), math.ceil(quantity)
+    return [number for number in (below, above) if low <= number <= high]
+
+
+def _write(choices: list[int], fallback: str) -> str:
+    if not choices:
+        return f"write {fallback}"
+    return "write " + " or ".join(str(number) for number in choices) + f" ({fallback})"
+
+
+def _has_suffix(raw: object, suffixes: tuple[str, ...]) -> bool:
+    return isinstance(raw, str) and raw.endswith(suffixes)
+
+
+def _count_advice(quantity: Decimal | None) -> str:
+    return _write(
+        _whole_choices(quantity, 1, INT32_MAX), "a whole number of GPUs from 1 to 2147483647"
+    )
+
+
+def _memory_advice(
+    resource: str, raw: object, quantity: Decimal | None, factor: int, limit: int
+) -> str:
+    """What to write for a memory value HAMi cannot use: with a unit suffix the value was most
+    likely meant as bytes, so the same memory in MiB (rounded up to a whole unit)."""
+    unit = "MiB" if factor == 1 else f"units of {factor} MiB"
+    if quantity is not None and quantity > 0 and _has_suffix(raw, _UNIT_SUFFIXES):
+        units = math.ceil(quantity / (_MIB * factor))
+        if 0 < units <= limit:
+            exact = quantity == units * _MIB * factor
+            size = (
+                f"{raw} is {units} {unit}"
+                if exact
+                else f"{raw} bytes are {units} {unit} rounded up"
+            )
+            return f"write {units}: {resource} counts {unit}, and {size}"
+    return _write(_whole_choices(quantity, 0, limit), f"a whole number of {unit} from 0 to {limit}")
+
+
+def _percent_advice(quantity: Decimal | None, low: int, high: int, what: str) -> str:
+    return _write(_whole_choices(quantity, low, high), f"{what} from {low} to {high}")
 
 
 def container_request(
@@ -153,10 +275,15 @@ def container_request(
     problems: list[RequestProblem] = []
 
     def problem(
-        resource: str, raw: object, reason: str, dropped: bool, taken_as: int | None = None
+        resource: str,
+        raw: object,
+        reason: str,
+        advice: str,
+        effect: ProblemEffect,
+        taken_as: int | None = None,
     ) -> None:
         problems.append(
-            RequestProblem(container.name, resource, str(raw), reason, dropped, taken_as)
+            RequestProblem(container.name, resource, str(raw), reason, advice, effect, taken_as)
         )
 
     raw_count = _lookup(container, names.count)
@@ -165,30 +292,42 @@ def container_request(
     try:
         count = _integer(raw_count)
     except _BadValueError as bad:
-        problem(names.count, raw_count, bad.reason, True)
+        advice = _count_advice(bad.quantity)
+        problem(names.count, raw_count, bad.reason, advice, ProblemEffect.DROPPED)
         return None, tuple(problems)
     if count == 0:
         return None, ()
     if not 0 < count <= INT32_MAX:
         truncated = go_int32(count)
+        advice = _count_advice(None)
         if truncated <= 0:
-            problem(names.count, raw_count, f"as int32 it is {truncated}, not positive", True)
+            reason = f"as int32 it is {truncated}, not positive"
+            problem(names.count, raw_count, reason, advice, ProblemEffect.DROPPED)
             return None, tuple(problems)
-        problem(names.count, raw_count, "larger than int32", False, truncated)
+        reason = "larger than int32"
+        problem(names.count, raw_count, reason, advice, ProblemEffect.TRUNCATED, truncated)
         count = truncated
 
     memory_mib = 0
     raw_memory = _lookup(container, names.memory)
     if raw_memory is not None:
-        limit = INT32_MAX // settings.memory_factor
+        factor = settings.memory_factor
+        limit = INT32_MAX // factor
         try:
             memory = _integer(raw_memory)
             if not 0 <= memory <= limit:
-                raise _BadValueError(f"out of range 0..{limit} (MiB)")
+                unit = "MiB" if factor == 1 else f"units of {factor} MiB"
+                raise _BadValueError(f"out of range 0..{limit} ({unit})", Decimal(memory))
         except _BadValueError as bad:
-            problem(names.memory, raw_memory, bad.reason, True)
+            advice = _memory_advice(names.memory, raw_memory, bad.quantity, factor, limit)
+            problem(names.memory, raw_memory, bad.reason, advice, ProblemEffect.DROPPED)
             return None, tuple(problems)
-        memory_mib = memory * settings.memory_factor
+        memory_mib = memory * factor
+        if memory and _has_suffix(raw_memory, _BYTE_UNITS):
+            reason = "a byte unit on a count of MiB"
+            advice = _memory_advice(names.memory, raw_memory, Decimal(memory), factor, limit)
+            effect = ProblemEffect.TAKEN_LITERALLY
+            problem(names.memory, raw_memory, reason, advice, effect, memory_mib)
 
     percent = PERCENTAGE_UNSET
     raw_percent = _lookup(container, names.memory_percentage)
@@ -196,10 +335,19 @@ def container_request(
         try:
             asked = _integer(raw_percent)
         except _BadValueError as bad:
-            problem(names.memory_percentage, raw_percent, bad.reason, False)
+            advice = _percent_advice(bad.quantity, 1, 100, "a whole percent")
+            problem(names.memory_percentage, raw_percent, bad.reason, advice, ProblemEffect.IGNORED)
         else:
             if asked > 100:
                 percent = 100
+                problem(
+                    names.memory_percentage,
+                    raw_percent,
+                    "above 100",
+                    "write at most 100",
+                    ProblemEffect.CLAMPED,
+                    100,
+                )
             elif asked > 0:
                 percent = asked
 
@@ -215,11 +363,14 @@ def container_request(
         try:
             asked = _integer(raw_cores)
         except _BadValueError as bad:
-            problem(names.cores, raw_cores, bad.reason, False)
+            advice = _percent_advice(bad.quantity, 0, 100, "a whole percent of the GPU's cores")
+            problem(names.cores, raw_cores, bad.reason, advice, ProblemEffect.IGNORED)
         else:
             cores = go_int32(asked)
             if cores != asked:
-                problem(names.cores, raw_cores, "outside int32", False, cores)
+                advice = _percent_advice(None, 0, 100, "a whole percent of the GPU's cores")
+                effect = ProblemEffect.TRUNCATED
+                problem(names.cores, raw_cores, "outside int32", advice, effect, cores)
 
     return ContainerRequest(count, memory_mib, percent, cores), tuple(problems)
 

@@ -1,7 +1,10 @@
 """Cluster snapshots for the dry run: what `kubectl get nodes,pods -A -o yaml` prints.
 
 Accepted: a `v1 List` (or `NodeList`/`PodList`) with `items`, a stream of YAML documents
-(`---`-separated objects or lists), or any mix; objects of other kinds are skipped.
+(`---`-separated objects or lists), or any mix; objects of other kinds are skipped. A snapshot
+must hold at least one Node, and every object must name its `kind`: a file that is not kubectl's
+output (`{"foo": 1}`), or a pod file given as the snapshot, is an error that says what was
+expected, never a cluster in which no node fits.
 
 The ledger built from a snapshot registers the nodes a HAMi v2.10 scheduler would: a node whose
 device plugin is gone by HAMi's CheckHealth (`scheduler.health`: kubelet reports no
@@ -43,6 +46,9 @@ class SnapshotError(ValueError):
     """A snapshot or pod file that is not what kubectl would print."""
 
 
+_SNAPSHOT_COMMAND = "kubectl get nodes,pods -A -o yaml"
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
     nodes: tuple[NodeInfo, ...]
@@ -72,11 +78,19 @@ def _objects(documents: Iterable[Any], what: str) -> Iterable[Mapping[str, Any]]
 
 def parse_snapshot(text: str, what: str = "snapshot") -> ClusterSnapshot:
     """Read the nodes and pods of a snapshot. Raises SnapshotError (or ObjectError, a
-    ValueError too, naming the object) for malformed input."""
+    ValueError too, naming the object) for malformed input: an object without a `kind`, or no
+    Node at all (the message counts what was found instead)."""
     nodes: list[NodeInfo] = []
     pods: list[PodInfo] = []
+    others = 0
     for position, obj in enumerate(_objects(_documents(text, what), what)):
         kind = obj.get("kind")
+        if not kind or not isinstance(kind, str):
+            raise SnapshotError(
+                f"{what}: object {position} has no kind; expected Kubernetes objects, "
+                f"the output of `{_SNAPSHOT_COMMAND}`"
+            )
+        others += kind not in ("Node", "Pod")
         try:
             if kind == "Node":
                 nodes.append(read_node(obj))
@@ -84,6 +98,16 @@ def parse_snapshot(text: str, what: str = "snapshot") -> ClusterSnapshot:
                 pods.append(read_pod(obj))
         except ObjectError as error:
             raise SnapshotError(f"{what}: object {position} ({kind}): {error}") from None
+    if not nodes:
+        found = " and ".join(
+            f"{count} {name}{'' if count == 1 else 's'}"
+            for count, name in ((len(pods), "Pod"), (others, "other object"))
+            if count
+        )
+        raise SnapshotError(
+            f"{what}: no Node in the snapshot (found {found or 'nothing'}); expected a "
+            f"cluster snapshot, the output of `{_SNAPSHOT_COMMAND}`"
+        )
     return ClusterSnapshot(tuple(nodes), tuple(pods))
 
 

@@ -18,9 +18,12 @@ MutateAdmission; docs/hami-reference.md 2 and 3.11), in HAMi's order:
    `default_gpu_num` GPUs; a GPU asked without cores and with the whole memory gets
    `gpucores: 100` (exclusive); a pod with GPUs gets `runtime_class_name` if it has none; a
    container without GPUs gets `NVIDIA_VISIBLE_DEVICES=none` when `overwrite_env` is on;
-4. a pod with GPUs and a privileged container is denied `container <name> is privileged`
+4. (ours) a pod whose GPU request the scheduler would read differently from what it says is
+   denied with `RequestProblem`'s message, e.g. `container 'c': nvidia.com/gpumem=16Gi: out of
+   range 0..2147483647 (MiB); write 16384: ...` (below);
+5. a pod with GPUs and a privileged container is denied `container <name> is privileged`
    (99-102);
-5. a pod with GPUs gets `spec.schedulerName`, or is denied `pod has node assigned` when
+6. a pod with GPUs gets `spec.schedulerName`, or is denied `pod has node assigned` when
    `spec.nodeName` is already set (104-113).
 
 Differences, on purpose:
@@ -29,6 +32,13 @@ Differences, on purpose:
   the scheduler writes them (at bind), and the device plugin hands GPUs out by them, so a pod
   created with them could claim GPUs it was never given. HAMi keeps them.
 - No quota check (webhook.go 114-116): this product has no quotas.
+- Step 4: every container, as mutated (a default GPU count added), is read the way the
+  scheduler reads it (`scheduler.requests`, HAMi's GenerateResourceRequests), and a
+  `RequestProblem.wrong_answer` (a value that drops the request, is ignored, is truncated to
+  int32, or a byte unit such as `1Gi` on `gpumem`) denies the pod. HAMi admits such a pod and
+  its scheduler then treats it as asking no GPU (`16Gi`), or as asking what no GPU has. A
+  harmless problem (a percentage above 100 is the whole card) admits the pod; it cannot reach
+  here anyway, as step 3 rejects a percentage above 100.
 - The patch holds only the changes, not HAMi's side effects of re-marshalling the pod through
   the Go types (`"creationTimestamp":null`, `"resources":{}`, ...).
 - Quantity values beyond int64 (where Go's `Quantity.Value()` overflows) are errors for the
@@ -57,8 +67,10 @@ from hami_plugin.protocol.model import (
     ANNOTATION_VGPU_TIME,
     LABEL_VGPU_NODE,
 )
+from hami_plugin.protocol.objects import ContainerSpec
 from hami_plugin.protocol.quantity import QuantityError, parse_quantity
-from hami_plugin.scheduler.settings import ResourceNames
+from hami_plugin.scheduler.requests import RequestProblem, container_request
+from hami_plugin.scheduler.settings import ResourceNames, SchedulerSettings
 
 __all__ = [
     "DEFAULT_SCHEDULER_NAME",
@@ -118,7 +130,8 @@ class WebhookSettings:
     An empty `scheduler_name` leaves `spec.schedulerName` alone (HAMi's `--scheduler-name`
     unset). `default_gpu_num` 0 turns the default GPU count off. The scheduler's
     `default_memory_mib`/`default_cores` are not the webhook's: HAMi reads them only for
-    quotas, which this product does not have.
+    quotas, which this product does not have. `memory_factor` is the scheduler's (the device
+    config's `memoryFactor`): the webhook reads a request's memory range as the scheduler will.
     """
 
     scheduler_name: str = "hami-scheduler"
@@ -128,10 +141,13 @@ class WebhookSettings:
     gpu_core_policy: GpuCorePolicy = GpuCorePolicy.DEFAULT
     runtime_class_name: str = ""
     resources: ResourceNames = field(default_factory=ResourceNames)
+    memory_factor: int = 1
 
     def __post_init__(self) -> None:
         if not 0 <= self.default_gpu_num <= _INT32_MAX:
             raise ValueError("default_gpu_num must be between 0 and 2147483647")
+        if self.memory_factor < 1:
+            raise ValueError("memory_factor must be at least 1")
         if not self.resources.count:
             raise ValueError("the GPU count resource name must not be empty")
         GpuCorePolicy(self.gpu_core_policy)  # raises ValueError for an unknown policy
@@ -406,6 +422,23 @@ def _mutate_container(container: _Container, settings: WebhookSettings) -> bool:
     return has_resource
 
 
+def _misread_requests(
+    containers: Sequence[_Container], settings: WebhookSettings
+) -> list[RequestProblem]:
+    """The wrong answers the scheduler's reading of the mutated containers would give."""
+    reading = SchedulerSettings(memory_factor=settings.memory_factor, resources=settings.resources)
+    problems: list[RequestProblem] = []
+    for container in containers:
+        spec = ContainerSpec(
+            container.name,
+            limits={**container.limits, **container.added_limits},
+            requests=container.requests,
+        )
+        _, found = container_request(spec, reading)
+        problems.extend(problem for problem in found if problem.wrong_answer)
+    return problems
+
+
 # --- the JSON patch -------------------------------------------------------------------------
 
 
@@ -486,6 +519,9 @@ def admit_pod(pod: object, settings: WebhookSettings) -> PodAdmission:
     except _RejectedError as error:
         return errored(500, str(error))
 
+    misread = _misread_requests(view.containers, settings)
+    if misread:
+        return _denied("; ".join(problem.render(would=True) for problem in misread))
     if has_resource:
         privileged = next((c for c in view.containers if c.privileged), None)
         if privileged is not None:

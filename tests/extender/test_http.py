@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import logging
 import ssl
 import threading
 from pathlib import Path
@@ -209,6 +210,44 @@ def test_webhook_answers_an_admission_review(apiserver: FakeApiServer) -> None:
     assert "/spec/schedulerName" in paths
     assert "/metadata/annotations/hami.io~1vgpu-node" in paths  # stripped: only we write it
     assert ANNOTATION_DEVICES_ALLOCATED not in json.dumps(patch)
+
+
+def test_webhook_denies_a_gpu_request_the_scheduler_would_drop(
+    apiserver: FakeApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`gpumem: 16Gi` (bytes for MiB): HAMi admits the pod and its scheduler drops the request;
+    ours denies it with what to write instead, and the filter keeps HAMi's decision (the pod
+    asks no GPU) but logs why."""
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "16Gi"}
+    pod = make_pod("bytes", containers=[make_container("app", limits=limits)], uid="uid-bytes")
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "req-2", "namespace": "default", "operation": "CREATE", "object": pod},
+    }
+    with running_scheduler(apiserver) as scheduler:
+        status, result = scheduler.post("/webhook", review)
+        with caplog.at_level(logging.WARNING, "hami_plugin.extender.state"):
+            assert scheduler.filter(pod, ["n1", "n2"])["NodeNames"] == ["n1", "n2"]
+    assert status == 200
+    assert result["response"] == {
+        "uid": "req-2",
+        "allowed": False,
+        "status": {
+            "metadata": {},
+            "message": "container 'app': nvidia.com/gpumem=16Gi: out of range 0..2147483647 "
+            "(MiB); write 16384: nvidia.com/gpumem counts MiB, and 16Gi is 16384 MiB; the "
+            "scheduler would drop the GPU request",
+            "reason": "Forbidden",
+            "code": 403,
+        },
+    }
+    logged = [r.getMessage() for r in caplog.records if r.name == "hami_plugin.extender.state"]
+    assert logged == [
+        "pod default/bytes: container 'app': nvidia.com/gpumem=16Gi: out of range "
+        "0..2147483647 (MiB); write 16384: nvidia.com/gpumem counts MiB, and 16Gi is 16384 "
+        "MiB; GPU request dropped"
+    ]
 
 
 def test_tls_serves_and_reloads_the_certificate(apiserver: FakeApiServer, tmp_path: Path) -> None:

@@ -188,13 +188,102 @@ def test_no_gpu_pod(capsys: pytest.CaptureFixture[str]) -> None:
     assert output["note"] == "the pod asks no GPU: every node passes"
 
 
-def test_bad_quantity_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
-    code, output, _ = schedule(capsys, "pod-bad-quantity.yaml")
-    assert code == 0
+def test_bytes_for_mib_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    """HAMi drops the request (the pod would go anywhere, as asking no GPU): an error here."""
+    code, output, err = schedule(capsys, "pod-bad-quantity.yaml")
+    assert (code, output) == (1, {})
+    assert err == (
+        f"hami schedule: {FIXTURES / 'pod-bad-quantity.yaml'}: container 'app': "
+        "nvidia.com/gpumem=16Gi: out of range 0..2147483647 (MiB); write 16384: "
+        "nvidia.com/gpumem counts MiB, and 16Gi is 16384 MiB; the scheduler would drop the GPU "
+        "request\n"
+    )
+
+
+def _pod_file(tmp_path: Path, limits: str) -> str:
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(
+        "metadata: {name: p, namespace: ns}\n"
+        f"spec:\n  containers:\n  - name: app\n    resources:\n      limits: {{{limits}}}\n"
+    )
+    return str(pod)
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ("nvidia.com/gpu: 1, nvidia.com/gpumem: 16Gi", "nvidia.com/gpumem=16Gi: out of range"),
+        ("nvidia.com/gpu: 1.5", "nvidia.com/gpu=1.5: not a whole number; write 1 or 2 ("),
+        ("nvidia.com/gpu: -1", "nvidia.com/gpu=-1: as int32 it is -1, not positive; write a"),
+        ("nvidia.com/gpu: 99999999999",
+         "nvidia.com/gpu=99999999999: larger than int32; write a whole number of GPUs from 1 to "
+         "2147483647; the scheduler would take it as 1215752191"),
+        ("nvidia.com/gpu: 1, nvidia.com/gpumem: 99999999999",
+         "nvidia.com/gpumem=99999999999: out of range 0..2147483647 (MiB); write a whole"),
+        ("nvidia.com/gpu: 1, nvidia.com/gpumem: 1Gi",
+         "nvidia.com/gpumem=1Gi: a byte unit on a count of MiB; write 1024: "),
+        ("nvidia.com/gpu: 1, nvidia.com/gpucores: 2.5",
+         "nvidia.com/gpucores=2.5: not a whole number; write 2 or 3 ("),
+    ],
+)  # fmt: skip
+def test_a_request_the_scheduler_would_misread_is_bad_input(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, limits: str, message: str
+) -> None:
+    pod = _pod_file(tmp_path, limits)
+    code, output, err = schedule(capsys, pod)
+    assert (code, output) == (1, {})
+    assert err.startswith(f"hami schedule: {pod}: container 'app': {message}")
+    assert err.count("\n") == 1
+
+
+def test_every_misread_value_is_a_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(
+        "metadata: {name: p, namespace: ns}\nspec:\n"
+        "  initContainers:\n  - name: i\n    resources: {limits: {nvidia.com/gpu: 1.5}}\n"
+        "  containers:\n  - name: a\n    resources: {limits: {nvidia.com/gpu: 1, "
+        "nvidia.com/gpumem-percentage: 50.5}}\n"
+    )
+    code, _, err = schedule(capsys, str(pod))
+    assert code == 1
+    assert [line.split(": ")[2] for line in err.splitlines()] == ["container 'i'", "container 'a'"]
+
+
+def test_a_clamped_percentage_is_reported_not_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """HAMi clamps a percentage above 100 to the whole card, which is all it can mean."""
+    pod = _pod_file(tmp_path, "nvidia.com/gpu: 1, nvidia.com/gpumem-percentage: 150")
+    code, output, err = schedule(capsys, pod)
+    assert (code, err) == (0, "")
+    assert output["node"] is not None
     assert output["problems"] == [
-        "container 'app': nvidia.com/gpumem=16Gi: out of range 0..2147483647 (MiB); "
-        "GPU request dropped"
+        "container 'app': nvidia.com/gpumem-percentage=150: above 100; write at most 100; "
+        "taken as 100"
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "no Node in the snapshot (found nothing); expected a cluster snapshot, the output "
+             "of `kubectl get nodes,pods -A -o yaml`"),
+        ('{"foo": 1}', "object 0 has no kind; expected Kubernetes objects, the output of "
+                       "`kubectl get nodes,pods -A -o yaml`"),
+        ((FIXTURES / "pod-small.yaml").read_text(), "no Node in the snapshot (found 1 Pod); "
+                                                     "expected a cluster snapshot"),
+        ("kind: List\nitems: []\n", "no Node in the snapshot (found nothing)"),
+    ],
+)  # fmt: skip
+def test_a_snapshot_without_nodes_is_bad_input(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, message: str
+) -> None:
+    snapshot = tmp_path / "cluster.yaml"
+    snapshot.write_text(text)
+    code, output, err = schedule(capsys, "pod-small.yaml", snapshot=str(snapshot))
+    assert (code, output) == (1, {})
+    assert err.startswith(f"hami schedule: {snapshot}: {message}")
+    assert err.count("\n") == 1
 
 
 def test_candidate_nodes(capsys: pytest.CaptureFixture[str]) -> None:

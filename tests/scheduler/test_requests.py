@@ -10,6 +10,7 @@ from hami_plugin.protocol.objects import ContainerSpec, read_pod
 from hami_plugin.scheduler.requests import (
     PERCENTAGE_UNSET,
     ContainerRequest,
+    ProblemEffect,
     container_request,
     pod_requests,
 )
@@ -81,14 +82,15 @@ def test_no_request_and_no_problem(limits: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("limits", "problem"),
     [
-        ({GPU: "500m"}, "nvidia.com/gpu=500m: not a whole number; GPU request dropped"),
-        ({GPU: "one"}, "nvidia.com/gpu=one: not a Kubernetes quantity; GPU request dropped"),
-        ({GPU: "-1"}, "nvidia.com/gpu=-1: as int32 it is -1, not positive; GPU request dropped"),
+        ({GPU: "500m"}, "nvidia.com/gpu=500m: not a whole number; write 1 ("),
+        ({GPU: "one"}, "nvidia.com/gpu=one: not a Kubernetes quantity; write a whole number"),
+        ({GPU: "-1"}, "nvidia.com/gpu=-1: as int32 it is -1, not positive; write a whole"),
         # HAMi keeps a count in int32: 3Gi becomes -1073741824, so no GPU is asked
         ({GPU: "3Gi"}, "nvidia.com/gpu=3Gi: as int32 it is -1073741824, not positive"),
+        ({GPU: "1e30"}, "nvidia.com/gpu=1e30: beyond the int64 range"),
         ({GPU: "1", MEM: "16Gi"}, "nvidia.com/gpumem=16Gi: out of range 0..2147483647 (MiB)"),
         ({GPU: "1", MEM: "16.0Gi"}, "nvidia.com/gpumem=16.0Gi: out of range"),
-        ({GPU: "1", MEM: "1.5"}, "nvidia.com/gpumem=1.5: not a whole number; GPU request dropped"),
+        ({GPU: "1", MEM: "1.5"}, "nvidia.com/gpumem=1.5: not a whole number; write 1 or 2 ("),
         ({GPU: "1", MEM: "-1"}, "nvidia.com/gpumem=-1: out of range"),
         ({GPU: True}, "nvidia.com/gpu=True: not a Kubernetes quantity"),
     ],
@@ -101,20 +103,86 @@ def test_bad_count_or_memory_drops_the_request(limits: dict[str, Any], problem: 
     assert found.endswith("GPU request dropped")
 
 
+# The user tools and the webhook show these messages as they are: each names the resource and
+# the value, says what to write instead and what the scheduler does with it.
 @pytest.mark.parametrize(
-    ("limits", "expected", "problem"),
+    ("limits", "message", "wrong_answer"),
     [
-        ({GPU: "1", PCT: "50.5"}, ContainerRequest(1, 0, 100, 0), "gpumem-percentage=50.5"),
-        ({GPU: "1", CORES: "2.5"}, ContainerRequest(1, 0, 100, 0), "gpucores=2.5"),
+        ({GPU: "1", MEM: "16Gi"},
+         "nvidia.com/gpumem=16Gi: out of range 0..2147483647 (MiB); write 16384: "
+         "nvidia.com/gpumem counts MiB, and 16Gi is 16384 MiB; GPU request dropped", True),
+        ({GPU: "1", MEM: "16G"},
+         "nvidia.com/gpumem=16G: out of range 0..2147483647 (MiB); write 15259: "
+         "nvidia.com/gpumem counts MiB, and 16G bytes are 15259 MiB rounded up; "
+         "GPU request dropped", True),
+        ({GPU: "1.5"},
+         "nvidia.com/gpu=1.5: not a whole number; write 1 or 2 (a whole number of GPUs from 1 "
+         "to 2147483647); GPU request dropped", True),
+        ({GPU: "-1"},
+         "nvidia.com/gpu=-1: as int32 it is -1, not positive; write a whole number of GPUs "
+         "from 1 to 2147483647; GPU request dropped", True),
+        # HAMi's Nums: int32(n) keeps the low 32 bits: 99999999999 asks 1215752191 GPUs
+        ({GPU: "99999999999"},
+         "nvidia.com/gpu=99999999999: larger than int32; write a whole number of GPUs from 1 "
+         "to 2147483647; taken as 1215752191", True),
+        ({GPU: "1", MEM: "99999999999"},
+         "nvidia.com/gpumem=99999999999: out of range 0..2147483647 (MiB); write a whole "
+         "number of MiB from 0 to 2147483647; GPU request dropped", True),
+        # within the range, so HAMi asks 1073741824 MiB per GPU: no GPU has that
+        ({GPU: "1", MEM: "1Gi"},
+         "nvidia.com/gpumem=1Gi: a byte unit on a count of MiB; write 1024: nvidia.com/gpumem "
+         "counts MiB, and 1Gi is 1024 MiB; taken as 1073741824 MiB", True),
+        ({GPU: "1", PCT: "50.5"},
+         "nvidia.com/gpumem-percentage=50.5: not a whole number; write 50 or 51 (a whole "
+         "percent from 1 to 100); value ignored", True),
+        ({GPU: "1", CORES: str(2**32 + 40)},
+         "nvidia.com/gpucores=4294967336: outside int32; write a whole percent of the GPU's "
+         "cores from 0 to 100; taken as 40", True),
+        # HAMi clamps a percentage above 100: the whole card, all it can mean
+        ({GPU: "1", PCT: "150"},
+         "nvidia.com/gpumem-percentage=150: above 100; write at most 100; taken as 100", False),
+    ],
+)  # fmt: skip
+def test_problem_messages_say_what_to_write(
+    limits: dict[str, Any], message: str, wrong_answer: bool
+) -> None:
+    (problem,) = container_request(ContainerSpec("c", limits=limits), DEFAULTS)[1]
+    assert str(problem) == f"container 'c': {message}"
+    assert problem.wrong_answer is wrong_answer
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {GPU: "1", MEM: "8Ki"},  # 8192 MiB: a Ki value reads as a sane MiB count
+        {GPU: "1", MEM: "3k"},  # the API server writes a plain 3000 as 3k
+        {GPU: "1", PCT: "0"},  # unset, as documented
+        {GPU: "1", CORES: "150"},  # Fit clamps cores
+        {GPU: "2000m"},  # exactly 2
     ],
 )
-def test_bad_percentage_or_cores_are_ignored(
-    limits: dict[str, Any], expected: ContainerRequest, problem: str
-) -> None:
-    assert _request(limits) == expected
-    (found,) = _problems(limits)
-    assert problem in found
-    assert found.endswith("value ignored")
+def test_values_read_as_written_are_no_problem(limits: dict[str, Any]) -> None:
+    assert _request(limits) is not None
+    assert _problems(limits) == []
+
+
+def test_the_webhook_wording_says_what_the_scheduler_would_do() -> None:
+    dropped, truncated, ignored = (
+        container_request(ContainerSpec("c", limits=limits), DEFAULTS)[1][0]
+        for limits in ({GPU: "1", MEM: "16Gi"}, {GPU: "99999999999"}, {GPU: "1", CORES: "2.5"})
+    )
+    assert dropped.render(would=True).endswith("; the scheduler would drop the GPU request")
+    assert dropped.dropped and not truncated.dropped
+    assert truncated.render(would=True).endswith("; the scheduler would take it as 1215752191")
+    assert ignored.render(would=True).endswith("; the scheduler would ignore the value")
+    assert (truncated.effect, truncated.taken_as) == (ProblemEffect.TRUNCATED, 1215752191)
+
+
+def test_memory_factor_in_the_advice() -> None:
+    settings = SchedulerSettings(memory_factor=4)
+    (problem,) = _problems({GPU: "1", MEM: "16Gi"}, settings)
+    assert "out of range 0..536870911 (units of 4 MiB); write 4096: " in problem
+    assert "nvidia.com/gpumem counts units of 4 MiB, and 16Gi is 4096 units of 4 MiB" in problem
 
 
 def test_limits_win_over_requests_per_resource() -> None:
@@ -220,5 +288,7 @@ def test_problems_name_the_container() -> None:
     requests = pod_requests(read_pod(pod), DEFAULTS)
     assert not requests.wants_gpu
     assert [str(p) for p in requests.problems] == [
-        "container 'main': nvidia.com/gpu=1.5: not a whole number; GPU request dropped"
+        "container 'main': nvidia.com/gpu=1.5: not a whole number; write 1 or 2 (a whole number "
+        "of GPUs from 1 to 2147483647); GPU request dropped"
     ]
+    assert requests.wrong_answers == requests.problems

@@ -83,6 +83,16 @@ metadata: {{name: ignored}}
         ("- just\n- a list\n", "expected Kubernetes objects, got list"),
         ("kind: Pod\nmetadata: {namespace: x}\n", "object 0 (Pod): metadata.name is missing"),
         ("kind: Node\nmetadata: {name: n, annotations: {a: 1}}\n", "map strings to strings"),
+        # not kubectl's output, or no node to place a pod on: never "no node fits"
+        ('{"foo": 1}', "snapshot: object 0 has no kind; expected Kubernetes objects"),
+        ("kind: List\nitems: [{metadata: {name: n}}]\n", "object 0 has no kind"),
+        ("", "snapshot: no Node in the snapshot (found nothing); expected a cluster snapshot"),
+        ("kind: Pod\nmetadata: {name: p}\n", "no Node in the snapshot (found 1 Pod);"),
+        (
+            "kind: Pod\nmetadata: {name: p}\n---\nkind: Pod\nmetadata: {name: q}\n---\n"
+            "kind: ConfigMap\nmetadata: {name: c}\n",
+            "no Node in the snapshot (found 2 Pods and 1 other object);",
+        ),
     ],
 )
 def test_bad_snapshots(text: str, message: str) -> None:

@@ -188,13 +188,108 @@ def test_refusals(
         # nodeName is only checked when a scheduler name is configured (webhook.go 107)
         (pod(container(limits={GPU: "1", CORES: "10"}), nodeName="n1"),
          WebhookSettings(scheduler_name="")),
-        # 0.5 rounds up to 1, inside 0..100
-        (pod(container(limits={GPU: "1", PCT: "0.5"}), schedulerName="hami-scheduler"),
+        # a Ki memory value reads as a sane MiB count (8192); 3k is how a plain 3000 arrives
+        (pod(container(limits={GPU: "1", MEM: "8Ki"}), schedulerName="hami-scheduler"),
+         DEFAULTS),
+        (pod(container(limits={GPU: "1", MEM: "3k"}), schedulerName="hami-scheduler"),
          DEFAULTS),
     ],
 )  # fmt: skip
 def test_allowed_unchanged(original: dict[str, Any], settings: WebhookSettings) -> None:
     assert admit_pod(original, settings) == PodAdmission(AdmissionVerdict.ALLOWED, 200)
+
+
+# --- ours: a request the scheduler would misread is denied (scheduler.requests) -------------
+
+_MEM_16GI = (
+    "nvidia.com/gpumem=16Gi: out of range 0..2147483647 (MiB); write 16384: nvidia.com/gpumem "
+    "counts MiB, and 16Gi is 16384 MiB; the scheduler would drop the GPU request"
+)
+
+
+@pytest.mark.parametrize(
+    ("original", "settings", "message"),
+    [
+        # HAMi admits these; its scheduler then drops the request (the pod runs without a GPU
+        # booking) or asks what no GPU has
+        (pod(container(limits={GPU: "1", MEM: "16Gi"})), DEFAULTS, f"container 'c': {_MEM_16GI}"),
+        (pod(container(limits={GPU: "1.5"})), DEFAULTS,
+         "container 'c': nvidia.com/gpu=1.5: not a whole number; write 1 or 2 (a whole number "
+         "of GPUs from 1 to 2147483647); the scheduler would drop the GPU request"),
+        (pod(container(limits={GPU: "-1"})), DEFAULTS,
+         "container 'c': nvidia.com/gpu=-1: as int32 it is -1, not positive; write a whole "
+         "number of GPUs from 1 to 2147483647; the scheduler would drop the GPU request"),
+        (pod(container(limits={GPU: "99999999999"})), DEFAULTS,
+         "container 'c': nvidia.com/gpu=99999999999: larger than int32; write a whole number "
+         "of GPUs from 1 to 2147483647; the scheduler would take it as 1215752191"),
+        (pod(container(limits={GPU: "1", MEM: "99999999999"})), DEFAULTS,
+         "container 'c': nvidia.com/gpumem=99999999999: out of range 0..2147483647 (MiB); "
+         "write a whole number of MiB from 0 to 2147483647; the scheduler would drop the GPU "
+         "request"),
+        (pod(container(limits={GPU: "1", MEM: "2Gi"})), DEFAULTS,
+         "container 'c': nvidia.com/gpumem=2Gi: out of range 0..2147483647 (MiB); write 2048: "
+         "nvidia.com/gpumem counts MiB, and 2Gi is 2048 MiB; the scheduler would drop the GPU "
+         "request"),
+        (pod(container(limits={GPU: "1", MEM: "1Gi"})), DEFAULTS,
+         "container 'c': nvidia.com/gpumem=1Gi: a byte unit on a count of MiB; write 1024: "
+         "nvidia.com/gpumem counts MiB, and 1Gi is 1024 MiB; the scheduler would take it as "
+         "1073741824 MiB"),
+        # Value() rounds 0.5 up to 1, inside 0..100, so HAMi's webhook admits it; its scheduler
+        # (AsInt64) ignores it and books the whole card
+        (pod(container(limits={GPU: "1", PCT: "0.5"}), schedulerName="hami-scheduler"),
+         DEFAULTS,
+         "container 'c': nvidia.com/gpumem-percentage=0.5: not a whole number; write 1 (a "
+         "whole percent from 1 to 100); the scheduler would ignore the value"),
+        (pod(container(limits={GPU: "1", CORES: "2.5"})), DEFAULTS,
+         "container 'c': nvidia.com/gpucores=2.5: not a whole number; write 2 or 3 (a whole "
+         "percent of the GPU's cores from 0 to 100); the scheduler would ignore the value"),
+        # the container as mutated: memory alone gets the default GPU count, then is read
+        (pod(container("m", limits={MEM: "16Gi"})), DEFAULTS, f"container 'm': {_MEM_16GI}"),
+        # requests are read too (limits first), init containers first, every problem named
+        (pod(container("a", requests={GPU: "1", MEM: "16Gi"}),
+             init=(container("i", limits={GPU: "1", CORES: "2.5"}),)), DEFAULTS,
+         "container 'i': nvidia.com/gpucores=2.5: not a whole number; write 2 or 3 (a whole "
+         "percent of the GPU's cores from 0 to 100); the scheduler would ignore the value; "
+         f"container 'a': {_MEM_16GI}"),
+        # the range follows memoryFactor, as the scheduler's does
+        (pod(container(limits={GPU: "1", MEM: "600000000"})), WebhookSettings(memory_factor=4),
+         "container 'c': nvidia.com/gpumem=600000000: out of range 0..536870911 (units of 4 "
+         "MiB); write a whole number of units of 4 MiB from 0 to 536870911; the scheduler "
+         "would drop the GPU request"),
+        # configured resource names
+        (pod(container(limits={"x.io/gpu": "1", "x.io/mem": "16Gi"})),
+         WebhookSettings(resources=ResourceNames(count="x.io/gpu", memory="x.io/mem")),
+         "container 'c': x.io/mem=16Gi: out of range 0..2147483647 (MiB); write 16384: "
+         "x.io/mem counts MiB, and 16Gi is 16384 MiB; the scheduler would drop the GPU request"),
+    ],
+)  # fmt: skip
+def test_a_request_the_scheduler_would_misread_is_denied(
+    original: dict[str, Any], settings: WebhookSettings, message: str
+) -> None:
+    assert admit_pod(original, settings) == PodAdmission(AdmissionVerdict.DENIED, 403, message)
+
+
+@pytest.mark.parametrize(
+    ("original", "settings"),
+    [
+        # another scheduler's pod is left alone (webhook.go 64-69), whatever it asks
+        (pod(container(limits={GPU: "1", MEM: "16Gi"}), schedulerName="other"), DEFAULTS),
+        # no GPU asked: gpumem beside a zero count, or alone with the default GPU count off
+        (pod(container(limits={GPU: "0", MEM: "16Gi"})), DEFAULTS),
+        (pod(container(limits={MEM: "16Gi"})), WebhookSettings(default_gpu_num=0)),
+    ],
+)  # fmt: skip
+def test_a_misread_request_that_asks_no_gpu_is_admitted(
+    original: dict[str, Any], settings: WebhookSettings
+) -> None:
+    assert admit_pod(original, settings).allowed
+
+
+def test_a_percentage_above_100_stays_hamis_error() -> None:
+    """HAMi clamps it in the scheduler (harmless), but its webhook rejects it first (500)."""
+    admission = admit_pod(pod(container(limits={GPU: "1", PCT: "150"})), DEFAULTS)
+    assert (admission.verdict, admission.code) == (AdmissionVerdict.ERRORED, 500)
+    assert admission.message.startswith("invalid nvidia.com/gpumem-percentage value 150")
 
 
 @pytest.mark.parametrize(
@@ -547,6 +642,8 @@ def test_settings_are_validated() -> None:
         WebhookSettings(resources=ResourceNames(count=""))
     with pytest.raises(ValueError):
         WebhookSettings(gpu_core_policy="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="memory_factor"):
+        WebhookSettings(memory_factor=0)
 
 
 # --- properties -----------------------------------------------------------------------------
