@@ -19,12 +19,14 @@ from hami_plugin.config.sources import (
 )
 from hami_plugin.config.values import (
     BOOL_SPELLINGS,
+    KLOG_DEBUG_VERBOSITY,
     ConfigError,
     parse_bool,
     parse_duration,
     parse_float,
     parse_int,
     parse_int_set,
+    parse_klog_verbosity,
     parse_optional_str,
     parse_str,
     parse_str_set,
@@ -33,6 +35,7 @@ from hami_plugin.config.values import (
 
 __all__ = [
     "BOOL_SPELLINGS",
+    "KLOG_DEBUG_VERBOSITY",
     "ConfigError",
     "Layer",
     "add_bool_flag",
@@ -44,6 +47,7 @@ __all__ = [
     "parse_float",
     "parse_int",
     "parse_int_set",
+    "parse_klog_verbosity",
     "parse_optional_str",
     "parse_setting",
     "parse_str",

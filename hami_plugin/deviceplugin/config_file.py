@@ -4,7 +4,8 @@ The config file (`--config-file`) is YAML and accepts two shapes at once:
 
 * HAMi's device ConfigMap (`/device-config.yaml`): a top-level `nvidia:` mapping with
   `deviceSplitCount`, `deviceMemoryScaling`, `deviceCoreScaling`, `libCudaLogLevel`,
-  `resourceCountName`, `disableCoreLimit`, `preConfiguredDeviceMemory` (keys matched
+  `resourceCountName`, `disableCoreLimit`, `preConfiguredDeviceMemory`, `enableNumaTopology`
+  (HAMi's chart writes `devicePlugin.enableNumaTopology` there; keys matched
   case-insensitively with Go's field-name folding, `protocol.gojson.fold_name`, as HAMi's
   decoding does; the scheduler's keys in the same section are ignored);
 * our own flat keys, named like the `DevicePluginSettings` fields (`split_count: 4`), which win
@@ -37,6 +38,7 @@ NVIDIA_KEYS = {
     "libCudaLogLevel": "libcuda_log_level",
     "disableCoreLimit": "disable_core_limit",
     "preConfiguredDeviceMemory": "preconfigured_device_memory_mib",
+    "enableNumaTopology": "enable_numa_topology",
 }
 """The `nvidia:` keys of HAMi's device ConfigMap and the setting each sets."""
 

@@ -7,6 +7,11 @@ takes them) and validated here; the rest of the daemon reads a frozen `DevicePlu
 and never looks at the environment again (the NVIDIA plugin reads `DP_DISABLE_HEALTHCHECKS`
 deep inside its health loop; we read it once). The config files' shapes are
 `hami_plugin.deviceplugin.config_file`'s.
+
+Two flags of HAMi's device plugin (v2.10.0 cmd/device-plugin/nvidia/main.go) that its chart and
+users pass are taken as it takes them: `-v` (`--v`, klog's verbosity, no variable: 4 and above
+logs at debug level) and `--mig-strategy` (`MIG_STRATEGY`): `none`, HAMi's default, is the only
+one supported; `single` and `mixed` are refused at start (this plugin exposes no MIG devices).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from hami_plugin.config import (
+    KLOG_DEBUG_VERBOSITY,
     ConfigError,
     Layer,
     add_bool_flag,
@@ -29,7 +35,9 @@ from hami_plugin.config import (
     parse_float,
     parse_int,
     parse_int_set,
+    parse_klog_verbosity,
     parse_optional_str,
+    parse_setting,
     parse_str,
     parse_str_set,
     pick,
@@ -97,6 +105,14 @@ class DevicePluginSettings:
     only_xids: frozenset[int] | None = None
     """When set, only these Xids mark a GPU unhealthy (`DP_DISABLE_HEALTHCHECKS=all` together
     with a `DP_ENABLE_HEALTHCHECKS` list); None means every Xid outside `ignored_xids` counts."""
+    verbosity: int = 0
+    """HAMi's `-v` (klog verbosity): from `KLOG_DEBUG_VERBOSITY` up the daemon logs at debug
+    level; below it `LOG_LEVEL` (info by default) applies."""
+
+    @property
+    def debug_logging(self) -> bool:
+        """True when `-v` asks for debug logging."""
+        return self.verbosity >= KLOG_DEBUG_VERBOSITY
 
     def xid_is_critical(self, xid: int) -> bool:
         """True when an XidCriticalError event with this Xid should mark the GPU unhealthy."""
@@ -232,13 +248,14 @@ _SHAPING = {
     "node_config_file": ("--node-config-file", "NODE_CONFIG_FILE"),
     "disable_healthchecks": ("--disable-healthchecks", "DP_DISABLE_HEALTHCHECKS"),
     "enable_healthchecks": ("--enable-healthchecks", "DP_ENABLE_HEALTHCHECKS"),
+    "mig_strategy": ("--mig-strategy", "MIG_STRATEGY"),
 }
 _FLAGS = {o.field: o.flag for o in _OPTIONS} | {k: flag for k, (flag, _) in _SHAPING.items()}
 _ENV = {o.field: o.env for o in _OPTIONS} | {k: env for k, (_, env) in _SHAPING.items()}
 
 _FLAT_KEYS = frozenset(
     {f.name for f in fields(DevicePluginSettings)}
-    - {"ignored_xids", "healthchecks_disabled", "only_xids"}
+    - {"ignored_xids", "healthchecks_disabled", "only_xids", "verbosity"}
     | {"disable_healthchecks", "enable_healthchecks", "filter_devices"}
 )
 """The keys the config file may set directly."""
@@ -284,6 +301,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="all|XIDS",
         help="comma list of Xids to count even if ignored by default, or 'all' "
         "[env DP_ENABLE_HEALTHCHECKS]",
+    )
+    parser.add_argument(
+        "--mig-strategy",
+        default=None,
+        metavar="none",
+        help="HAMi's MIG strategy: only none (the default) is supported; single and mixed "
+        "are refused [env MIG_STRATEGY]",
+    )
+    parser.add_argument(
+        "-v",
+        "--v",
+        dest="v",
+        default=None,
+        metavar="N",
+        help=f"klog verbosity, as HAMi's -v: {KLOG_DEBUG_VERBOSITY} and above logs at debug "
+        "level, below leaves LOG_LEVEL (info) (default 0)",
     )
 
 
@@ -341,6 +374,19 @@ def _health_fields(
 # --- resolution -------------------------------------------------------------------------------
 
 
+def _parse_mig_strategy(raw: object) -> str:
+    """HAMi's (NVIDIA's) `--mig-strategy`, of which only `none` is supported here."""
+    strategy = parse_str(raw)
+    if strategy == "none":
+        return strategy
+    if strategy in ("single", "mixed"):
+        raise ValueError(
+            f"{strategy!r} is not supported yet: this device plugin shares whole GPUs through "
+            "HAMi-core and exposes no MIG devices (use none)"
+        )
+    raise ValueError(f"unknown MIG strategy {strategy!r} (HAMi's: none, single, mixed; use none)")
+
+
 def _default_socket_name(resource_name: str) -> str:
     # HAMi names the socket nvidia-<resource suffix>: nvidia.com/gpu -> nvidia-gpu.sock.
     return f"nvidia-{resource_name.rsplit('/', 1)[-1]}.sock"
@@ -387,6 +433,10 @@ def resolve_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Device
             values[option.field] = resolved
     if "socket_name" not in values:
         values["socket_name"] = _default_socket_name(values.get("resource_name", RESOURCE_GPU))
+
+    resolve("mig_strategy", _parse_mig_strategy, [environment, flags])
+    if args.v is not None:
+        values["verbosity"] = parse_setting("-v", args.v, parse_klog_verbosity)
 
     health_layers = [*file_layers, environment, flags]
     disable = pick("disable_healthchecks", health_layers) or (None, "")

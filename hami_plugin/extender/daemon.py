@@ -223,7 +223,11 @@ class SchedulerDaemon:
             kube = self._kube
             if kube is None:
                 kube = self._kube = self._owned_kube = KubeClient.from_config(
-                    config.kubeconfig, clock=self.state.clock
+                    config.kubeconfig,
+                    clock=self.state.clock,
+                    qps=config.kube_qps,
+                    burst=config.kube_burst,
+                    timeout_seconds=config.kube_timeout_seconds,
                 )
             self._start_metrics()
             events = self._events = EventRecorder(
@@ -508,6 +512,7 @@ def run(args: argparse.Namespace) -> int:
     _configure_logging(args.log_level)
     try:
         config = resolve_config(args, os.environ)
+        logging.getLogger().setLevel(config.log_level.upper())  # --debug, -v
         daemon = SchedulerDaemon(config)
     except ConfigError as error:
         logger.error("%s", error)

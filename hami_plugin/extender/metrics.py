@@ -51,6 +51,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from hami_plugin.extender.observer import FILTER_OUTCOMES, RECOVERY_REASONS, SchedulerView
+from hami_plugin.metrics.buildinfo import BuildInfoCollector
 from hami_plugin.metrics.families import (
     CollectorRegistry,
     Counter,
@@ -228,6 +229,7 @@ class SchedulerMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         guard = ScrapeGuard({"scheduler": SchedulerUsageCollector(view)}, clock=clock)
         self.registry.register(guard)
+        self.registry.register(BuildInfoCollector())
         self._filter_seconds = Histogram(
             "hami_scheduler_filter_duration_seconds",
             "Seconds a /filter call took, by outcome (fit, no_fit, error, no_gpu)",

@@ -8,6 +8,12 @@ flags take them (`hami_plugin.config.values`). HAMi's underscore
 spellings `--http_bind`, `--cert_file`, `--key_file` are accepted as aliases of the kebab-case
 flags. `--device-config-file` is HAMi's device ConfigMap (`device-config.yaml`); its `nvidia:`
 section gives the request defaults and resource names (`docs/hami-reference.md` 3.12).
+
+HAMi's klog and client flags that its users carry in `extraArgs` work too: `--debug` and `-v`
+(`--v`) set the log level (`-v` 4 and above, or `--debug`: debug; HAMi's `--debug` sets a
+variable nothing reads, pkg/scheduler/config/config.go:478), and `--kube-qps`, `--kube-burst`,
+`--kube-timeout` (HAMi v2.10.0 cmd/scheduler/main.go:75-77) set the Kubernetes client's rate
+limit and per-request timeout, with client-go's meanings of 0 and negative values.
 """
 
 from __future__ import annotations
@@ -21,12 +27,16 @@ from datetime import timedelta
 from typing import Any
 
 from hami_plugin.config import (
+    KLOG_DEBUG_VERBOSITY,
     ConfigError,
     add_bool_flag,
     env_layer,
     flag_layer,
     parse_bool,
     parse_duration,
+    parse_float,
+    parse_int,
+    parse_klog_verbosity,
     parse_optional_str,
     parse_setting,
     read_yaml,
@@ -56,6 +66,10 @@ ENV_BOOKING_KEY_FILE = "HAMI_BOOKING_KEY_FILE"
 ENV_POD_NAME = "POD_NAME"
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+KUBE_DEFAULT_QPS = 5.0
+KUBE_DEFAULT_BURST = 10
+"""client-go's `rest.DefaultQPS` and `rest.DefaultBurst`, HAMi's defaults of `--kube-qps` and
+`--kube-burst` (pkg/util/client/options.go:30-31): used when either flag is given (or is 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +118,13 @@ class SchedulerConfig:
     """`--booking-key-file`: sign bookings and count only signed ones; "" trusts every
     booking, as HAMi does."""
     log_level: str = "info"
+    """`--log-level`; debug with `--debug` or `-v` 4 and above (HAMi's klog flags)."""
+    kube_qps: float | None = None
+    """`--kube-qps`: API calls a second on average (client-side), with `kube_burst` at once;
+    None: no client-side limit (neither flag given, or a negative `--kube-qps`)."""
+    kube_burst: int | None = None
+    kube_timeout_seconds: float | None = None
+    """`--kube-timeout`: each API request's timeout; None: the client's own (10 s)."""
     pod_namespace: str = ""
     pod_name: str = ""
 
@@ -404,6 +425,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="largest filter/bind request body (1048576)",
     )
     add("--log-level", default="info", choices=LOG_LEVELS, help="log level (info)")
+    add_bool_flag(
+        parser,
+        "--debug",
+        help="log at debug level, as --log-level=debug (HAMi's flag; false)",
+    )
+    add(
+        "-v",
+        "--v",
+        dest="v",
+        metavar="N",
+        help=f"klog verbosity, as HAMi's -v: {KLOG_DEBUG_VERBOSITY} and above logs at debug "
+        "level, below changes nothing (0)",
+    )
+    add(
+        "--kube-qps",
+        metavar="QPS",
+        help="client-side limit on Kubernetes API calls a second; 0: client-go's "
+        f"{KUBE_DEFAULT_QPS:g}; negative: none (default: none, unless --kube-burst is given)",
+    )
+    add(
+        "--kube-burst",
+        metavar="N",
+        help="API calls that may go at once under --kube-qps; 0: client-go's "
+        f"{KUBE_DEFAULT_BURST} (default {KUBE_DEFAULT_BURST})",
+    )
+    add(
+        "--kube-timeout",
+        metavar="SECONDS",
+        help="timeout of each Kubernetes API request: whole seconds, as HAMi, or a Go duration; "
+        "0: the client's own (10s)",
+    )
 
 
 def _listeners(args: argparse.Namespace, http: tuple[str, int]) -> tuple[str, str | None, int]:
@@ -429,6 +481,71 @@ def _listeners(args: argparse.Namespace, http: tuple[str, int]) -> tuple[str, st
     if port != 0 and (host, port) == http:
         raise ConfigError(f"--webhook-bind {webhook_bind}: the same address as --http-bind")
     return client_ca, host, port
+
+
+def _kube_qps(raw: object) -> float:
+    value = parse_float(raw)
+    if not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {raw!r}")
+    return value
+
+
+def _kube_burst(raw: object) -> int:
+    value = parse_int(raw)
+    if value < 0:
+        raise ValueError(f"must not be negative (client-go refuses a negative burst), got {raw!r}")
+    return value
+
+
+def _kube_timeout(raw: object) -> timedelta:
+    """HAMi's whole seconds (pflag `IntVar`), or a Go duration; not negative."""
+    try:
+        value = timedelta(seconds=parse_int(raw))
+    except ValueError:
+        try:
+            value = parse_duration(raw)
+        except ValueError:
+            raise ValueError(
+                f"expected whole seconds (as HAMi: 30) or a Go duration (30s), got {raw!r}"
+            ) from None
+    if value < timedelta(0):
+        raise ValueError(f"{raw!r} must not be negative")
+    return value
+
+
+def _kube_client(args: argparse.Namespace) -> tuple[float | None, int | None, float | None]:
+    """`--kube-qps`, `--kube-burst` and `--kube-timeout` as the client takes them: (qps, burst,
+    timeout seconds), None where the client keeps its own behaviour.
+
+    HAMi always limits (client-go's 5 a second, 10 at once: `KUBE_DEFAULT_*`); this daemon
+    limits only when one of the two flags is given, and then with HAMi's value for the other.
+    client-go's meanings hold: 0 is its default, a negative QPS turns the limit off. A timeout
+    of 0 is client-go's "none"; here each request keeps the client's own timeout instead (a
+    request without one could hang a bind for ever).
+    """
+    qps = burst = None
+    if args.kube_qps is not None:
+        qps = parse_setting("--kube-qps", args.kube_qps, _kube_qps)
+    if args.kube_burst is not None:
+        burst = parse_setting("--kube-burst", args.kube_burst, _kube_burst)
+    timeout = None
+    if args.kube_timeout is not None:
+        seconds = parse_setting("--kube-timeout", args.kube_timeout, _kube_timeout)
+        timeout = seconds.total_seconds() or None
+    if (qps is None and burst is None) or (qps is not None and qps < 0):
+        return None, None, timeout
+    return qps or KUBE_DEFAULT_QPS, burst or KUBE_DEFAULT_BURST, timeout
+
+
+def _log_level(args: argparse.Namespace) -> str:
+    """`--log-level`, raised to debug by HAMi's `--debug` or `-v` 4 and above."""
+    debug = args.debug is not None and parse_setting("--debug", args.debug, parse_bool)
+    verbosity = 0
+    if args.v is not None:
+        verbosity = parse_setting("-v", args.v, parse_klog_verbosity)
+    if debug or verbosity >= KLOG_DEBUG_VERBOSITY:
+        return "debug"
+    return str(args.log_level)
 
 
 # The settings a flag or the environment may set (flag > environment).
@@ -471,6 +588,7 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
     if args.burst_look_ahead < 0:
         raise ConfigError("--burst-look-ahead must be a whole number >= 0")
     lease, renew, retry_period = _election_timings(args)
+    kube_qps, kube_burst, kube_timeout = _kube_client(args)
     if args.max_body_bytes < 1024:
         raise ConfigError("--max-body-bytes must be at least 1024")
     device = read_device_config(args.device_config_file) if args.device_config_file else {}
@@ -506,6 +624,7 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
             gpu_core_policy=GpuCorePolicy(device.get("gpuCorePolicy", "default")),
             runtime_class_name=device.get("runtimeClassName", ""),
             resources=resources,
+            memory_factor=device.get("memoryFactor", 1),
         )
     except ValueError as error:
         raise ConfigError(f"device config: {error}") from None
@@ -538,7 +657,10 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
         metrics_bind_address=args.metrics_bind_address,
         max_body_bytes=args.max_body_bytes,
         booking_key_file=booking_key_file,
-        log_level=args.log_level,
+        log_level=_log_level(args),
+        kube_qps=kube_qps,
+        kube_burst=kube_burst,
+        kube_timeout_seconds=kube_timeout,
         pod_namespace=env.get(ENV_POD_NAMESPACE, "").strip(),
         pod_name=env.get(ENV_POD_NAME, "").strip(),
     )

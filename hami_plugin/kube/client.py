@@ -16,9 +16,11 @@ generated API classes, and adds what the daemons need on top of it:
 * answers decoded here from the raw urllib3 responses into the one pod and node model
   (`hami_plugin.protocol.objects`) and the records of `hami_plugin.kube.records`;
 * from the transport (`hami_plugin.kube.transport`): a timeout on every request and retries with
-  backoff (`hami_plugin.kube.retry`); every namespace, name and node name checked as one path
-  segment and percent-quoted before anything is sent, so no name changes the path
-  (`hami_plugin.kube.paths`); errors translated in one place (`hami_plugin.kube.errors`);
+  backoff (`hami_plugin.kube.retry`), and on request a client-side rate limit
+  (`hami_plugin.kube.ratelimit`, `--kube-qps`/`--kube-burst`); every namespace, name and node
+  name checked as one path segment and percent-quoted before anything is sent, so no name
+  changes the path (`hami_plugin.kube.paths`); errors translated in one place
+  (`hami_plugin.kube.errors`);
 * an optional time budget shared by every call a thread makes inside `KubeClient.deadline()`,
   so that a caller answering someone who waits (kubelet's Allocate) fails in bounded time
   however many calls it makes and however the API server misbehaves;
@@ -55,6 +57,7 @@ from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.kube.config import load_configuration, throttled_refresh
 from hami_plugin.kube.errors import Conflict, Gone, KubeError
 from hami_plugin.kube.paths import check_selector_value, collection_path
+from hami_plugin.kube.ratelimit import ClientRateLimit, TokenBucket
 from hami_plugin.kube.records import (
     LeaseRecord,
     ObjectList,
@@ -95,8 +98,9 @@ class KubeClient:
     The client takes ownership of `api_client`: it switches off urllib3's built-in retries when
     the configuration left them at the default (the policy here does the retrying) and closes
     it in `close()`. Safe to share between threads. `clock` times the `deadline()` budgets, the
-    watches and the token refreshes, and dates the events (the system clock when None); backoffs
-    are waited out with `sleep`, in real time.
+    watches, the token refreshes and the `rate_limit` (every call waits for its token; None:
+    calls go at once), and dates the events (the system clock when None); backoffs and rate
+    limit waits are waited out with `sleep`, in real time.
     """
 
     def __init__(
@@ -107,6 +111,7 @@ class KubeClient:
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
         clock: Clock | None = None,
+        rate_limit: ClientRateLimit | None = None,
     ) -> None:
         self._clock: Clock = clock or SystemClock()
         if api_client.configuration.retries is None:
@@ -117,7 +122,10 @@ class KubeClient:
         if hook is not None:
             api_client.configuration.refresh_api_key_hook = throttled_refresh(hook, self._clock)
         self._api_client = api_client
-        self._transport = Transport(api_client, retry, clock=self._clock, sleep=sleep, rng=rng)
+        bucket = TokenBucket(rate_limit, self._clock) if rate_limit is not None else None
+        self._transport = Transport(
+            api_client, retry, clock=self._clock, sleep=sleep, rng=rng, rate_limit=bucket
+        )
         self._unreadable_lock = threading.Lock()
         self._unreadable: dict[str, dict[str, str]] = {}
         """Per node listed: the pods its last list could not read, at the version logged."""
@@ -129,14 +137,31 @@ class KubeClient:
         retry: RetryPolicy = _DEFAULT_RETRY,
         *,
         clock: Clock | None = None,
+        qps: float | None = None,
+        burst: int | None = None,
+        timeout_seconds: float | None = None,
     ) -> KubeClient:
         """Connect with the kubeconfig file given, else `$KUBECONFIG`, else in-cluster config.
 
-        Raises KubeError naming the source tried when none of them gives a usable configuration.
+        `qps` and `burst` (`--kube-qps`, `--kube-burst`; both or neither): the client-side rate
+        limit, none without them; `timeout_seconds` (`--kube-timeout`): each attempt's timeout
+        instead of `retry`'s. Raises KubeError naming the source tried when none of them gives a
+        usable configuration, ValueError for a rate limit or timeout out of range.
         """
+        if (qps is None) != (burst is None):
+            raise ValueError("KubeClient.from_config: qps and burst go together")
+        rate_limit = None if qps is None or burst is None else ClientRateLimit(qps, burst)
+        if timeout_seconds is not None:
+            retry = dataclasses.replace(retry, timeout_seconds=timeout_seconds)
         configuration = load_configuration(kubeconfig)
         logger.info("Kubernetes API server %s", configuration.host)
-        return cls(ApiClient(configuration), retry, clock=clock)
+        if rate_limit is not None:
+            logger.info(
+                "client-side rate limit: %g calls a second, %d at once",
+                rate_limit.qps,
+                rate_limit.burst,
+            )
+        return cls(ApiClient(configuration), retry, clock=clock, rate_limit=rate_limit)
 
     # --- lifecycle ------------------------------------------------------------------------
 

@@ -11,12 +11,15 @@ says which calls there are and what they mean; this module how each is sent.
 * `Transport.call`: `send` with retries and backoff (`hami_plugin.kube.retry`), the answer
   decoded as one JSON object; errors are translated there, in one place
   (`hami_plugin.kube.errors`);
-* `Transport.deadline`: one time budget shared by every call a thread makes inside the block.
+* `Transport.deadline`: one time budget shared by every call a thread makes inside the block;
+* the client-side rate limit (`--kube-qps`/`--kube-burst`, `hami_plugin.kube.ratelimit`): with
+  one, every attempt `send` makes waits for its token first, within the thread's budget.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import threading
 import time
@@ -33,8 +36,9 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import RESTResponse
 
 from hami_plugin.clock import Clock
-from hami_plugin.kube.errors import InvalidName
+from hami_plugin.kube.errors import InvalidName, Retryable
 from hami_plugin.kube.paths import fill_path
+from hami_plugin.kube.ratelimit import TokenBucket
 from hami_plugin.kube.records import json_object
 from hami_plugin.kube.retry import RetryPolicy, call_with_retries
 
@@ -52,6 +56,8 @@ MERGE_PATCH = "application/merge-patch+json"
 _AUTH_SETTINGS = ["BearerToken"]
 
 _T = TypeVar("_T")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +81,8 @@ class Transport:
 
     It neither sets up nor closes `api_client`: its owner (`KubeClient`) does both. `clock`
     times the budgets and reads `Retry-After` dates; backoffs are waited out with `sleep`, their
-    jitter drawn from `rng`.
+    jitter drawn from `rng`. `rate_limit`: the token bucket every attempt waits on (its waits
+    through `sleep` too); None sends at once, as without `--kube-qps`.
     """
 
     def __init__(
@@ -86,12 +93,14 @@ class Transport:
         clock: Clock,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
+        rate_limit: TokenBucket | None = None,
     ) -> None:
         self._api_client = api_client
         self._retry = retry
         self._clock = clock
         self._sleep = sleep
         self._rng = rng or random.Random()
+        self._rate_limit = rate_limit
         self._local = threading.local()
 
     @contextlib.contextmanager
@@ -172,7 +181,10 @@ class Transport:
         stop: threading.Event | None = None,
     ) -> _T:
         """Run `attempt(timeout_seconds)` under the retry policy and the thread's `deadline()`
-        budget (see `retry.call_with_retries`: what it raises)."""
+        budget (see `retry.call_with_retries`: what it raises), each attempt after its token of
+        the rate limit (Retryable, unsent, when the wait would outlast the budget)."""
+        if self._rate_limit is not None:
+            attempt = self._throttled(what, self._rate_limit, attempt, stop)
         return call_with_retries(
             what,
             attempt,
@@ -183,6 +195,44 @@ class Transport:
             clock=self._clock,
             stop=stop,
         )
+
+    def _throttled(
+        self,
+        what: str,
+        bucket: TokenBucket,
+        attempt: Callable[[float], _T],
+        stop: threading.Event | None,
+    ) -> Callable[[float], _T]:
+        """`attempt`, run after waiting for a token of `bucket`."""
+
+        def throttled(timeout: float) -> _T:
+            return attempt(self._throttle(what, bucket, timeout, stop))
+
+        return throttled
+
+    def _throttle(
+        self, what: str, bucket: TokenBucket, timeout: float, stop: threading.Event | None
+    ) -> float:
+        """Wait for a token of `bucket` (woken by `stop`: Retryable); `timeout` cut to what the
+        wait leaves of the budget."""
+        left = self._time_left()
+        wait = bucket.reserve(None if left is None else max(left[0], 0.0))
+        if wait is None:
+            assert left is not None  # only a budget refuses a token
+            raise Retryable(
+                f"{what}: not sent, the client-side rate limit (--kube-qps "
+                f"{bucket.limit.qps:g}) would hold it past its {left[1]:g} s time budget"
+            )
+        if wait <= 0:
+            return timeout
+        logger.debug("%s: waiting %.3f s for the client-side rate limit", what, wait)
+        if stop is None:
+            self._sleep(wait)
+        elif stop.wait(wait):
+            raise Retryable(f"{what}: stopped while waiting for the client-side rate limit")
+        if left is None:
+            return timeout
+        return max(min(timeout, left[0] - wait), 0.001)
 
 
 def _read_object(response: urllib3.BaseHTTPResponse) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hami_plugin.config import ConfigError
 from hami_plugin.deviceplugin.settings import (
@@ -18,6 +19,7 @@ from hami_plugin.deviceplugin.settings import (
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "deviceplugin"
 HAMI_CONFIG = str(FIXTURES / "hami-device-config.yaml")
 NODE_CONFIG = str(FIXTURES / "node-config.json")
+DEVICE_CONFIG_MAP = Path(__file__).parents[2] / "daemonset" / "device-config.yaml"
 
 
 def resolve(argv: list[str], env: dict[str, str] | None = None) -> DevicePluginSettings:
@@ -367,3 +369,99 @@ def test_the_resync_interval_is_a_go_duration(tmp_path: Path) -> None:
     config.write_text("vgpu_resync_interval_seconds: 45\n")
     from_file = resolve(["--node-name", "n", "--config-file", str(config)])
     assert from_file.vgpu_resync_interval_seconds == 45.0
+
+
+# --- HAMi's flags its users carry: --mig-strategy, -v; nvidia.enableNumaTopology ------------
+
+
+def test_mig_strategy_none_is_accepted_from_the_flag_or_the_environment() -> None:
+    assert resolve(["--node-name", "n", "--mig-strategy=none"]) == DevicePluginSettings("n")
+    assert resolve(["--node-name", "n"], {"MIG_STRATEGY": "none"}) == DevicePluginSettings("n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--mig-strategy=mixed"], {}, r"^--mig-strategy: 'mixed' is not supported yet: "),
+        (["--mig-strategy", "single"], {}, r"^--mig-strategy: 'single' is not supported yet"),
+        ([], {"MIG_STRATEGY": "mixed"}, r"^MIG_STRATEGY: 'mixed' is not supported yet"),
+        (["--mig-strategy=none"], {"MIG_STRATEGY": "mixed"}, None),  # the flag wins
+        (["--mig-strategy=None"], {}, r"^--mig-strategy: unknown MIG strategy 'None' \(HAMi's"),
+    ],
+)
+def test_a_mig_strategy_other_than_none_is_refused(
+    argv: list[str], env: dict[str, str], message: str | None
+) -> None:
+    if message is None:
+        resolve(["--node-name", "n", *argv], env)
+        return
+    with pytest.raises(ConfigError, match=message):
+        resolve(["--node-name", "n", *argv], env)
+
+
+def test_mig_strategy_mixed_is_one_line_and_exit_two(caplog: pytest.LogCaptureFixture) -> None:
+    from hami_plugin.cli import main
+
+    assert main(["device-plugin", "--node-name", "n", "--mig-strategy=mixed"]) == 2
+    (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert record.getMessage() == (
+        "--mig-strategy: 'mixed' is not supported yet: this device plugin shares whole GPUs "
+        "through HAMi-core and exposes no MIG devices (use none)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "verbosity", "debug"),
+    [
+        ([], 0, False),
+        (["-v=4"], 4, True),  # HAMi's chart: devicePlugin.extraArgs [-v=4]
+        (["-v", "5"], 5, True),
+        (["--v=3"], 3, False),
+        (["--v", "-2"], -2, False),
+    ],
+)
+def test_klog_verbosity_four_and_above_is_debug_logging(
+    argv: list[str], verbosity: int, debug: bool
+) -> None:
+    settings = resolve(["--node-name", "n", *argv])
+    assert (settings.verbosity, settings.debug_logging) == (verbosity, debug)
+
+
+def test_a_bad_verbosity_names_the_flag() -> None:
+    with pytest.raises(ConfigError, match=r"^-v: expected a klog verbosity .* got '4x'$"):
+        resolve(["--node-name", "n", "-v=4x"])
+
+
+def test_verbosity_is_not_a_config_file_key(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("verbosity: 4\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"unknown setting 'verbosity'"):
+        resolve(["--node-name", "n", "--config-file", str(path)])
+
+
+def test_numa_topology_is_read_from_the_device_config(tmp_path: Path) -> None:
+    # Where HAMi's chart puts devicePlugin.enableNumaTopology (device-configmap.yaml:31).
+    path = tmp_path / "device-config.yaml"
+    path.write_text("nvidia:\n  deviceSplitCount: 4\n  enableNumaTopology: true\n", "utf-8")
+    settings = resolve(["--node-name", "n", "--config-file", str(path)])
+    assert settings.enable_numa_topology is True
+    path.write_text("nvidia:\n  enableNumaTopology: on\n", "utf-8")  # YAML 1.1: a boolean
+    assert resolve(["--node-name", "n", "--config-file", str(path)]).enable_numa_topology
+    path.write_text("nvidia:\n  enableNumaTopology: sometimes\n", "utf-8")
+    with pytest.raises(ConfigError, match=r"nvidia\.enableNumaTopology: invalid boolean"):
+        resolve(["--node-name", "n", "--config-file", str(path)])
+
+
+def test_the_manifests_device_config_reads_numa_topology_off(tmp_path: Path) -> None:
+    text = next(
+        doc["data"]["device-config.yaml"]
+        for doc in yaml.safe_load_all(DEVICE_CONFIG_MAP.read_text("utf-8"))
+        if "device-config.yaml" in (doc.get("data") or {})
+    )
+    assert "enableNumaTopology: false" in text
+    config = tmp_path / "device-config.yaml"
+    config.write_text(text, "utf-8")
+    assert resolve(["--node-name", "n", "--config-file", str(config)]).enable_numa_topology is False
+    turned_on = text.replace("enableNumaTopology: false", "enableNumaTopology: true")
+    config.write_text(turned_on, "utf-8")
+    assert resolve(["--node-name", "n", "--config-file", str(config)]).enable_numa_topology

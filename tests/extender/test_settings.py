@@ -83,6 +83,15 @@ def test_leader_election_timings() -> None:
         (("--leader-elect-renew-deadline", "20s"), "must be greater than the renew deadline"),
         (("--leader-elect-retry-period", "9s"), "must be greater than retry period"),
         (("--leader-elect-lease-duration", "soon"), "--leader-elect-lease-duration"),
+        (("--kube-qps", "fast"), r"^--kube-qps: expected a number, got 'fast'"),
+        (("--kube-qps=inf",), r"^--kube-qps: expected a finite number"),
+        (("--kube-burst=1.5",), r"^--kube-burst: expected an integer, got '1.5'"),
+        (("--kube-burst=-1",), r"^--kube-burst: must not be negative"),
+        (("--kube-timeout=soon",), r"^--kube-timeout: expected whole seconds \(as HAMi: 30\)"),
+        (("--kube-timeout=-5",), r"^--kube-timeout: '-5' must not be negative"),
+        (("-v=high",), r"^-v: expected a klog verbosity \(a whole number such as 4\)"),
+        (("--v", "4.5"), r"^-v: expected a klog verbosity"),
+        (("--debug=yes",), r'^--debug: invalid boolean "yes"'),
     ],
 )
 def test_bad_flags_are_one_clear_error(argv: tuple[str, ...], message: str) -> None:
@@ -150,3 +159,68 @@ def test_hamis_chart_spelling_of_the_boolean_flags() -> None:
     assert resolve_config(parse("--leader-elect"), {}).leader_elect
     with pytest.raises(ConfigError, match=r'^--leader-elect: invalid boolean "yes"'):
         resolve_config(parse("--leader-elect=yes"), {})
+
+
+@pytest.mark.parametrize(
+    ("argv", "level"),
+    [
+        ((), "info"),
+        (("--debug",), "debug"),
+        (("--debug=true",), "debug"),
+        (("--debug=false",), "info"),
+        (("-v=4",), "debug"),  # HAMi's chart: extraArgs [--debug, -v=4]
+        (("-v", "5"), "debug"),
+        (("-v4",), "debug"),
+        (("--v=10",), "debug"),
+        (("--v", "3"), "info"),
+        (("-v=-1",), "info"),  # klog takes a sign
+        (("-v=2", "--log-level=warning"), "warning"),  # below 4: --log-level stands
+        (("--log-level=error", "--debug"), "debug"),
+    ],
+)
+def test_hamis_debug_and_klog_verbosity_set_the_log_level(
+    argv: tuple[str, ...], level: str
+) -> None:
+    assert resolve_config(parse(*argv), {}).log_level == level
+
+
+def test_the_kube_client_flags_default_to_no_limit_and_the_clients_timeout() -> None:
+    config = resolve_config(parse(), {})
+    assert (config.kube_qps, config.kube_burst, config.kube_timeout_seconds) == (None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("argv", "qps", "burst"),
+    [
+        (("--kube-qps=20", "--kube-burst=40"), 20.0, 40),
+        (("--kube-qps", "2.5"), 2.5, 10),  # HAMi's burst: client-go's 10
+        (("--kube-burst", "3"), 5.0, 3),  # HAMi's QPS: client-go's 5
+        (("--kube-qps=0", "--kube-burst=0"), 5.0, 10),  # client-go: 0 is its default
+        (("--kube-qps=-1", "--kube-burst=50"), None, None),  # client-go: negative is no limit
+    ],
+)
+def test_the_kube_rate_limit_takes_hamis_values_and_client_gos_meanings(
+    argv: tuple[str, ...], qps: float | None, burst: int | None
+) -> None:
+    config = resolve_config(parse(*argv), {})
+    assert (config.kube_qps, config.kube_burst) == (qps, burst)
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("30", 30.0), ("1m30s", 90.0), ("500ms", 0.5), ("0", None), ("0s", None)],
+)
+def test_the_kube_timeout_is_hamis_seconds_or_a_go_duration(
+    value: str, seconds: float | None
+) -> None:
+    assert resolve_config(parse("--kube-timeout", value), {}).kube_timeout_seconds == seconds
+
+
+def test_a_bad_klog_flag_is_one_line_and_exit_two(caplog: pytest.LogCaptureFixture) -> None:
+    from hami_plugin.cli import main
+
+    assert main(["scheduler", "-v=high"]) == 2
+    (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert record.getMessage() == (
+        "-v: expected a klog verbosity (a whole number such as 4), got 'high'"
+    )
