@@ -59,6 +59,7 @@ from hami_plugin.scheduler.ledger import Ledger
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.usage import DeviceTally
 from hami_plugin.testing.apiserver import FakeApiServer, make_container
+from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import DeviceState, FakeKubelet
 from tests.processes import wait_until
 
@@ -153,6 +154,7 @@ def cluster(apiserver: FakeApiServer, tmp_path: Path) -> Iterator[Cluster]:
         encoding="utf-8",
     )  # fmt: skip
     hook = str(tmp_path / "hook")
+    install_fake_hamicore(hook)
     vgpulock = str(tmp_path / "vgpulock")
     settings = DevicePluginSettings(
         metrics_bind_address="0",  # no /metrics port in wire tests

@@ -56,6 +56,7 @@ from hami_plugin.protocol.model import (
 )
 from hami_plugin.testing.admission import PodAdmitter
 from hami_plugin.testing.apiserver import FakeApiServer, json_patch, make_node
+from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import FakeKubelet
 
 __all__ = [
@@ -274,6 +275,8 @@ class DemoCluster:
         # signed bookings, as the manifests configure them: one key both daemons share
         booking_keys = self._dir / "booking-keys"
         booking_keys.write_text(new_key() + "\n", encoding="utf-8")
+        # what the DaemonSet's hami-core initContainer leaves in the hook directory
+        install_fake_hamicore(self._dir / "hook")
         for node in self.nodes:
             self.api.add_object(
                 make_node(node.name, labels={"kubernetes.io/hostname": node.name, **NODE_LABELS})

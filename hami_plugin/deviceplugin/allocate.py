@@ -39,8 +39,11 @@ ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
 class AllocateConfig:
     """The stable configuration Allocate depends on (kubelet replays responses, so nothing else).
 
-    `libvgpu_host_path` is `<hook>/vgpu/libvgpu.so.<version>` when the edge found that file, else
-    `<hook>/vgpu/libvgpu.so`; `license_present` says whether `<hook>/vgpu/license` exists.
+    `libvgpu_host_path` is the HAMi-core library the edge found (`hamicore.HamiCoreCheck`;
+    None: `<hook>/vgpu/libvgpu.so`); `license_present` says whether `<hook>/vgpu/license`
+    exists. `library_problem` and `preload_problem` say, naming the node and the file, why
+    HAMi-core cannot be handed out (None: nothing wrong): every container needs the library
+    (HAMi mounts it even with `CUDA_DISABLE_CONTROL=true`), only the others need the preload.
     """
 
     hook_path: str = hostpaths.DEFAULT_HOOK_PATH
@@ -51,6 +54,8 @@ class AllocateConfig:
     vgpulock_host_path: str = hostpaths.VGPU_LOCK_HOST_PATH
     libvgpu_host_path: str | None = None
     license_present: bool = False
+    library_problem: str | None = None
+    preload_problem: str | None = None
 
 
 # --- outputs -----------------------------------------------------------------------------------
@@ -69,6 +74,9 @@ class FailureReason(enum.StrEnum):
     BOOKING_NOT_SIGNED = "BookingNotSigned"
     """A booking key is configured and the pod's booking is not the one the scheduler signed
     (no or a wrong signature, or a to-allocate that is not the signed booking)."""
+    HAMI_CORE_MISSING = "HamiCoreMissing"
+    """HAMi-core's library, or the preload a container needs, is not installed on the node:
+    the container would fail on its mount or run without limits."""
 
 
 class AllocateFailure(Exception):  # noqa: N818 - an answer to kubelet, not a bug
@@ -328,6 +336,20 @@ def container_envs(
     return envs
 
 
+def check_hamicore(container: ContainerSpec, config: AllocateConfig) -> None:
+    """Refuse a container HAMi-core cannot be handed to: the library is missing, or the
+    preload is while the container does not set `CUDA_DISABLE_CONTROL=true`.
+
+    Raises AllocateFailure(HAMI_CORE_MISSING) with the config's problem sentence.
+    """
+    if config.library_problem is not None:
+        raise AllocateFailure(FailureReason.HAMI_CORE_MISSING, config.library_problem)
+    if config.preload_problem is not None and not _go_parse_bool_true(
+        container.env.get(ENV_DISABLE_CONTROL)
+    ):
+        raise AllocateFailure(FailureReason.HAMI_CORE_MISSING, config.preload_problem)
+
+
 def container_mounts(
     container: ContainerSpec, host_dir: str, config: AllocateConfig
 ) -> tuple[MountSpec, ...]:
@@ -389,8 +411,9 @@ def decide_allocation(
     Raises AllocateFailure: MALFORMED_ANNOTATION, NO_PENDING_ENTRY ("no pending device
     allocation found"), DEVICE_COUNT_MISMATCH ("device number not matched"), INVALID_REQUEST
     (no container request, an ID not advertised or given twice), INVALID_POD (no pod UID: the
-    host directory would be shared with other pods). Without preferred-allocation alignment an
-    annotated GPU that `advertised` does not cover is MALFORMED_ANNOTATION.
+    host directory would be shared with other pods), HAMI_CORE_MISSING (`check_hamicore`).
+    Without preferred-allocation alignment an annotated GPU that `advertised` does not cover
+    is MALFORMED_ANNOTATION.
     """
     check_requests(requests)
     if advertised is not None:
@@ -420,6 +443,7 @@ def decide_allocation(
                 f"has {len(devices)} device(s), kubelet asked for {len(kubelet_ids)}",
             )
         container = _container_at(pod, next_index)
+        check_hamicore(container, config)
         overridden: tuple[str, ...] = ()
         if config.enable_preferred_allocation:
             devices, overridden = _align_with_kubelet(devices, kubelet_ids, node_gpus)

@@ -58,6 +58,7 @@ from hami_plugin.deviceplugin.allocate import (
     decide_allocation,
     with_entries_consumed,
 )
+from hami_plugin.deviceplugin.hamicore import HAMI_CORE_VERSION, HamiCoreWatch
 from hami_plugin.deviceplugin.nodecache import CacheNotListedError, NodeCache
 from hami_plugin.deviceplugin.pending import PendingPodChoice, is_pending_on, select_pending_pod
 from hami_plugin.deviceplugin.preferred import PreferredAnswer, PreferredRequest, decide_preferred
@@ -131,16 +132,6 @@ def prepare_host_dirs(decision: AllocationDecision, vgpulock_path: str) -> None:
     with contextlib.suppress(OSError):
         # Another user's existing directory keeps its mode; HAMi-core only needs it to exist.
         os.chmod(vgpulock_path, 0o777)
-
-
-def libvgpu_version() -> str:
-    """The version suffix HAMi looks for on `libvgpu.so.<version>`: this package's version."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("hami-plugin")
-    except metadata.PackageNotFoundError:
-        return "0"
 
 
 class ServedEntries:
@@ -229,6 +220,11 @@ class PodAllocator:
     `on_kubelet_pods_failed` gets each of its errors and answers whether the node claimed
     in-flight/v2 recently (then several not-started candidates are no answer, else the v1 rule
     chooses without kubelet's list).
+    `hamicore` says whether HAMi-core is installed (the daemon shares its watch with the
+    register annotation and `/metrics`); None watches `config.hook_path` here, looking for
+    `libvgpu.so.<version>` first (`hamicore.HAMI_CORE_VERSION` when None). While HAMi-core
+    is missing, Allocate fails the pod (`allocate.check_hamicore`): no container runs
+    without limits.
     """
 
     def __init__(
@@ -251,6 +247,7 @@ class PodAllocator:
         clock: Clock | None = None,
         kubelet_pods: Callable[[], frozenset[tuple[str, str]]] | None = None,
         on_kubelet_pods_failed: Callable[[Exception], bool] | None = None,
+        hamicore: HamiCoreWatch | None = None,
     ) -> None:
         self._kube = kube
         self._node_name = node_name
@@ -259,7 +256,6 @@ class PodAllocator:
         self._resource_name = resource_name
         self.served: ServedEntries | None = ServedEntries() if booking_keys is not None else None
         self._new_cache_id = new_cache_id
-        self._version = version if version is not None else libvgpu_version()
         self._allocate_budget = allocate_budget_seconds
         self._report_budget = report_budget_seconds
         self._preferred_budget = preferred_budget_seconds
@@ -268,6 +264,12 @@ class PodAllocator:
         self._writes = writes
         self._away_hold = away_hold_seconds
         self._clock: Clock = clock or SystemClock()
+        self.hamicore = hamicore or HamiCoreWatch(
+            config.hook_path,
+            node_name=node_name,
+            version=version if version is not None else HAMI_CORE_VERSION,
+            clock=self._clock,
+        )
         self._away_since: float | None = None
         """When a read last found the API server away (monotonic), None once one succeeds."""
         self._kubelet_pods = kubelet_pods
@@ -284,14 +286,15 @@ class PodAllocator:
         return deadline(seconds) if deadline is not None else contextlib.nullcontext()
 
     def _current_config(self) -> AllocateConfig:
-        # HAMi stats these files on every call: the plugin's postStart hook installs them on
-        # the host after the daemon is already up.
-        hook = self._config.hook_path
-        versioned = hostpaths.libvgpu_path(hook, self._version)
+        # HAMi stats these files on every call: its plugin's postStart hook installs them on
+        # the host after the daemon is already up (and a pre-installed HAMi-core may change).
+        check = self.hamicore.current()
         return dataclasses.replace(
             self._config,
-            libvgpu_host_path=versioned if os.path.exists(versioned) else None,
-            license_present=os.path.exists(hostpaths.license_path(hook)),
+            libvgpu_host_path=check.library_host_path,
+            license_present=os.path.exists(hostpaths.license_path(self._config.hook_path)),
+            library_problem=check.library_problem and self.hamicore.on_node(check.library_problem),
+            preload_problem=check.preload_problem and self.hamicore.on_node(check.preload_problem),
         )
 
     def _read(self, *, past_queue: bool = False) -> tuple[NodeInfo, list[PodInfo], str | None]:

@@ -13,6 +13,12 @@ probed at every register round, else `in-flight/v1`. An Allocate that finds the 
 wakes the register loop, and that round writes v1 whatever its probe says (the next rounds
 probe again), so the scheduler stops sending interchangeable pods together within moments.
 
+HAMi-core (`<hook>/vgpu/libvgpu.so` and its `ld.so.preload`, `deviceplugin.hamicore`) is
+looked at when serving starts, on every Allocate, register round and scrape: while it is
+missing, the register annotation marks every GPU unhealthy, `/metrics` reports
+`hami_device_plugin_hamicore_ready 0` and Allocate fails the pod; kubelet's device list keeps
+NVML's health (a pod bound meanwhile gets the message naming the file, not kubelet's).
+
 Heavy imports (grpc, kubernetes, the NVML adapter) happen in `run`, so `hami --help` stays fast.
 """
 
@@ -40,6 +46,7 @@ from hami_plugin.protocol.hostpaths import VGPU_LOCK_HOST_PATH
 
 if TYPE_CHECKING:
     from hami_plugin.deviceplugin.board import DeviceBoard
+    from hami_plugin.deviceplugin.hamicore import HamiCoreCheck, HamiCoreWatch
     from hami_plugin.deviceplugin.health import HealthChange, HealthMonitor
     from hami_plugin.deviceplugin.kubelet import KubeletRegistrar, RestartWatch
     from hami_plugin.deviceplugin.metrics import DevicePluginMetrics
@@ -94,6 +101,8 @@ class DevicePluginDaemon:
         self._booking_keys: BookingKeyFile | None = None
         self._health: HealthMonitor | None = None
         self._publisher: RegisterPublisher | None = None
+        self.hamicore: HamiCoreWatch | None = None
+        """Whether HAMi-core is installed under the hook path (while serving)."""
         self.protocol: ProtocolClaim | None = None
         """What the node claims in `hami-plugin.io/allocate-protocol` (while serving)."""
         self.board: DeviceBoard | None = None
@@ -158,6 +167,7 @@ class DevicePluginDaemon:
         from hami_plugin.deviceplugin.allocate import AllocateConfig
         from hami_plugin.deviceplugin.allocator import PodAllocator
         from hami_plugin.deviceplugin.board import DeviceBoard
+        from hami_plugin.deviceplugin.hamicore import HamiCoreWatch
         from hami_plugin.deviceplugin.health import HealthMonitor
         from hami_plugin.deviceplugin.kubelet import KubeletRegistrar
         from hami_plugin.deviceplugin.metrics import NodePods, start_device_plugin_metrics
@@ -217,6 +227,14 @@ class DevicePluginDaemon:
             podresources = PodResourcesClient(settings.pod_resources_socket)
             kubelet_pods = functools.partial(podresources.without_devices, settings.resource_name)
         protocol = self.protocol = ProtocolClaim(podresources, clock=self._clock)
+        # Looked at now (one log line either way), on every Allocate, register round and scrape.
+        hamicore = self.hamicore = HamiCoreWatch(
+            settings.hook_path,
+            node_name=settings.node_name,
+            clock=self._clock,
+            on_change=self._on_hamicore_change,
+        )
+        hamicore.current()
         allocator = PodAllocator(
             kube,
             settings.node_name,
@@ -235,6 +253,7 @@ class DevicePluginDaemon:
             clock=self._clock,
             kubelet_pods=kubelet_pods,
             on_kubelet_pods_failed=self._on_kubelet_pods_failed,
+            hamicore=hamicore,
         )
         service = DevicePluginService(
             board, allocator, preferred_allocation=settings.enable_preferred_allocation
@@ -288,6 +307,7 @@ class DevicePluginDaemon:
                 pods=pods,
                 clock=self._clock,
                 booking_keys=keys.keys if keys is not None else None,
+                hamicore=hamicore.current,
             )
             self.started.set()
             # Waking twice a second lets the main thread run a signal handler: the kernel may
@@ -355,6 +375,11 @@ class DevicePluginDaemon:
         if self._publisher is not None:
             self._publisher.poke()
 
+    def _on_hamicore_change(self, check: HamiCoreCheck) -> None:
+        """HAMi-core went missing or came back: write the register annotation's health now."""
+        if self._publisher is not None:
+            self._publisher.poke()
+
     def _on_kubelet_pods_failed(self, error: Exception) -> bool:
         """An Allocate found kubelet's PodResources API failing: claim v1 at once. Returns
         whether the node claimed v2 recently (pods bound under it may be waiting)."""
@@ -382,8 +407,12 @@ class DevicePluginDaemon:
                     self._refresh_devices()
         with self._lock:
             gpus = list(self._gpus)
+        # Each round looks at the hook directory again: HAMi-core installed later is seen here.
+        hamicore_ready = self.hamicore is None or self.hamicore.current().ready
         return codec.encode_node_devices(
-            build_register_devices(gpus, self._unhealthy(), self.settings)
+            build_register_devices(
+                gpus, self._unhealthy(), self.settings, hamicore_ready=hamicore_ready
+            )
         )
 
     def _rewatch(self, gpus: Sequence[PhysicalGpu]) -> None:
@@ -423,6 +452,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         logger.error("%s", error)
         return EXIT_USAGE
+    if settings.debug_logging:
+        logging.getLogger().setLevel(logging.DEBUG)  # HAMi's -v 4 and above
     daemon = DevicePluginDaemon(settings)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -100,12 +100,19 @@ def build_vgpu_devices(
 
 
 def build_register_devices(
-    gpus: Sequence[PhysicalGpu], unhealthy: Collection[str], settings: DevicePluginSettings
+    gpus: Sequence[PhysicalGpu],
+    unhealthy: Collection[str],
+    settings: DevicePluginSettings,
+    *,
+    hamicore_ready: bool = True,
 ) -> list[GpuDevice]:
     """The devices written to `hami.io/node-nvidia-register` for the advertised GPUs.
 
     As HAMi: devmem = memory MiB x memory scaling, truncated; devcore = int(cores scaling x
-    100); count = split count; type = card type; numa = NUMA node, 0 when unknown.
+    100); count = split count; type = card type; numa = NUMA node, 0 when unknown. Without
+    HAMi-core on the node (`hamicore_ready` False) every GPU is registered unhealthy, so the
+    scheduler places no vGPU pod where Allocate would refuse it (kubelet is told nothing:
+    `docs/device-plugin.md`, "HAMi-core on the node").
     """
     return [
         GpuDevice(
@@ -117,7 +124,7 @@ def build_register_devices(
             type=gpu.card_type,
             numa_node=max(gpu.numa_node, 0),
             mode=MODE_HAMI_CORE,
-            healthy=gpu.uuid not in unhealthy,
+            healthy=hamicore_ready and gpu.uuid not in unhealthy,
         )
         for gpu in advertised_gpus(gpus, settings)
     ]

@@ -25,6 +25,9 @@ What HAMi lacks, same `hami_` prefix and labels, no zone (they are not HAMi's):
   picked, so the ID says nothing about which GPU a container got. With booking keys
   (`--booking-key-file`) only pods whose booking signature verifies count: any pod author can
   write the annotation, and our Allocate serves no other booking.
+* `hami_device_plugin_hamicore_ready{node}` 1/0: whether HAMi-core (`libvgpu.so` and its
+  `ld.so.preload`) is installed under the hook path (`deviceplugin.hamicore`); while it is 0,
+  Allocate fails and the register annotation marks every GPU unhealthy.
 
 A GPU that fails an NVML query is left out of the scrape (the adapter logs it); NVML failing as
 a whole, or the pod list failing, leaves out only the metrics that need it, with one log line.
@@ -42,6 +45,7 @@ from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.deviceplugin.inventory import PhysicalGpu, VgpuDevice
 from hami_plugin.deviceplugin.monitor.containers import ContainerScanner
 from hami_plugin.deviceplugin.monitor.vgpu import VgpuCollector
+from hami_plugin.metrics.buildinfo import BuildInfoCollector
 from hami_plugin.metrics.families import GaugeMetricFamily, Metric
 from hami_plugin.metrics.server import (
     MetricsServer,
@@ -56,6 +60,7 @@ from hami_plugin.protocol.model import ANNOTATION_DEVICES_ALLOCATED, ANNOTATION_
 from hami_plugin.scheduler.usage import collapse_pod_devices
 
 if TYPE_CHECKING:
+    from hami_plugin.deviceplugin.hamicore import HamiCoreCheck
     from hami_plugin.deviceplugin.nodecache import NodeCache
     from hami_plugin.deviceplugin.nvml import GpuUsage, NvmlBackend
     from hami_plugin.deviceplugin.settings import DevicePluginSettings
@@ -76,6 +81,7 @@ MEMORY_CONTROLLER_UTILIZATION = "hami_host_gpu_memory_controller_utilization_rat
 HEALTHY = "hami_host_gpu_healthy"
 SLOTS = "hami_host_gpu_vgpu_slots"
 SLOTS_ALLOCATED = "hami_host_gpu_vgpu_slots_allocated"
+HAMICORE_READY = "hami_device_plugin_hamicore_ready"
 
 
 def monitor_device_type(nvml_name: str) -> str:
@@ -188,7 +194,8 @@ class NodeCollector:
     index and name of a GPU that no longer answers NVML), `devices` (the kubelet devices as
     advertised, with their health), `pods` (the pods bound to this node, may raise; None: no
     allocated-slots metric), `booking_keys` (the current booking keys: only signed bookings
-    count; None: every booking counts, as in HAMi).
+    count; None: every booking counts, as in HAMi), `hamicore` (the daemon's
+    `HamiCoreWatch.current`; None: no HAMi-core metric).
     """
 
     def __init__(
@@ -200,6 +207,7 @@ class NodeCollector:
         devices: Callable[[], Sequence[VgpuDevice]],
         pods: Callable[[], Sequence[PodInfo]] | None = None,
         booking_keys: Callable[[], BookingKeys] | None = None,
+        hamicore: Callable[[], HamiCoreCheck] | None = None,
     ) -> None:
         self._node = node_name
         self._read_usage = read_usage
@@ -207,13 +215,15 @@ class NodeCollector:
         self._devices = devices
         self._pods = pods
         self._booking_keys = booking_keys
+        self._hamicore = hamicore
         # Log a failing source once per distinct message, not on every scrape.
         self._last_problem: dict[str, str] = {}
         self._problem_lock = threading.Lock()
 
     def describe(self) -> Iterator[Metric]:
         """The families this collector produces (no samples), for the registry."""
-        return iter(_families())
+        families = _families()
+        return iter((*families, _hamicore_family()) if self._hamicore is not None else families)
 
     def collect(self) -> Iterator[Metric]:
         """Read NVML, the daemon's devices and the node's pods now; yield the gauges."""
@@ -260,7 +270,19 @@ class NodeCollector:
             slots.add_metric(labels, len(health))
             if booked is not None:
                 allocated.add_metric(labels, booked.get(uuid, 0))
-        return iter((memory_used, utilization, memory_controller, healthy, slots, allocated))
+        families: list[Metric] = [
+            memory_used,
+            utilization,
+            memory_controller,
+            healthy,
+            slots,
+            allocated,
+        ]
+        if self._hamicore is not None:
+            ready = _hamicore_family()
+            ready.add_metric([self._node], 1 if self._hamicore().ready else 0)
+            families.append(ready)
+        return iter(families)
 
     def _booked(self) -> dict[str, int] | None:
         if self._pods is None:
@@ -318,6 +340,15 @@ def _families() -> tuple[GaugeMetricFamily, ...]:
     )
 
 
+def _hamicore_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        HAMICORE_READY,
+        "1 when HAMi-core (libvgpu.so and its ld.so.preload) is installed under the hook path, "
+        "else 0 (Allocate fails, the node registers its GPUs unhealthy)",
+        labels=["node"],
+    )
+
+
 class DevicePluginMetrics:
     """The device plugin daemon's running `/metrics` endpoint and the region scanner it reads.
 
@@ -354,6 +385,7 @@ def start_device_plugin_metrics(
     pods: NodePods | None = None,
     clock: Clock | None = None,
     booking_keys: Callable[[], BookingKeys] | None = None,
+    hamicore: Callable[[], HamiCoreCheck] | None = None,
 ) -> DevicePluginMetrics | None:
     """Serve the device plugin daemon's `/metrics` on `settings.metrics_bind_address`.
 
@@ -365,7 +397,8 @@ def start_device_plugin_metrics(
     node collector shares it (None lists them here). `clock`: the daemon's clock, read by the
     pod list, the collectors and the scrape timing (the system clock when None).
     `booking_keys`: the daemon's booking keys, so that only signed bookings count as allocated
-    slots (None: every booking counts).
+    slots (None: every booking counts). `hamicore`: the daemon's `HamiCoreWatch.current`, for
+    `hami_device_plugin_hamicore_ready` (None: not exported).
 
     Returns None when the address is `0`, does not parse, or cannot be bound: a metrics problem
     is one error line and never stops the daemon from serving GPUs.
@@ -383,11 +416,13 @@ def start_device_plugin_metrics(
             devices=devices,
             pods=pods,
             booking_keys=booking_keys,
+            hamicore=hamicore,
         ),
         "vgpu": VgpuCollector(scanner, settings.node_name, clock=clock),
     }
     try:
         registry = guarded_registry(collectors, clock)
+        registry.register(BuildInfoCollector())
         server = start_metrics_server(settings.metrics_bind_address, registry)
     except MetricsServerError as error:
         logger.error("%s; running without metrics", error)

@@ -69,6 +69,7 @@ from hami_plugin.testing.apiserver import (  # noqa: E402
     make_node,
     make_pod,
 )
+from hami_plugin.testing.hamicore import install_fake_hamicore  # noqa: E402
 from hami_plugin.testing.kubelet import DeviceState, FakeKubelet  # noqa: E402
 from tests.processes import LoggedProcess  # noqa: E402
 
@@ -132,6 +133,7 @@ def bench_daemon_process(starts: int, work: Path) -> None:
         gpus_file = work / "gpus.yaml"
         write_gpus(gpus_file)
         hook = str(work / "hook")
+        install_fake_hamicore(hook)
         samples = []
         restart_samples = []
         for attempt in range(starts):
@@ -294,6 +296,7 @@ def time_allocates(
 
 def bench_allocate(calls: int, work: Path) -> None:
     hook = str(work / "hook-alloc")
+    install_fake_hamicore(hook)
     plugin_dir = tempfile.mkdtemp(prefix="hami-bench-", dir="/tmp")
     try:
         memory = FakeKube(nodes=[make_node(NODE, annotations=LOCK)], pods=[pending_pod()])

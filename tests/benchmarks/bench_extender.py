@@ -142,6 +142,7 @@ from hami_plugin.protocol.model import (
 )
 from hami_plugin.protocol.nodelock import CONTENTION_SUFFIX
 from hami_plugin.testing.apiserver import make_container, make_pod
+from hami_plugin.testing.hamicore import install_fake_hamicore
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # `make bench` runs this file as a script
@@ -839,6 +840,7 @@ def device_plugin_nodes(
             if pod_resources:
                 socket_path = kubelet.pod_resources_socket if mode == "inflight" else ""
                 flags = ["--pod-resources-socket", socket_path]
+            install_fake_hamicore(workdir / f"{name}-hook")
             plugin = LoggedProcess(
                 f"device-plugin-{name}",
                 hami_command(

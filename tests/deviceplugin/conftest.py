@@ -18,6 +18,7 @@ from hami_plugin.deviceplugin.writebehind import WriteBehind
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.retry import RetryPolicy
 from hami_plugin.testing.apiserver import FakeApiServer
+from hami_plugin.testing.hamicore import install_fake_hamicore
 from tests.deviceplugin.pods import NODE
 from tests.processes import wait_until
 
@@ -63,6 +64,7 @@ def allocator_parts(
     cache.start(stop)
     writes = WriteBehind(kube)
     clock = ManualClock()
+    install_fake_hamicore(tmp_path / "hook")
     allocator = PodAllocator(
         kube,
         NODE,

@@ -133,6 +133,42 @@ def test_cuda_disable_control_drops_the_preload_mount(value: str, preload: bool)
     assert ("/etc/ld.so.preload" in paths) is preload
 
 
+LIBRARY_MISSING = "node gpu-1: HAMi-core is not installed: /usr/local/vgpu/libvgpu.so is missing"
+PRELOAD_MISSING = "node gpu-1: HAMi-core is not set up: /usr/local/vgpu/ld.so.preload is missing"
+
+
+@pytest.mark.parametrize("disable_control", [None, "true", "false"])
+def test_without_the_library_no_container_is_served(disable_control: str | None) -> None:
+    # HAMi mounts libvgpu.so whatever CUDA_DISABLE_CONTROL says (server.go Allocate).
+    env = {} if disable_control is None else {"CUDA_DISABLE_CONTROL": disable_control}
+    pod = make_pod(f"{GPU_A},NVIDIA,3000,30:;", env=env)
+    config = dataclasses.replace(CONFIG, library_problem=LIBRARY_MISSING)
+    with pytest.raises(AllocateFailure) as caught:
+        decide_allocation(pod, [kubelet_ids(GPU_A)], config, fixed_cache_id)
+    assert caught.value.reason is FailureReason.HAMI_CORE_MISSING
+    assert str(caught.value) == LIBRARY_MISSING
+    assert caught.value.pod_known
+
+
+@pytest.mark.parametrize(
+    ("disable_control", "served"), [("true", True), ("0", False), (None, False)]
+)
+def test_without_the_preload_only_containers_that_skip_it_are_served(
+    disable_control: str | None, served: bool
+) -> None:
+    env = {} if disable_control is None else {"CUDA_DISABLE_CONTROL": disable_control}
+    pod = make_pod(f"{GPU_A},NVIDIA,3000,30:;", env=env)
+    config = dataclasses.replace(CONFIG, preload_problem=PRELOAD_MISSING)
+    if served:
+        decision = decide_allocation(pod, [kubelet_ids(GPU_A)], config, fixed_cache_id)
+        paths = [m.container_path for m in decision.containers[0].mounts]
+        assert "/etc/ld.so.preload" not in paths
+        return
+    with pytest.raises(AllocateFailure, match=r"ld\.so\.preload is missing") as caught:
+        decide_allocation(pod, [kubelet_ids(GPU_A)], config, fixed_cache_id)
+    assert caught.value.reason is FailureReason.HAMI_CORE_MISSING
+
+
 def test_versioned_libvgpu_licence_and_lock_path_come_from_the_edge() -> None:
     config = dataclasses.replace(
         CONFIG,

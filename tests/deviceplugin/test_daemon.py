@@ -37,6 +37,7 @@ from hami_plugin.protocol.model import (
     ContainerDevice,
 )
 from hami_plugin.testing.apiserver import FakeApiServer, make_container
+from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import DeviceState, FakeKubelet
 from tests.processes import LoggedProcess, hami_command, wait_until
 
@@ -81,6 +82,7 @@ def running(
     gpus_file = tmp_path / "gpus.yaml"
     write_gpus(gpus_file)
     hook = str(tmp_path / "hook")
+    install_fake_hamicore(hook)
     settings = DevicePluginSettings(
         metrics_bind_address="0",  # no /metrics port in wire tests
         node_name=NODE,

@@ -58,6 +58,7 @@ from hami_plugin.protocol.model import (
 )
 from hami_plugin.testing.admission import PodAdmitter
 from hami_plugin.testing.apiserver import FakeApiServer, make_container, make_pod
+from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import FakeKubelet
 from tests.processes import wait_until
 
@@ -96,6 +97,7 @@ def running_node(
         {"uuid": GPU_1, "name": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "numa_node": 0},
     ]
     gpus_file.write_text(yaml.safe_dump({"gpus": gpus}), encoding="utf-8")
+    install_fake_hamicore(tmp_path / "hook")
     settings = DevicePluginSettings(
         metrics_bind_address="0",  # no /metrics port in wire tests
         node_name=NODE,

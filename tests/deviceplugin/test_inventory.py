@@ -116,3 +116,12 @@ def test_memory_scaling_truncates() -> None:
     (device,) = build_register_devices([replace(T4, memory_mib=100)], (), settings)
     assert device.memory_mib == 33
     assert device.cores_percent == 100
+
+
+def test_without_hami_core_every_gpu_registers_unhealthy() -> None:
+    ready = build_register_devices([A100, T4], {UUID_B}, SETTINGS)
+    missing = build_register_devices([A100, T4], {UUID_B}, SETTINGS, hamicore_ready=False)
+    assert [d.healthy for d in ready] == [True, False]
+    assert [d.healthy for d in missing] == [False, False]
+    # only the health differs: the scheduler still sees the GPUs it may not place on
+    assert [replace(d, healthy=True) for d in missing] == [replace(d, healthy=True) for d in ready]

@@ -17,8 +17,10 @@ from prometheus_client.metrics_core import Metric
 from hami_plugin.clock import ManualClock
 from hami_plugin.deviceplugin.fakenvml import errors
 from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
+from hami_plugin.deviceplugin.hamicore import inspect_hamicore
 from hami_plugin.deviceplugin.inventory import PhysicalGpu, VgpuDevice
 from hami_plugin.deviceplugin.metrics import (
+    HAMICORE_READY,
     NodeCollector,
     NodePods,
     booked_slots,
@@ -33,6 +35,7 @@ from hami_plugin.protocol.model import (
     ContainerDevice,
 )
 from hami_plugin.protocol.objects import ContainerSpec, PodInfo
+from hami_plugin.testing.hamicore import install_fake_hamicore
 from tests.deviceplugin.records import KEYS, signed
 
 NODE = "gpu-node-1"
@@ -279,6 +282,26 @@ def test_describe_names_every_family_without_reading(backend: NvmlBackend) -> No
     assert [family.name for family in node.describe()] == [
         family.name for family in collector(backend).collect()
     ]
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_hami_core_readiness_is_read_at_scrape_time(
+    backend: NvmlBackend, tmp_path: Path, installed: bool
+) -> None:
+    hook = tmp_path / "hook"
+    if installed:
+        install_fake_hamicore(hook)
+    node = NodeCollector(
+        NODE,
+        read_usage=backend.read_usage,
+        gpus=lambda: INVENTORY,
+        devices=lambda: (),
+        hamicore=lambda: inspect_hamicore(str(hook)),
+    )
+    assert series(families_of(node)[HAMICORE_READY]) == {(("node", NODE),): 1 if installed else 0}
+    assert HAMICORE_READY in {family.name for family in node.describe()}
+    install_fake_hamicore(hook)
+    assert series(families_of(node)[HAMICORE_READY]) == {(("node", NODE),): 1}
 
 
 # --- the slot-count rule --------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from hami_plugin.protocol.model import (
     ContainerDevice,
 )
 from hami_plugin.testing.apiserver import FakeApiServer, make_container
+from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import FakeKubelet
 from tests.deviceplugin.monitor.helpers import region_file
 from tests.deviceplugin.monitor.region_writer import DeviceMemory, Proc, RegionSpec
@@ -80,6 +81,7 @@ class RunningPlugin:
     apiserver: FakeApiServer
     gpus_file: Path
     hook: Path
+    kubelet: FakeKubelet
 
     @property
     def url(self) -> str:
@@ -89,14 +91,17 @@ class RunningPlugin:
 
 @contextlib.contextmanager
 def running_device_plugin(
-    tmp_path: Path, apiserver: FakeApiServer, *, bind: str = "127.0.0.1:0"
+    tmp_path: Path, apiserver: FakeApiServer, *, bind: str = "127.0.0.1:0", hamicore: bool = True
 ) -> Iterator[RunningPlugin]:
-    """The real daemon, in-process, as tests/deviceplugin/test_daemon.py runs it."""
+    """The real daemon, in-process, as tests/deviceplugin/test_daemon.py runs it; with the
+    fake HAMi-core in its hook directory unless `hamicore` is False."""
     apiserver.add_node(NODE)
     tmp_path.mkdir(parents=True, exist_ok=True)
     gpus_file = tmp_path / "gpus.yaml"
     write(gpus_file, gpus_yaml())
     hook = tmp_path / "hook"
+    if hamicore:
+        install_fake_hamicore(hook)
     sock_dir = tempfile.mkdtemp(prefix="hami-metrics-", dir="/tmp")  # short unix socket paths
     settings = DevicePluginSettings(
         node_name=NODE,
@@ -120,7 +125,7 @@ def running_device_plugin(
         # Steady state: stopping while the registration is still under way can hang the
         # registrar (a known race in deviceplugin/kubelet.py).
         kubelet.wait_for_registrations(1)
-        yield RunningPlugin(daemon, apiserver, gpus_file, hook)
+        yield RunningPlugin(daemon, apiserver, gpus_file, hook, kubelet)
     finally:
         daemon.stop()
         thread.join(10)

@@ -20,6 +20,7 @@ from hami_plugin.deviceplugin.preferred import PreferredRequest
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol.model import ANNOTATION_BIND_PHASE
 from hami_plugin.testing.apiserver import FakeApiServer
+from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import FakeKubelet, ListedContainer, ListedPod
 from tests.deviceplugin.pods import GPU_A, GPU_B, NODE, add_pending_pod, dev, pod_annotations, vgpus
 
@@ -203,6 +204,7 @@ def allocator(
     apiserver: FakeApiServer, kube: KubeClient, tmp_path: Path, kubelet_pods: KubeletPods
 ) -> PodAllocator:
     apiserver.add_node(NODE)
+    install_fake_hamicore(tmp_path / "hook")
     return PodAllocator(
         kube,
         NODE,

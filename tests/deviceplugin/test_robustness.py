@@ -44,6 +44,7 @@ from hami_plugin.protocol.model import (
     RESOURCE_GPU,
 )
 from hami_plugin.testing.apiserver import FakeApiServer
+from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import DeviceState, FakeKubelet
 from tests.deviceplugin.pods import (
     GPU_A,
@@ -135,6 +136,7 @@ def stack_factory(
         kube = KubeClient(apiserver.api_client(), policy)
         cleanup.append(kube.close)
         hook = str(tmp_path / "hook")
+        install_fake_hamicore(hook)
         board = DeviceBoard(vgpus(GPU_A, GPU_B))
         cleanup.append(board.close)
         allocator = make_allocator(kube, hook, str(tmp_path / "vgpulock"), align=align, **budgets)
@@ -785,6 +787,7 @@ def test_a_gpu_that_vanishes_and_comes_back_and_a_broken_file(
     apiserver.add_node(NODE)
     gpus_file = tmp_path / "gpus.yaml"
     write_gpus(gpus_file, [GPU_SPEC_A, GPU_SPEC_B])
+    install_fake_hamicore(tmp_path / "hook")
     settings = DevicePluginSettings(
         metrics_bind_address="0",  # no /metrics port in wire tests
         node_name=NODE,

@@ -21,6 +21,7 @@ from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE, booking_f
 from hami_plugin.protocol.model import ANNOTATION_BIND_PHASE, ANNOTATION_DEVICES_TO_ALLOCATE
 from hami_plugin.protocol.objects import PodInfo
 from hami_plugin.testing.apiserver import FakeApiServer, JsonObject
+from hami_plugin.testing.hamicore import install_fake_hamicore
 from tests.deviceplugin.pods import (
     GPU_A,
     GPU_B,
@@ -42,6 +43,7 @@ def node(apiserver: FakeApiServer) -> None:
 
 
 def make_allocator(kube: KubeClient, tmp_path: Path, *, with_key: bool = True) -> PodAllocator:
+    install_fake_hamicore(tmp_path / "hook")
     return PodAllocator(
         kube,
         NODE,

@@ -28,6 +28,7 @@ from hami_plugin.protocol.model import (
     ANNOTATION_NODE_LOCK,
 )
 from hami_plugin.testing.apiserver import FakeApiServer
+from hami_plugin.testing.hamicore import install_fake_hamicore
 from tests.deviceplugin.pods import (
     GPU_A,
     GPU_B,
@@ -56,6 +57,7 @@ class Plugin:
 def plugin(sock_dir: str, tmp_path: Path, kube: KubeClient) -> Iterator[Plugin]:
     board = DeviceBoard(vgpus(GPU_A, GPU_B))
     hook = str(tmp_path / "hook")
+    install_fake_hamicore(hook)
     vgpulock = str(tmp_path / "vgpulock")
     allocator = PodAllocator(
         kube,
@@ -214,8 +216,7 @@ def test_a_multi_container_pod_keeps_the_lock_until_the_last_container(
 
 
 def test_versioned_libvgpu_and_disable_control(plugin: Plugin, apiserver: FakeApiServer) -> None:
-    os.makedirs(f"{plugin.hook_path}/vgpu")
-    Path(f"{plugin.hook_path}/vgpu/libvgpu.so.9.9.9").touch()
+    install_fake_hamicore(plugin.hook_path, version="9.9.9")
     add_pending_pod(apiserver, "p3", [[dev(GPU_A)]], env={"CUDA_DISABLE_CONTROL": "true"})
     answer = allocate(plugin, f"{GPU_A}-0")
     mounts = {m.container_path: m.host_path for m in answer.mounts}
@@ -330,7 +331,7 @@ def test_api_server_away_is_unavailable(plugin: Plugin, apiserver: FakeApiServer
 
 
 def test_host_dir_failure_fails_the_pod(plugin: Plugin, apiserver: FakeApiServer) -> None:
-    Path(plugin.hook_path).write_text("not a directory")
+    Path(f"{plugin.hook_path}/vgpu/containers").write_text("not a directory")
     add_pending_pod(apiserver, "nodir", [[dev(GPU_A)]])
     with pytest.raises(grpc.RpcError) as caught:
         allocate(plugin, f"{GPU_A}-0")

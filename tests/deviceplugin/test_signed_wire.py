@@ -40,6 +40,7 @@ from hami_plugin.protocol.model import (
 )
 from hami_plugin.testing.admission import PodAdmitter
 from hami_plugin.testing.apiserver import FakeApiServer, JsonObject, make_container, make_pod
+from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import FakeKubelet
 from tests.processes import LoggedProcess, hami_command, wait_until
 
@@ -86,6 +87,7 @@ def start_plugin(
     ]
     gpus_file.write_text(yaml.safe_dump({"gpus": gpus}), encoding="utf-8")
     kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    install_fake_hamicore(tmp_path / "hook")
     argv = hami_command(
         "device-plugin", "--nvml", "fake", "--fake-gpus", str(gpus_file), "--node-name", NODE,
         "--kubeconfig", str(kubeconfig), "--device-plugin-path", sock_dir,

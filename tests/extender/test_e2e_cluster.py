@@ -50,6 +50,7 @@ from hami_plugin.protocol.model import (
 )
 from hami_plugin.testing.admission import PodAdmitter
 from hami_plugin.testing.apiserver import FakeApiServer
+from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import FakeKubelet
 from tests.extender.helpers import gpu_pod
 from tests.extender.test_ledger_invariant import held
@@ -270,6 +271,7 @@ def _start_node(api: FakeApiServer, kubeconfig: Path, log_dir: Path, name: str) 
     _write_gpus(gpus_file, name)
     sock_dir = tempfile.mkdtemp(prefix=f"hami-e2e-{name}-", dir="/tmp")  # short socket paths
     kubelet = FakeKubelet(sock_dir).start()
+    install_fake_hamicore(log_dir / f"{name}-hook")
     interval = "3600" if name == LOCK_NODE else "2"
     plugin = Daemon(
         f"device-plugin-{name}",

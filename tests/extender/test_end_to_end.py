@@ -33,6 +33,7 @@ from hami_plugin.protocol.model import (
 )
 from hami_plugin.testing.admission import PodAdmitter
 from hami_plugin.testing.apiserver import FakeApiServer
+from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import FakeKubelet
 from tests.extender.cluster import FAST_RETRY, Scheduler, running_scheduler
 from tests.extender.helpers import gpu_pod
@@ -72,6 +73,7 @@ def cluster(apiserver: FakeApiServer, tmp_path: Path) -> Iterator[Cluster]:
         encoding="utf-8",
     )  # fmt: skip
     sock_dir = tempfile.mkdtemp(prefix="hami-g1-", dir="/tmp")  # unix socket paths stay short
+    install_fake_hamicore(tmp_path / "hook")
     settings = DevicePluginSettings(
         node_name=NODE,
         device_plugin_path=sock_dir,
