@@ -30,6 +30,7 @@ import yaml
 from hami_plugin.cli import build_parser
 from hami_plugin.clock import ManualClock, SystemClock
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
+from hami_plugin.deviceplugin.hamicore import HAMI_CORE_VERSION
 from hami_plugin.deviceplugin.settings import DevicePluginSettings, resolve_settings
 from hami_plugin.extender.settings import SchedulerConfig, resolve_config
 from hami_plugin.kube.client import KubeClient
@@ -41,6 +42,7 @@ from hami_plugin.protocol.booking import (
 )
 from hami_plugin.protocol.model import ANNOTATION_BIND_PHASE, ANNOTATION_NODE_LOCK
 from hami_plugin.testing.apiserver import FakeApiServer, RecordedRequest, make_pod
+from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import FakeKubelet
 from tests.deployment.manifests import (
     Obj,
@@ -178,6 +180,8 @@ def device_plugin_requests(objects: Sequence[Obj], directory: Path) -> list[Reco
     node = dp_pods.NODE
     sock_dir = tempfile.mkdtemp(prefix="hami-rbac-", dir="/tmp")  # short unix socket paths
     keys_path, keys = booking_key_file(directory)
+    # what the DaemonSet's hami-core initContainer leaves on the node (HAMi's release name)
+    install_fake_hamicore(directory / "hook", version=HAMI_CORE_VERSION)
     try:
         settings = device_plugin_settings(
             objects,

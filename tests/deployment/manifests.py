@@ -87,19 +87,44 @@ def kustomize() -> list[Obj]:
     return load_all(run([tool("kubectl"), "kustomize", str(DAEMONSET)]))
 
 
+def helm_template_command(
+    *sets: str,
+    kube_version: str | None = None,
+    release: str = RELEASE,
+    namespace: str = NAMESPACE,
+    values: Sequence[Path] = (),
+) -> list[str]:
+    """The `helm template` command line of `helm_template`."""
+    command = [tool("helm"), "template", release, str(CHART), "--namespace", namespace]
+    if kube_version:
+        command += ["--kube-version", kube_version]
+    for path in values:
+        command += ["--values", str(path)]
+    for item in sets:
+        command += ["--set", item]
+    return command
+
+
 def helm_template(
     *sets: str,
     kube_version: str | None = None,
     release: str = RELEASE,
     namespace: str = NAMESPACE,
+    values: Sequence[Path] = (),
 ) -> list[Obj]:
-    """`helm template hami daemonset/chart -n hami-system --set ...` (hooks included)."""
-    command = [tool("helm"), "template", release, str(CHART), "--namespace", namespace]
-    if kube_version:
-        command += ["--kube-version", kube_version]
-    for item in sets:
-        command += ["--set", item]
+    """`helm template hami daemonset/chart -n hami-system -f ... --set ...` (hooks included)."""
+    command = helm_template_command(
+        *sets, kube_version=kube_version, release=release, namespace=namespace, values=values
+    )
     return load_all(run(command))
+
+
+def helm_template_error(*sets: str, values: Sequence[Path] = ()) -> str:
+    """What `helm template` says when it refuses the values (fails the test if it renders)."""
+    command = helm_template_command(*sets, values=values)
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0, f"{' '.join(command)} rendered; expected it to refuse"
+    return result.stderr
 
 
 def of_kind(objects: Iterable[Obj], kind: str) -> list[Obj]:

@@ -35,7 +35,7 @@ from tests.deployment.manifests import (
 )
 from tests.deployment.test_manifests import certs_settings, check_cert_manager_object
 
-KUBE_VERSION = "v1.32.4"  # the kube-scheduler tag the plain manifests carry
+KUBE_VERSION = "v1.31.8"  # the kube-scheduler tag the plain manifests carry
 
 
 def scheduler_args(objects: list[Obj]) -> list[str]:

@@ -155,6 +155,12 @@ CHART_VARIANTS = {
     "own certificates": ("scheduler.patch.enabled=false",),
     "no network policy": ("scheduler.networkPolicy.enabled=false",),
     "node ports": ("scheduler.service.type=NodePort", "devicePlugin.service.type=NodePort"),
+    "HAMi-core pre-installed": ("devicePlugin.hamiCore.enabled=false",),
+    "GPU Operator": (
+        "devicePlugin.gpuOperatorToolkitReady.enabled=true",
+        "devicePlugin.runtimeClassName=nvidia",
+        "devicePlugin.createRuntimeClass=true",
+    ),
 }
 
 

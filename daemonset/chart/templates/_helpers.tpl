@@ -78,6 +78,32 @@ app.kubernetes.io/part-of: hami-plugin
 {{- end -}}
 {{- end -}}
 
+{{/* The hami-plugin image of every pod the chart runs: `image`, the one place to change it. */}}
+{{- define "hami-plugin.own-image" -}}
+{{- include "hami-plugin.image" (dict "image" .Values.image "ctx" . "tag" .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* kube-scheduler's tag: scheduler.kubeScheduler.image.tag, else the cluster's version cut to
+vMAJOR.MINOR.PATCH, which is what registry.k8s.io tags (HAMi's strippedKubeVersion does the
+same): distributions report v1.30.2+k3s1, v1.30.5-eks-ce1d5eb, v1.29.8-gke.1211000. */}}
+{{- define "hami-plugin.kube-scheduler-tag" -}}
+{{- $release := regexFind "^v[0-9]+[.][0-9]+[.][0-9]+" .Capabilities.KubeVersion.Version -}}
+{{- default $release .Values.scheduler.kubeScheduler.image.tag -}}
+{{- end -}}
+
+{{/* The host directory of HAMi-core, <global.gpuHookPath>/vgpu, mounted at the same path (the
+device plugin hands kubelet host paths under it). HAMi's chart mounts devicePlugin.libPath
+there, which breaks when the two differ: here libPath may only repeat it. */}}
+{{- define "hami-plugin.vgpu-dir" -}}
+{{- $dir := printf "%s/vgpu" (trimSuffix "/" .Values.global.gpuHookPath) -}}
+{{- with .Values.devicePlugin.libPath -}}
+{{- if ne (trimSuffix "/" .) $dir -}}
+{{- fail (printf "devicePlugin.libPath %q must be global.gpuHookPath/vgpu (%s): the device plugin hands kubelet host paths under the hook path; set global.gpuHookPath instead" . $dir) -}}
+{{- end -}}
+{{- end -}}
+{{- $dir -}}
+{{- end -}}
+
 {{- define "hami-plugin.imagePullSecrets" -}}
 {{- with .Values.global.imagePullSecrets }}
 imagePullSecrets:
@@ -161,8 +187,8 @@ spec:
       type: RuntimeDefault
   containers:
     - name: certs
-      image: {{ include "hami-plugin.image" (dict "image" $patch.image "ctx" $ctx "tag" $ctx.Chart.AppVersion) }}
-      imagePullPolicy: {{ $patch.image.pullPolicy }}
+      image: {{ include "hami-plugin.own-image" $ctx }}
+      imagePullPolicy: {{ $ctx.Values.image.pullPolicy }}
       args:
         - certs
         - --namespace={{ include "hami-plugin.namespace" $ctx }}
