@@ -9,15 +9,25 @@ HAMi v2.10 behaviour being matched (docs/hami-reference.md 4.4):
 - each ContainerAllocateRequest consumes the next non-empty entry of
   `hami.io/vgpu-devices-to-allocate`; the number of devices must equal kubelet's;
 - the environment and the mounts are HAMi-core's, in HAMi's order, at the paths of
-  `protocol.hostpaths`.
+  `protocol.hostpaths`;
+- the GPU list reaches the runtime as `--device-list-strategy` says (`deviceplugin.device_list`:
+  `NVIDIA_VISIBLE_DEVICES`, `/var/run/nvidia-container-devices` mounts, CDI annotations or CRI
+  CDI devices), with `NVIDIA_GDRCOPY`/`NVIDIA_GDS`/`NVIDIA_MOFED`, before HAMi-core's part.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+from hami_plugin.deviceplugin.device_list import (
+    VOLUME_MOUNTS_HOST_PATH,
+    DeviceListAnswer,
+    DeviceListConfig,
+    DeviceListStrategy,
+    device_list_answer,
+)
 from hami_plugin.deviceplugin.inventory import physical_uuid_of
 from hami_plugin.protocol import codec, govalues, hostpaths
 from hami_plugin.protocol.model import (
@@ -44,6 +54,7 @@ class AllocateConfig:
     exists. `library_problem` and `preload_problem` say, naming the node and the file, why
     HAMi-core cannot be handed out (None: nothing wrong): every container needs the library
     (HAMi mounts it even with `CUDA_DISABLE_CONTROL=true`), only the others need the preload.
+    `device_list` is how the GPU list reaches the runtime (`deviceplugin.device_list`).
     """
 
     hook_path: str = hostpaths.DEFAULT_HOOK_PATH
@@ -56,6 +67,7 @@ class AllocateConfig:
     license_present: bool = False
     library_problem: str | None = None
     preload_problem: str | None = None
+    device_list: DeviceListConfig = field(default_factory=DeviceListConfig)
 
 
 # --- outputs -----------------------------------------------------------------------------------
@@ -106,7 +118,8 @@ class ContainerAllocation:
     """The answer for one ContainerAllocateRequest and the host directory it needs.
 
     `kubelet_ids_not_used` lists kubelet's IDs whose GPU differs from the scheduler's booking,
-    which the container got instead (the edge logs them).
+    which the container got instead (the edge logs them). `annotations` and `cdi_devices` are
+    the CDI strategies' part of the response (empty without them).
     """
 
     container_name: str
@@ -116,6 +129,14 @@ class ContainerAllocation:
     mounts: tuple[MountSpec, ...]
     host_dir: str
     kubelet_ids_not_used: tuple[str, ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    cdi_devices: tuple[str, ...] = ()
+
+    @property
+    def gpu_list(self) -> str:
+        """The container's GPUs as a comma list of UUIDs (for logs: with a CDI or the
+        volume-mounts strategy `NVIDIA_VISIBLE_DEVICES` is absent or a path)."""
+        return ",".join(dict.fromkeys(device.uuid for device in self.devices))
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,12 +336,18 @@ def _align_with_kubelet(
 
 
 def container_envs(
-    devices: ContainerDevices, config: AllocateConfig, cache_id: str
+    devices: ContainerDevices,
+    config: AllocateConfig,
+    cache_id: str,
+    device_list: DeviceListAnswer | None = None,
 ) -> dict[str, str]:
-    """HAMi-core's environment for one container's devices, in HAMi's order
-    (docs/hami-reference.md 4.4)."""
-    visible = list(dict.fromkeys(device.uuid for device in devices))
-    envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(visible)}
+    """One container's environment, in HAMi's order (docs/hami-reference.md 4.4): the device
+    list strategies' (`device_list`; None: computed from `config.device_list`, which needs no
+    response id unless `cdi-annotations` is on), then HAMi-core's (HAMi v2.10 plugin/server.go
+    826-847: `getAllocateResponse` first, HAMi-core's on top)."""
+    if device_list is None:
+        device_list = device_list_answer((d.uuid for d in devices), config.device_list, "")
+    envs = dict(device_list.envs)
     for position, device in enumerate(devices):
         envs[f"CUDA_DEVICE_MEMORY_LIMIT_{position}"] = f"{device.used_mem_mib}m"
     envs["CUDA_DEVICE_SM_LIMIT"] = str(devices[0].used_cores)
@@ -351,12 +378,21 @@ def check_hamicore(container: ContainerSpec, config: AllocateConfig) -> None:
 
 
 def container_mounts(
-    container: ContainerSpec, host_dir: str, config: AllocateConfig
+    container: ContainerSpec,
+    host_dir: str,
+    config: AllocateConfig,
+    device_list: DeviceListAnswer | None = None,
 ) -> tuple[MountSpec, ...]:
-    """HAMi-core's mounts for one container, in HAMi's order (docs/hami-reference.md 4.4)."""
+    """One container's mounts, in HAMi's order (docs/hami-reference.md 4.4): the
+    `volume-mounts` strategy's (`/dev/null` at `/var/run/nvidia-container-devices/<uuid>`,
+    read-write as HAMi's, when `device_list` has them), then HAMi-core's."""
     hook = config.hook_path
     library = hostpaths.libvgpu_path(hook)
     mounts = [
+        MountSpec(container_path=path, host_path=VOLUME_MOUNTS_HOST_PATH, read_only=False)
+        for path in (device_list.mount_paths if device_list is not None else ())
+    ]
+    mounts += [
         MountSpec(
             container_path=library,
             host_path=config.libvgpu_host_path or library,
@@ -457,15 +493,24 @@ def decide_allocation(
                     "which is not on this node",
                 )
         host_dir = hostpaths.container_dir(config.hook_path, pod.uid, container.name)
+        # HAMi names the CDI annotation with a fresh UUIDv4 before the shared cache's.
+        response_id = (
+            new_cache_id()
+            if DeviceListStrategy.CDI_ANNOTATIONS in config.device_list.strategies
+            else ""
+        )
+        device_list = device_list_answer((d.uuid for d in devices), config.device_list, response_id)
         answers.append(
             ContainerAllocation(
                 container_name=container.name,
                 entry_index=next_index,
                 devices=devices,
-                envs=container_envs(devices, config, new_cache_id()),
-                mounts=container_mounts(container, host_dir, config),
+                envs=container_envs(devices, config, new_cache_id(), device_list),
+                mounts=container_mounts(container, host_dir, config, device_list),
                 host_dir=host_dir,
                 kubelet_ids_not_used=overridden,
+                annotations=device_list.annotations,
+                cdi_devices=device_list.cdi_devices,
             )
         )
         entries[next_index] = ()

@@ -474,14 +474,11 @@ class PodAllocator:
                     pod.name,
                     container.container_name,
                     ",".join(container.kubelet_ids_not_used),
-                    container.envs["NVIDIA_VISIBLE_DEVICES"],
+                    container.gpu_list,
                 )
         logger.info(
             "allocated %s to pod %s/%s%s",
-            ", ".join(
-                f"{c.container_name}=[{c.envs['NVIDIA_VISIBLE_DEVICES']}]"
-                for c in decision.containers
-            ),
+            ", ".join(f"{c.container_name}=[{c.gpu_list}]" for c in decision.containers),
             pod.namespace,
             pod.name,
             " (bind-phase success)" if decision.complete else "",

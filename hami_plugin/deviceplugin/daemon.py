@@ -167,6 +167,7 @@ class DevicePluginDaemon:
         from hami_plugin.deviceplugin.allocate import AllocateConfig
         from hami_plugin.deviceplugin.allocator import PodAllocator
         from hami_plugin.deviceplugin.board import DeviceBoard
+        from hami_plugin.deviceplugin.cdi import build_cdi_spec, write_cdi_spec
         from hami_plugin.deviceplugin.hamicore import HamiCoreWatch
         from hami_plugin.deviceplugin.health import HealthMonitor
         from hami_plugin.deviceplugin.kubelet import KubeletRegistrar
@@ -198,6 +199,13 @@ class DevicePluginDaemon:
         except NvmlError as error:
             logger.error("cannot list GPUs: %s", error)
             return EXIT_FAILURE
+        if settings.device_list.any_cdi:
+            # Once at start, as HAMi (plugin-manager.go:78-80): Allocate's CDI names must resolve.
+            try:
+                write_cdi_spec(build_cdi_spec(gpus), settings.cdi_spec_dir)
+            except OSError as error:
+                logger.error("unable to create the CDI spec file: %s", error)
+                return EXIT_FAILURE
         owned_kube = None
         kube = self._kube
         if kube is None:
@@ -245,6 +253,7 @@ class DevicePluginDaemon:
                 disable_core_limit=settings.disable_core_limit,
                 enable_preferred_allocation=settings.enable_preferred_allocation,
                 vgpulock_host_path=self._vgpulock_path,
+                device_list=settings.device_list,
             ),
             booking_keys=keys.keys if keys is not None else None,
             resource_name=settings.resource_name,

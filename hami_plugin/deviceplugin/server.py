@@ -132,6 +132,8 @@ class DevicePluginService:
                     )
                     for m in container.mounts
                 ],
+                annotations=dict(container.annotations),
+                cdi_devices=[api_pb2.CDIDevice(name=name) for name in container.cdi_devices],
             )
         return response
 

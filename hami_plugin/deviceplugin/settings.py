@@ -12,6 +12,10 @@ Two flags of HAMi's device plugin (v2.10.0 cmd/device-plugin/nvidia/main.go) tha
 users pass are taken as it takes them: `-v` (`--v`, klog's verbosity, no variable: 4 and above
 logs at debug level) and `--mig-strategy` (`MIG_STRATEGY`): `none`, HAMi's default, is the only
 one supported; `single` and `mixed` are refused at start (this plugin exposes no MIG devices).
+So are its device list flags (main.go:115-160): `--device-list-strategy` (`DEVICE_LIST_STRATEGY`,
+a comma list as urfave's StringSlice reads it), `--cdi-annotation-prefix`, and the
+`--gdrcopy-enabled`/`--gds-enabled`/`--mofed-enabled` booleans (`GDRCOPY_ENABLED`, ...; see
+`deviceplugin.device_list`). `--cdi-spec-dir` is ours: HAMi writes to `/var/run/cdi` always.
 """
 
 from __future__ import annotations
@@ -47,6 +51,12 @@ from hami_plugin.deviceplugin.config_file import (
     config_file_layer,
     node_config_entries,
     node_layer,
+)
+from hami_plugin.deviceplugin.device_list import (
+    DEFAULT_CDI_ANNOTATION_PREFIX,
+    DeviceListConfig,
+    DeviceListStrategy,
+    parse_device_list_strategies,
 )
 from hami_plugin.protocol.model import RESOURCE_GPU
 
@@ -108,6 +118,25 @@ class DevicePluginSettings:
     verbosity: int = 0
     """HAMi's `-v` (klog verbosity): from `KLOG_DEBUG_VERBOSITY` up the daemon logs at debug
     level; below it `LOG_LEVEL` (info by default) applies."""
+    device_list_strategies: frozenset[DeviceListStrategy] = frozenset({DeviceListStrategy.ENVVAR})
+    """How Allocate hands the GPU list to the runtime (HAMi's `--device-list-strategy`)."""
+    cdi_annotation_prefix: str = DEFAULT_CDI_ANNOTATION_PREFIX
+    cdi_spec_dir: str = "/var/run/cdi"
+    """Where the CDI spec of the node's GPUs is written when a CDI strategy is on."""
+    gdrcopy_enabled: bool = False
+    gds_enabled: bool = False
+    mofed_enabled: bool = False
+
+    @property
+    def device_list(self) -> DeviceListConfig:
+        """The device list part of the Allocate configuration."""
+        return DeviceListConfig(
+            strategies=self.device_list_strategies,
+            cdi_annotation_prefix=self.cdi_annotation_prefix,
+            gdrcopy_enabled=self.gdrcopy_enabled,
+            gds_enabled=self.gds_enabled,
+            mofed_enabled=self.mofed_enabled,
+        )
 
     @property
     def debug_logging(self) -> bool:
@@ -215,6 +244,21 @@ _OPTIONS: tuple[_Option, ...] = (
             parse_str, "kubelet's PodResources API socket, asked which pod kubelet is "
             "admitting when several could be (default "
             "/var/lib/kubelet/pod-resources/kubelet.sock; empty: not used)"),
+    _Option("device_list_strategies", "--device-list-strategy", "DEVICE_LIST_STRATEGY",
+            parse_device_list_strategies, "how the GPU list reaches the container runtime, a "
+            "comma list of envvar, volume-mounts, cdi-annotations, cdi-cri (default envvar)"),
+    _Option("cdi_annotation_prefix", "--cdi-annotation-prefix", "CDI_ANNOTATION_PREFIX",
+            parse_str, "prefix of the CDI annotation keys with cdi-annotations (default "
+            "cdi.k8s.io/)"),
+    _Option("cdi_spec_dir", "--cdi-spec-dir", "CDI_SPEC_DIR", parse_str,
+            "directory the CDI spec of the node's GPUs is written to when a CDI strategy is "
+            "on (default /var/run/cdi)"),
+    _Option("gdrcopy_enabled", "--gdrcopy-enabled", "GDRCOPY_ENABLED", parse_bool,
+            "start GPU containers with NVIDIA_GDRCOPY=enabled (default false)"),
+    _Option("gds_enabled", "--gds-enabled", "GDS_ENABLED", parse_bool,
+            "start GPU containers with NVIDIA_GDS=enabled (default false)"),
+    _Option("mofed_enabled", "--mofed-enabled", "MOFED_ENABLED", parse_bool,
+            "start GPU containers with NVIDIA_MOFED=enabled (default false)"),
 )  # fmt: skip
 
 _METAVARS = {
@@ -240,6 +284,9 @@ _METAVARS = {
     "vgpu_resync_interval_seconds": "DURATION",
     "booking_key_file": "FILE",
     "pod_resources_socket": "PATH",
+    "device_list_strategies": "STRATEGIES",
+    "cdi_annotation_prefix": "PREFIX",
+    "cdi_spec_dir": "DIR",
 }
 
 # Settings that are not fields of DevicePluginSettings but shape them: (flag, env variable).
@@ -494,5 +541,7 @@ def _validate(settings: DevicePluginSettings) -> None:
             "pod resources socket must be an absolute path (or empty: not used), got "
             f"{settings.pod_resources_socket!r}"
         )
+    if settings.device_list.any_cdi and not settings.cdi_spec_dir.startswith("/"):
+        problems.append(f"CDI spec dir must be an absolute path, got {settings.cdi_spec_dir!r}")
     if problems:
         raise ConfigError("; ".join(problems))

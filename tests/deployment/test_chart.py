@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from hami_plugin.deviceplugin.device_list import DeviceListStrategy
 from hami_plugin.protocol.booking import parse_booking_keys
 from hami_plugin.protocol.model import GpuPolicyName, NodePolicy
 from tests.deployment.exercise import certs_job, device_plugin_settings, scheduler_config
@@ -368,3 +369,42 @@ def _difference(key: tuple[str, str], expected: Obj, charted: Obj) -> str:
         lineterm="",
     )
     return f"{key}:\n" + "\n".join(diff)
+
+
+def test_the_device_list_values_reach_the_device_plugin_with_hamis_names(
+    tmp_path: Path,
+) -> None:
+    default = helm_template()
+    settings = device_plugin_settings(default, tmp_path, "node-a")
+    assert settings.device_list_strategies == {DeviceListStrategy.ENVVAR}
+    assert not (settings.gdrcopy_enabled or settings.gds_enabled or settings.mofed_enabled)
+    plugin = hami_container(workload_running(default, "device-plugin"), "device-plugin")
+    env_names = [item["name"] for item in plugin["env"]]
+    assert "GDRCOPY_ENABLED" not in env_names  # null: unset, as HAMi's chart
+    assert all(m["name"] != "cdi-root" for m in plugin["volumeMounts"])
+
+    objects = helm_template(
+        "devicePlugin.deviceListStrategy=cdi-annotations\\,envvar",
+        "devicePlugin.gdrcopyEnabled=true",
+        "devicePlugin.gdsEnabled=false",
+        "devicePlugin.mofedEnabled=true",
+    )
+    settings = device_plugin_settings(objects, tmp_path, "node-a")
+    assert settings.device_list_strategies == {
+        DeviceListStrategy.CDI_ANNOTATIONS,
+        DeviceListStrategy.ENVVAR,
+    }
+    assert (settings.gdrcopy_enabled, settings.gds_enabled, settings.mofed_enabled) == (
+        True,
+        False,
+        True,
+    )
+    assert settings.cdi_spec_dir == "/var/run/cdi"
+    daemonset = workload_running(objects, "device-plugin")
+    plugin = hami_container(daemonset, "device-plugin")
+    (mount,) = [m for m in plugin["volumeMounts"] if m["name"] == "cdi-root"]
+    assert mount["mountPath"] == "/var/run/cdi" and not mount.get("readOnly")
+    (volume,) = [
+        v for v in daemonset["spec"]["template"]["spec"]["volumes"] if v["name"] == "cdi-root"
+    ]
+    assert volume["hostPath"] == {"path": "/var/run/cdi", "type": "DirectoryOrCreate"}

@@ -20,6 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from hami_plugin.deviceplugin.device_list import parse_device_list_strategies
 from hami_plugin.deviceplugin.hamicore import HAMI_CORE_VERSION, inspect_hamicore
 from hami_plugin.protocol import hostpaths
 from hami_plugin.protocol.codec import AnnotationError, parse_gpu_policy
@@ -374,6 +375,8 @@ def test_the_plain_manifests_kube_scheduler_tag_is_one_documented_line(tmp_path:
         ("image.pullPolicy=Sometimes", "IfNotPresent"),
         ("devicePlugin.hamiCore.image.tag=", "pattern"),
         ("admissionPolicy.enabled=maybe", "auto"),
+        ("devicePlugin.deviceListStrategy=cdi", "pattern"),
+        ("devicePlugin.gdrcopyEnabled=yes", "boolean"),
     ],
 )
 def test_the_schema_refuses_what_the_daemons_refuse(setting: str, says: str) -> None:
@@ -428,6 +431,13 @@ def _positive_duration(text: str) -> timedelta:
             "scheduler.nodeLockRetryTimeout",
             parse_go_duration,
             {"28s": True, "0": True, "0s": True, "2m30s": True, "28": False, "1.5": False},
+        ),
+        (
+            "devicePlugin.deviceListStrategy",
+            parse_device_list_strategies,
+            {"envvar": True, "cdi-cri,envvar": True, "volume-mounts,cdi-annotations": True,
+             "cdi-annotations,cdi-cri": True, "cdi": False, "Envvar": False, "": False,
+             "envvar,": False, "envvar, cdi-cri": False},
         ),
     ],
 )  # fmt: skip

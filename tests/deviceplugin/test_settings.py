@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from hami_plugin.config import ConfigError
+from hami_plugin.deviceplugin.device_list import DeviceListConfig, DeviceListStrategy
 from hami_plugin.deviceplugin.settings import (
     DEFAULT_IGNORED_XIDS,
     DevicePluginSettings,
@@ -465,3 +466,68 @@ def test_the_manifests_device_config_reads_numa_topology_off(tmp_path: Path) -> 
     turned_on = text.replace("enableNumaTopology: false", "enableNumaTopology: true")
     config.write_text(turned_on, "utf-8")
     assert resolve(["--node-name", "n", "--config-file", str(config)]).enable_numa_topology
+
+
+def test_device_list_flags_and_env_take_hamis_names() -> None:
+    # HAMi v2.10 cmd/device-plugin/nvidia/main.go:115-160: flags and their variables.
+    from_env = resolve(
+        [],
+        {
+            "NODE_NAME": "n1",
+            "DEVICE_LIST_STRATEGY": "cdi-annotations,envvar",
+            "CDI_ANNOTATION_PREFIX": "nvidia.cdi.k8s.io/",
+            "CDI_SPEC_DIR": "/etc/cdi",
+            "GDRCOPY_ENABLED": "true",
+            "GDS_ENABLED": "1",
+            "MOFED_ENABLED": "false",
+        },
+    )
+    assert from_env.device_list_strategies == {
+        DeviceListStrategy.CDI_ANNOTATIONS,
+        DeviceListStrategy.ENVVAR,
+    }
+    assert from_env.device_list == DeviceListConfig(
+        strategies=from_env.device_list_strategies,
+        cdi_annotation_prefix="nvidia.cdi.k8s.io/",
+        gdrcopy_enabled=True,
+        gds_enabled=True,
+        mofed_enabled=False,
+    )
+    assert from_env.cdi_spec_dir == "/etc/cdi"
+    from_flags = resolve(
+        ["--node-name", "n1", "--device-list-strategy", "cdi-cri", "--mofed-enabled"],
+        {"DEVICE_LIST_STRATEGY": "volume-mounts"},
+    )
+    assert from_flags.device_list_strategies == {DeviceListStrategy.CDI_CRI}
+    assert from_flags.mofed_enabled and not from_flags.gdrcopy_enabled
+    defaults = resolve(["--node-name", "n1"])
+    assert defaults.device_list == DeviceListConfig()
+    assert defaults.cdi_spec_dir == "/var/run/cdi"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--device-list-strategy", "envvar,cdi"], "--device-list-strategy: invalid strategy: cdi"),
+        (["--device-list-strategy", ""], "no device list strategy given"),
+        (
+            ["--device-list-strategy", "cdi-cri", "--cdi-spec-dir", "run/cdi"],
+            "CDI spec dir must be an absolute path",
+        ),
+    ],
+)
+def test_bad_device_list_settings_are_refused_at_start(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        resolve(["--node-name", "n1", *argv])
+
+
+def test_the_device_list_strategy_from_the_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        yaml.safe_dump({"device_list_strategies": ["volume-mounts", "cdi-cri"]}), "utf-8"
+    )
+    settings = resolve(["--node-name", "n1", "--config-file", str(path)])
+    assert settings.device_list_strategies == {
+        DeviceListStrategy.VOLUME_MOUNTS,
+        DeviceListStrategy.CDI_CRI,
+    }

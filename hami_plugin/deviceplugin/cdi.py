@@ -1,0 +1,109 @@
+"""The CDI spec of this node's GPUs: built from the inventory (pure), written atomically.
+
+With a CDI device list strategy (`device_list`), Allocate names each GPU as
+`k8s.device-plugin.nvidia.com/gpu=<uuid>` and the container runtime looks the name up in a CDI
+spec under `/var/run/cdi`. HAMi v2.10 has NVIDIA's toolkit (`nvcdi`) generate that spec at start
+(cmd/device-plugin/nvidia/plugin-manager.go:49-80; pkg/device-plugin/nvidiadevice/nvinternal/cdi/
+cdi.go:183-230): vendor `k8s.device-plugin.nvidia.com`, class `gpu`, one device per GPU named
+by the device ID strategy (UUIDs by default) plus `all`, saved as
+`<cdiRoot>/k8s.device-plugin.nvidia.com-gpu.json` (the CDI library's `GenerateNameForSpec`).
+
+What ours holds (docs/differences.md): each GPU's `/dev/nvidia<minor>` node, the `all` device,
+and the common nodes `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools` with
+`NVIDIA_VISIBLE_DEVICES=void` (so nvidia-container-runtime does not inject the GPUs a second
+time). The toolkit's spec also mounts the driver libraries and adds its ldcache hooks; this one
+does not look through the host's driver files, so the runtime must still provide the driver
+(nvidia-container-runtime in `cdi` mode, or a toolkit-generated spec for the driver files).
+MIG devices are not in the spec: this plugin does not expose them yet (issue 18 item 1), and
+MIG-mode GPUs are dropped by the inventory. No `gdrcopy`/`gds`/`mofed` mode specs are written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+from hami_plugin.deviceplugin.device_list import CDI_GPU_CLASS, CDI_VENDOR, ENV_VISIBLE_DEVICES
+from hami_plugin.deviceplugin.inventory import PhysicalGpu
+
+logger = logging.getLogger(__name__)
+
+CDI_VERSION = "0.5.0"
+DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
+COMMON_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+ALL_DEVICE_NAME = "all"
+
+
+def cdi_kind() -> str:
+    """The spec's kind: `k8s.device-plugin.nvidia.com/gpu`."""
+    return f"{CDI_VENDOR}/{CDI_GPU_CLASS}"
+
+
+def cdi_spec_file_name() -> str:
+    """The spec's file name, as the CDI library names it: `<vendor>-<class>.json`."""
+    return f"{CDI_VENDOR}-{CDI_GPU_CLASS}.json"
+
+
+def gpu_device_node(gpu: PhysicalGpu) -> str:
+    """The GPU's device node: `/dev/nvidia<minor>`; the NVML index when NVML gave no minor
+    number (the driver numbers the nodes in the same order on a plain node)."""
+    minor = gpu.minor_number if gpu.minor_number is not None else gpu.index
+    return f"/dev/nvidia{minor}"
+
+
+def build_cdi_spec(gpus: Sequence[PhysicalGpu]) -> dict[str, Any]:
+    """The CDI spec (a JSON object) for `gpus`: one device per GPU named by its UUID, plus
+    `all`. GPUs come in NVML index order; MIG-mode GPUs are left out (see the module doc)."""
+    ordered = sorted((gpu for gpu in gpus if not gpu.mig_enabled), key=lambda gpu: gpu.index)
+    devices: list[dict[str, Any]] = [
+        {"name": gpu.uuid, "containerEdits": {"deviceNodes": [{"path": gpu_device_node(gpu)}]}}
+        for gpu in ordered
+    ]
+    if ordered:
+        devices.append(
+            {
+                "name": ALL_DEVICE_NAME,
+                "containerEdits": {
+                    "deviceNodes": [{"path": gpu_device_node(gpu)} for gpu in ordered]
+                },
+            }
+        )
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": cdi_kind(),
+        "devices": devices,
+        "containerEdits": {
+            "env": [f"{ENV_VISIBLE_DEVICES}=void"],
+            "deviceNodes": [{"path": path} for path in COMMON_DEVICE_NODES],
+        },
+    }
+
+
+def write_cdi_spec(spec: dict[str, Any], spec_dir: str) -> str:
+    """Write `spec` to `<spec_dir>/<cdi_spec_file_name()>` atomically (a temporary file in the
+    same directory, then a rename: a runtime never reads half a spec); creates `spec_dir`.
+
+    Returns the path written. Raises OSError when the directory or file cannot be written.
+    """
+    os.makedirs(spec_dir, exist_ok=True)
+    path = os.path.join(spec_dir, cdi_spec_file_name())
+    descriptor, temporary = tempfile.mkstemp(prefix=".hami-cdi-", suffix=".tmp", dir=spec_dir)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            json.dump(spec, handle, indent=2)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    logger.info("wrote the CDI spec to %s", path)
+    return path
