@@ -101,6 +101,9 @@ class DevicePluginDaemon:
         self._booking_keys: BookingKeyFile | None = None
         self._health: HealthMonitor | None = None
         self._publisher: RegisterPublisher | None = None
+        self._register_uuids: tuple[str, ...] = ()
+        self._scores: tuple[tuple[str, ...], str] | None = None
+        """The register UUIDs the last `hami.io/node-nvidia-score` value was measured for."""
         self.hamicore: HamiCoreWatch | None = None
         """Whether HAMi-core is installed under the hook path (while serving)."""
         self.protocol: ProtocolClaim | None = None
@@ -283,7 +286,11 @@ class DevicePluginDaemon:
             settings.node_name,
             self._register_value,
             interval_seconds=settings.register_interval_seconds,
-            also_annotate=protocol.annotations,
+            also_annotate=(
+                self._annotations_with_scores
+                if settings.enable_topology_score
+                else protocol.annotations
+            ),
             on_written=protocol.written,
         )
         # HAMi-core's per-container shared regions: read for /metrics, cleaned up and
@@ -418,11 +425,40 @@ class DevicePluginDaemon:
             gpus = list(self._gpus)
         # Each round looks at the hook directory again: HAMi-core installed later is seen here.
         hamicore_ready = self.hamicore is None or self.hamicore.current().ready
-        return codec.encode_node_devices(
-            build_register_devices(
-                gpus, self._unhealthy(), self.settings, hamicore_ready=hamicore_ready
-            )
+        devices = build_register_devices(
+            gpus, self._unhealthy(), self.settings, hamicore_ready=hamicore_ready
         )
+        self._register_uuids = tuple(device.uuid for device in devices)
+        return codec.encode_node_devices(devices)
+
+    def _annotations_with_scores(self) -> dict[str, str]:
+        """The protocol claim plus `hami.io/node-nvidia-score` (`--enable-topology-score`).
+
+        As HAMi's register.go:279-300: the scores of the registered GPUs
+        (`CalculateGPUScore(GetDevicesUUIDList(devices))`), measured again only when that list
+        changes (HAMi: when the register value changes); a failed measurement fails the round,
+        so neither annotation is written until it succeeds.
+        """
+        from hami_plugin.protocol.topology import (
+            NODE_NVIDIA_SCORE_ANNOTATION,
+            encode_pair_scores,
+        )
+
+        wanted = dict(self.protocol.annotations()) if self.protocol is not None else {}
+        uuids = self._register_uuids
+        if self._backend is None or not uuids:
+            return wanted
+        if self._scores is None or self._scores[0] != uuids:
+            scores, asymmetric = self._backend.pair_scores(uuids)
+            if asymmetric:
+                logger.warning(
+                    "AsymmetricGPUP2PLink: one or more GPU pairs on this node have asymmetric "
+                    "P2P link data; affected pairs scored 0 (possible NVLink hardware or "
+                    "driver issue)"
+                )
+            self._scores = (uuids, encode_pair_scores(scores))
+        wanted[NODE_NVIDIA_SCORE_ANNOTATION] = self._scores[1]
+        return wanted
 
     def _rewatch(self, gpus: Sequence[PhysicalGpu]) -> None:
         if self._health is not None and not self._stop.is_set():

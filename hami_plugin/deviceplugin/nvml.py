@@ -12,10 +12,12 @@ import importlib
 import logging
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hami_plugin.deviceplugin.inventory import PhysicalGpu as PhysicalGpu
+from hami_plugin.protocol.topology import DeviceScore, calculate_gpu_scores
 
 logger = logging.getLogger(__name__)
 
@@ -347,6 +349,17 @@ class NvmlBackend:
             logger.info("GPU %s (NVML index %d) reports its usage again", uuid, index)
 
     # -- events (used by health.py) --
+
+    def pair_scores(self, uuids: Sequence[str]) -> tuple[list[DeviceScore], bool]:
+        """HAMi `nvidia.CalculateGPUScore` (calculate_score.go): the listed GPUs' pair scores
+        and whether any pair was asymmetric. Raises NvmlError when a pair cannot be measured."""
+        from hami_plugin.deviceplugin.topology import TopologyError, measure_links
+
+        try:
+            links = measure_links(self._nvml, uuids)
+        except (TopologyError, self._error_type) as error:
+            raise NvmlError(f"calculate gpu topo score error: {error}") from error
+        return calculate_gpu_scores(links)
 
     def create_event_set(self) -> Any:
         """A new NVML event set. Raises NvmlError."""

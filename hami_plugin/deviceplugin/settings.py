@@ -79,6 +79,9 @@ class DevicePluginSettings:
     memory_scaling: float = 1.0
     cores_scaling: float = 1.0
     enable_numa_topology: bool = False
+    enable_topology_score: bool = False
+    """Publish `hami.io/node-nvidia-score` (HAMi: env ENABLE_TOPOLOGY_SCORE, default off,
+    `register.go:279`)."""
     resource_name: str = RESOURCE_GPU
     hook_path: str = "/usr/local"
     fail_on_init_error: bool = True
@@ -194,6 +197,9 @@ _OPTIONS: tuple[_Option, ...] = (
             "factor applied to each GPU's 100%% of cores (default 1.0)"),
     _Option("enable_numa_topology", "--enable-numa-topology", "ENABLE_NUMA_TOPOLOGY",
             parse_bool, "attach the GPU's NUMA node to each kubelet device (default false)"),
+    _Option("enable_topology_score", "--enable-topology-score", "ENABLE_TOPOLOGY_SCORE",
+            parse_bool, "measure GPU pair links (PCIe, NVLink) and publish "
+            "hami.io/node-nvidia-score for the topology-aware policy (default false)"),
     _Option("resource_name", "--resource-name", "RESOURCE_NAME", parse_str,
             "extended resource advertised to kubelet (default nvidia.com/gpu)"),
     _Option("hook_path", "--hook-path", "HOOK_PATH", parse_str,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Iterator, KeysView, Sequence
+from collections.abc import Iterable, Iterator, KeysView, Mapping, Sequence
 from dataclasses import dataclass
 
 from hami_plugin.protocol.codec import (
@@ -37,6 +37,11 @@ from hami_plugin.protocol.model import (
     GpuDevice,
 )
 from hami_plugin.protocol.objects import NodeInfo, PodInfo
+from hami_plugin.protocol.topology import (
+    NODE_NVIDIA_SCORE_ANNOTATION,
+    PairScoreError,
+    decode_pair_scores,
+)
 from hami_plugin.scheduler.score import node_score
 from hami_plugin.scheduler.usage import (
     DeviceTally,
@@ -67,6 +72,7 @@ class _NodeEntry:
         "candidates",
         "cordoned",
         "devices",
+        "pair_scores",
         "positions",
         "total_cores",
         "total_memory_mib",
@@ -77,9 +83,16 @@ class _NodeEntry:
         "used_memory_mib",
     )
 
-    def __init__(self, name: str, devices: tuple[GpuDevice, ...], cordoned: frozenset[str]):
+    def __init__(
+        self,
+        name: str,
+        devices: tuple[GpuDevice, ...],
+        cordoned: frozenset[str],
+        pair_scores: Mapping[str, Mapping[str, int]] | None = None,
+    ):
         self.devices = devices
         self.cordoned = cordoned
+        self.pair_scores = {} if pair_scores is None else pair_scores
         self.positions = {device.uuid: position for position, device in enumerate(devices)}
         self.candidates = nvidia_candidates(devices)
         self.total_slots = sum(device.split_count for device in devices)
@@ -112,6 +125,7 @@ class _NodeEntry:
             used_cores=tuple(self.used_cores),
             cordoned=self.cordoned,
             candidates=self.candidates,
+            pair_scores=self.pair_scores,
             score=node_score(
                 self.total_slots,
                 self.total_cores,
@@ -139,7 +153,7 @@ class Ledger:
         self._pods: dict[str, TrackedPod] = {}
         self._pods_on: dict[str, set[str]] = {}
         # (register, cordon) annotation values last applied per node, to skip no-op events
-        self._node_sources: dict[str, tuple[str | None, str]] = {}
+        self._node_sources: dict[str, tuple[str | None, str, str | None]] = {}
         self._ascending: list[tuple[float, str]] = []  # (score, name)
         self._descending: list[tuple[float, str]] = []  # (-score, name)
 
@@ -212,30 +226,48 @@ class Ledger:
         as they were cost one comparison (nodes change on every kubelet heartbeat)."""
         value = info.annotations.get(ANNOTATION_NODE_REGISTER)
         cordon = info.annotations.get(ANNOTATION_DEVICE_CORDON, "")
-        if self._node_sources.get(info.name) == (value, cordon):
+        scores = info.annotations.get(NODE_NVIDIA_SCORE_ANNOTATION)
+        if self._node_sources.get(info.name) == (value, cordon, scores):
             return
-        self._node_sources[info.name] = (value, cordon)
+        self._node_sources[info.name] = (value, cordon, scores)
         if value is None:
             self._unregister(info.name)
             return
         try:
             devices = decode_node_devices(value)
             cordoned = parse_device_cordon(cordon)
-        except AnnotationError as error:
+            # HAMi GetNodeDevices (device.go:321-327): a score annotation that does not decode
+            # fails the node's device list, as a bad register value does.
+            pair_scores = decode_pair_scores(scores) if scores is not None else {}
+        except (AnnotationError, PairScoreError) as error:
             logger.warning("node %s not registered: %s", info.name, error)
             self._unregister(info.name)
             return
-        self._register(info.name, devices, cordoned)
+        uuids = {device.uuid for device in devices}
+        kept = {uuid: peers for uuid, peers in pair_scores.items() if uuid in uuids}
+        self._register(info.name, devices, cordoned, kept)
 
-    def _register(self, name: str, devices: Sequence[GpuDevice], cordoned: frozenset[str]) -> None:
+    def _register(
+        self,
+        name: str,
+        devices: Sequence[GpuDevice],
+        cordoned: frozenset[str],
+        pair_scores: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> None:
         ordered = tuple(sorted(devices, key=_device_order))
+        scores = {} if pair_scores is None else pair_scores
         entry = self._nodes.get(name)
-        if entry is not None and entry.devices == ordered and entry.cordoned == cordoned:
+        if (
+            entry is not None
+            and entry.devices == ordered
+            and entry.cordoned == cordoned
+            and entry.pair_scores == scores
+        ):
             return
         self._unregister(name)
         if not ordered:
             return
-        entry = _NodeEntry(name, ordered, cordoned)
+        entry = _NodeEntry(name, ordered, cordoned, scores)
         for key in self._pods_on.get(name, ()):
             entry.book(self._pods[key].tallies, 1, key)
         entry.refresh()

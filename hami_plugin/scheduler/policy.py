@@ -26,11 +26,13 @@ Equal keys keep the input order (Python's sort is stable, as Go's is for up to 1
 from __future__ import annotations
 
 import enum
+import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hami_plugin.protocol.model import GpuPolicy, GpuPolicyName, NodePolicy
 
-__all__ = ["GpuOrder", "SortKey", "gpu_order", "prefers_higher_score"]
+__all__ = ["GpuOrder", "SortKey", "gpu_order", "prefers_higher_score", "topology_choice"]
 
 
 class SortKey(enum.Enum):
@@ -114,3 +116,41 @@ def gpu_order(policy: GpuPolicy, numa_bind: bool, numa_grouped_order: bool = Fal
 def prefers_higher_score(policy: NodePolicy) -> bool:
     """Binpack takes the fullest node (highest score), spread the emptiest (lowest)."""
     return policy is NodePolicy.BINPACK
+
+
+def topology_choice(
+    uuids: Sequence[str], count: int, pair_scores: Mapping[str, Mapping[str, int]]
+) -> tuple[int, ...]:
+    """The `topology-aware` pick among the GPUs the walk passed (`uuids`, in walk order):
+    positions into `uuids`, in that order. HAMi v2.10 `pkg/device/nvidia/device.go` Fit,
+    lines 851-868.
+
+    As many passed as asked: all of them. One GPU asked: `computeWorstSingleCard`
+    (device.go:927-951), the GPU whose scores towards the other passed GPUs sum lowest, so
+    the well-connected ones stay free for multi-GPU pods; the first such GPU on a tie.
+    Several: `computeBestCombination` (device.go:953-978) over `generateCombinations`
+    (device.go:887-915, lexicographic in walk order), the set whose pair scores sum highest;
+    the first such set on a tie. A missing score counts 0, so a node without
+    `hami.io/node-nvidia-score` gets the first GPU / the first `count` GPUs the walk passed,
+    the plain walk's choice.
+    """
+    if len(uuids) == count:
+        return tuple(range(count))
+    if count == 1:
+        worst, worst_total = 0, 0
+        for i, first in enumerate(uuids):
+            peers = pair_scores.get(first, {})
+            total = sum(peers.get(second, 0) for second in uuids if second != first)
+            if i == 0 or total < worst_total:
+                worst, worst_total = i, total
+        return (worst,)
+    best: tuple[int, ...] = ()
+    best_total = -1
+    for combination in itertools.combinations(range(len(uuids)), count):
+        total = 0
+        for at, i in enumerate(combination[:-1]):
+            peers = pair_scores.get(uuids[i], {})
+            total += sum(peers.get(uuids[j], 0) for j in combination[at + 1 :])
+        if not best or total > best_total:
+            best, best_total = combination, total
+    return best

@@ -7,8 +7,8 @@ numbers it changes, so a decision never mutates the ledger it reads.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from hami_plugin.protocol.model import GpuDevice, PodDevices
 from hami_plugin.scheduler.score import node_score
@@ -90,6 +90,9 @@ class NodeUsage:
     cordoned: frozenset[str]
     candidates: tuple[int, ...]
     score: float
+    pair_scores: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """`hami.io/node-nvidia-score` by GPU UUID: score towards each peer UUID (HAMi
+    `DevicePairScore`, read by the `topology-aware` policy; empty without the annotation)."""
 
 
 def nvidia_candidates(devices: Sequence[GpuDevice]) -> tuple[int, ...]:
@@ -107,6 +110,7 @@ def make_node_usage(
     used_memory_mib: tuple[int, ...],
     used_cores: tuple[int, ...],
     cordoned: frozenset[str] = frozenset(),
+    pair_scores: Mapping[str, Mapping[str, int]] | None = None,
 ) -> NodeUsage:
     """Build a snapshot, computing the candidates and the node score."""
     return NodeUsage(
@@ -125,4 +129,5 @@ def make_node_usage(
             sum(used_cores),
             sum(used_memory_mib),
         ),
+        pair_scores={} if pair_scores is None else pair_scores,
     )

@@ -408,3 +408,17 @@ def test_the_device_list_values_reach_the_device_plugin_with_hamis_names(
         v for v in daemonset["spec"]["template"]["spec"]["volumes"] if v["name"] == "cdi-root"
     ]
     assert volume["hostPath"] == {"path": "/var/run/cdi", "type": "DirectoryOrCreate"}
+
+
+@pytest.mark.parametrize(
+    ("policy", "scored"),
+    [("spread", False), ("topology-aware", True), ("binpack\\,topology-aware", True)],
+)
+def test_a_topology_aware_gpu_policy_turns_the_pair_scores_on(
+    tmp_path: Path, policy: str, scored: bool
+) -> None:
+    """HAMi's chart sets ENABLE_TOPOLOGY_SCORE when the GPU policy is topology-aware
+    (daemonsetnvidia.yaml:121-122); here a chain naming it does too (the scheduler takes chains)."""
+    objects = helm_template(f"scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy={policy}")
+    settings = device_plugin_settings(objects, tmp_path, "node-a")
+    assert settings.enable_topology_score is scored

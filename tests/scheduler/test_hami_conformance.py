@@ -964,7 +964,11 @@ def _insertion_sort(devices: list[_Dev], policy: str, numa_bind: bool) -> None:
 
 
 def _model_fit(
-    devices: list[_Dev], request: ContainerRequest, numa_bind: bool, mutex: bool
+    devices: list[_Dev],
+    request: ContainerRequest,
+    numa_bind: bool,
+    mutex: bool,
+    topology: bool = False,
 ) -> list[tuple[_Dev, int, int]] | str:
     """NvidiaGPUDevices.Fit (docs/hami-reference.md 3.5.2) on the sorted list; picks or the reason
     string."""
@@ -1006,10 +1010,15 @@ def _model_fit(
             count("CardComputeUnitsExhausted")
             continue
         if nums > 0:
-            nums -= 1
+            if not topology:
+                nums -= 1
             picked.append((dev, memreq, cores))
-        if nums == 0:
+        if nums == 0 and not topology:
             return picked
+    if topology and len(picked) >= origin:
+        # device.go:851-868 without pair scores: the worst single card and the best
+        # combination are the first ones (every total is 0, the comparisons are strict)
+        return picked[:origin]
     if picked:
         reasons["AllocatedCardsInsufficientRequest"] = len(picked)  # device.go:872
     return ", ".join(sorted(f"{n}/{len(devices)} {name}" for name, n in reasons.items() if n))
@@ -1021,6 +1030,7 @@ def _model_pod(
     """scoreNode (docs/hami-reference.md 3.7): init containers on fresh copies, app containers on
     one shared copy whose device list each container re-sorts in place."""
     mutex = "mutex" in (part.strip() for part in policy.split(","))
+    topology = "topology-aware" in (part.strip() for part in policy.split(","))
 
     def fit_on(shared: list[_Dev], request: ContainerRequest) -> list[str] | str:
         for dev in shared:
@@ -1036,7 +1046,7 @@ def _model_pod(
         _insertion_sort(shared, policy, numa_bind)
         if request.count > len(shared):
             return "NodeInsufficientDevice"
-        result = _model_fit(shared, request, numa_bind, mutex)
+        result = _model_fit(shared, request, numa_bind, mutex, topology)
         if isinstance(result, str):
             return result
         for dev, memreq, cores in result:

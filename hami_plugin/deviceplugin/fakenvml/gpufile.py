@@ -18,6 +18,8 @@ gpus:
     memory_used_mib: 1024     # used memory reported by nvmlDeviceGetMemoryInfo (default 0)
     utilization_percent: 37   # nvmlDeviceGetUtilizationRates .gpu (default 0; null: NotSupported)
     memory_utilization_percent: 12   # ... .memory (default 0; null: NotSupported)
+topology:                     # optional: PCIe levels and NVLinks of GPU pairs (fakenvml.topology)
+  preset: hgx-8-nvswitch
 ```
 
 Edit the usage keys while the daemon runs to see the metrics move (the file is re-read).
@@ -32,6 +34,11 @@ from dataclasses import dataclass
 import yaml
 
 from hami_plugin.deviceplugin.fakenvml.errors import ERROR_CODES
+from hami_plugin.deviceplugin.fakenvml.topology import (
+    FakeTopology,
+    FakeTopologyError,
+    parse_topology,
+)
 
 
 class FakeGpuFileError(ValueError):
@@ -64,6 +71,8 @@ class FakeGpuFile:
 
     gpus: tuple[FakeGpuSpec, ...]
     init_error: str | None = None
+    topology: FakeTopology | None = None
+    """None: no `topology` key (every pair `system`, no NVLink)."""
 
 
 _GPU_KEYS = (
@@ -190,9 +199,11 @@ def parse_fake_gpus(text: str | bytes, path: str) -> FakeGpuFile:
         raise FakeGpuFileError(f"{prefix}: not valid YAML{where}: {problem}") from None
     if not isinstance(document, Mapping):
         raise FakeGpuFileError(f"{prefix}: expected a mapping with a 'gpus' list")
-    unknown = sorted(str(key) for key in document if key not in ("gpus", "init_error"))
+    unknown = sorted(str(key) for key in document if key not in ("gpus", "init_error", "topology"))
     if unknown:
-        raise FakeGpuFileError(f"{prefix}: unknown key {unknown[0]!r} (known: gpus, init_error)")
+        raise FakeGpuFileError(
+            f"{prefix}: unknown key {unknown[0]!r} (known: gpus, init_error, topology)"
+        )
     entries = document.get("gpus")
     if entries is None:
         entries = []
@@ -217,7 +228,17 @@ def parse_fake_gpus(text: str | bytes, path: str) -> FakeGpuFile:
             f"{prefix}: 'init_error' must be an NVML error name such as LibraryNotFound or "
             f"DriverNotLoaded, got {init_error!r}"
         )
-    return FakeGpuFile(gpus=tuple(sorted(gpus, key=lambda gpu: gpu.index)), init_error=init_error)
+    topology = None
+    if document.get("topology") is not None:
+        try:
+            topology = parse_topology(document["topology"], len(gpus), prefix)
+        except FakeTopologyError as error:
+            raise FakeGpuFileError(str(error)) from None
+    return FakeGpuFile(
+        gpus=tuple(sorted(gpus, key=lambda gpu: gpu.index)),
+        init_error=init_error,
+        topology=topology,
+    )
 
 
 def load_fake_gpus(path: str) -> FakeGpuFile:

@@ -59,6 +59,23 @@ from hami_plugin.deviceplugin.fakenvml.gpufile import (
     FakeGpuSpec,
     parse_fake_gpus,
 )
+from hami_plugin.deviceplugin.fakenvml.topology import (
+    NVML_FEATURE_DISABLED,
+    NVML_FEATURE_ENABLED,
+    NVML_NVLINK_DEVICE_TYPE_GPU,
+    NVML_NVLINK_DEVICE_TYPE_IBMNPU,
+    NVML_NVLINK_DEVICE_TYPE_SWITCH,
+    NVML_NVLINK_DEVICE_TYPE_UNKNOWN,
+    NVML_NVLINK_MAX_LINKS,
+    NVML_TOPOLOGY_HOSTBRIDGE,
+    NVML_TOPOLOGY_INTERNAL,
+    NVML_TOPOLOGY_MULTIPLE,
+    NVML_TOPOLOGY_NODE,
+    NVML_TOPOLOGY_SINGLE,
+    NVML_TOPOLOGY_SYSTEM,
+    FakeTopology,
+    NvLinkLane,
+)
 from hami_plugin.deviceplugin.fakenvml.values import (
     NVML_DEVICE_MIG_DISABLE,
     NVML_DEVICE_MIG_ENABLE,
@@ -106,6 +123,20 @@ class FakeNvml:
     nvmlEventTypeXidCriticalError = nvmlEventTypeXidCriticalError
     nvmlEventTypeClock = nvmlEventTypeClock
     nvmlEventTypeNone = nvmlEventTypeNone
+    NVML_TOPOLOGY_INTERNAL = NVML_TOPOLOGY_INTERNAL
+    NVML_TOPOLOGY_SINGLE = NVML_TOPOLOGY_SINGLE
+    NVML_TOPOLOGY_MULTIPLE = NVML_TOPOLOGY_MULTIPLE
+    NVML_TOPOLOGY_HOSTBRIDGE = NVML_TOPOLOGY_HOSTBRIDGE
+    NVML_TOPOLOGY_NODE = NVML_TOPOLOGY_NODE
+    NVML_TOPOLOGY_SYSTEM = NVML_TOPOLOGY_SYSTEM
+    NVML_NVLINK_MAX_LINKS = NVML_NVLINK_MAX_LINKS
+    NVML_FEATURE_DISABLED = NVML_FEATURE_DISABLED
+    NVML_FEATURE_ENABLED = NVML_FEATURE_ENABLED
+    NVML_NVLINK_DEVICE_TYPE_GPU = NVML_NVLINK_DEVICE_TYPE_GPU
+    NVML_NVLINK_DEVICE_TYPE_IBMNPU = NVML_NVLINK_DEVICE_TYPE_IBMNPU
+    NVML_NVLINK_DEVICE_TYPE_SWITCH = NVML_NVLINK_DEVICE_TYPE_SWITCH
+    NVML_NVLINK_DEVICE_TYPE_UNKNOWN = NVML_NVLINK_DEVICE_TYPE_UNKNOWN
+    NVML_ERROR_INVALID_ARGUMENT = 2
 
     NVMLError = NVMLError
     NVMLError_Uninitialized = NVMLError_Uninitialized
@@ -137,6 +168,7 @@ class FakeNvml:
         self._init_count = 0
         self._gpus: dict[str, FakeGpuSpec] = {}
         self._by_index: dict[int, str] = {}
+        self._topology: FakeTopology | None = None
         self._init_error: str | None = None
         self._stat: tuple[int, int, int, int] | None = None
         self._raw: bytes | None = None
@@ -202,6 +234,7 @@ class FakeNvml:
             self._gpus = {gpu.uuid: gpu for gpu in parsed.gpus}
             self._by_index = {gpu.index: gpu.uuid for gpu in parsed.gpus}
             self._init_error = parsed.init_error
+            self._topology = parsed.topology
             for gpu in parsed.gpus:
                 old = previous.get(gpu.uuid)
                 if old is None:
@@ -339,6 +372,58 @@ class FakeNvml:
     def nvmlDeviceGetPciInfo(self, handle: FakeDeviceHandle) -> FakePciInfo:
         gpu = self._lookup(handle, live=True)
         return FakePciInfo(busId=gpu.pci_bus_id, busIdLegacy=gpu.pci_bus_id[-12:])
+
+    # -- topology (pynvml's names and return types; the model: fakenvml.topology) --
+
+    def nvmlDeviceGetTopologyCommonAncestor(
+        self, device1: FakeDeviceHandle, device2: FakeDeviceHandle
+    ) -> int:
+        """The NVML_TOPOLOGY_* level of the pair; `system` for every pair without a model."""
+        first = self._lookup(device1, live=True)
+        second = self._lookup(device2, live=True)
+        with self._lock:
+            topology = self._topology
+        if topology is None:
+            return NVML_TOPOLOGY_INTERNAL if first.index == second.index else NVML_TOPOLOGY_SYSTEM
+        return topology.level(first.index, second.index)
+
+    def _lane(self, handle: FakeDeviceHandle, link: int) -> NvLinkLane | None:
+        """The lane behind link number `link`; None for an unused lane of an NVLink GPU."""
+        gpu = self._lookup(handle, live=True)
+        if isinstance(link, bool) or not isinstance(link, int) or link < 0:
+            raise NVMLError_InvalidArgument()
+        with self._lock:
+            topology = self._topology
+        lanes = topology.lanes_of(gpu.index) if topology is not None else ()
+        if not lanes:
+            raise NVMLError_NotSupported()
+        if link >= NVML_NVLINK_MAX_LINKS:
+            raise NVMLError_InvalidArgument()
+        return lanes[link] if link < len(lanes) else None
+
+    def nvmlDeviceGetNvLinkState(self, device: FakeDeviceHandle, link: int) -> int:
+        enabled = self._lane(device, link) is not None
+        return NVML_FEATURE_ENABLED if enabled else NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, device: FakeDeviceHandle, link: int) -> FakePciInfo:
+        lane = self._lane(device, link)
+        if lane is None:
+            raise NVMLError_NotSupported()
+        if lane.remote_switch_bus_id is not None:
+            bus_id = lane.remote_switch_bus_id
+        else:
+            with self._lock:
+                uuid = self._by_index[lane.remote_gpu] if lane.remote_gpu is not None else ""
+                bus_id = self._gpus[uuid].pci_bus_id
+        return FakePciInfo(busId=bus_id, busIdLegacy=bus_id[-12:])
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: FakeDeviceHandle, link: int) -> int:
+        lane = self._lane(handle, link)
+        if lane is None:
+            raise NVMLError_NotSupported()
+        if lane.remote_gpu is None:
+            return NVML_NVLINK_DEVICE_TYPE_SWITCH
+        return NVML_NVLINK_DEVICE_TYPE_GPU
 
     def nvmlDeviceGetMigMode(self, handle: FakeDeviceHandle) -> list[int]:
         gpu = self._lookup(handle, live=True)
