@@ -1,7 +1,8 @@
 """`hami scheduler`: the kube-scheduler extender daemon, wired together.
 
-config -> KubeClient -> SchedulerState fed by a pod and a node informer -> Binder, Recovery,
-EventRecorder -> ExtenderServer (filter, bind, webhook, probes) [+ metrics, + leader election].
+config -> KubeClient -> SchedulerState fed by pod, node and ResourceQuota informers -> Binder,
+Recovery, EventRecorder -> ExtenderServer (filter, bind, webhook, probes) [+ metrics, + leader
+election].
 
 `SchedulerDaemon` runs in-process too (tests, benchmarks): inject the `KubeClient`, a clock, an
 observer or an elector factory; `start()` returns once the HTTP port is bound (`port`), `ready`
@@ -23,6 +24,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -153,6 +155,7 @@ class SchedulerDaemon:
         self._metrics_server: Any = None
         self.pod_informer: Informer[Any] | None = None
         self.node_informer: Informer[Any] | None = None
+        self.quota_informer: Informer[Any] | None = None
         self.started = threading.Event()
         """Set once the HTTP port is bound (`port`, `url`)."""
         self.ready = threading.Event()
@@ -215,6 +218,8 @@ class SchedulerDaemon:
         from hami_plugin.kube.client import KubeClient
         from hami_plugin.kube.informer import Informer
         from hami_plugin.protocol.objects import read_node, read_pod
+        from hami_plugin.scheduler.quota import read_resource_quota
+        from hami_plugin.scheduler.webhook import QuotaCheck
 
         config = self.config
         with self._start_lock:
@@ -244,7 +249,11 @@ class SchedulerDaemon:
             app = ExtenderApp(
                 self.state,
                 binder,
-                config.webhook,
+                # the webhook denies a pod beyond its namespace's GPU quota as HAMi's does
+                replace(
+                    config.webhook,
+                    quota=QuotaCheck(self.state.settings, self.state.fits_quota),
+                ),
                 events.record,
                 self.is_leader,
                 self.readiness,
@@ -298,6 +307,16 @@ class SchedulerDaemon:
                 label_selector=selector or None,
                 watch_timeout_seconds=self._watch_timeout,
             )
+            # HAMi's ResourceQuota informer (pkg/scheduler/scheduler.go:376-382)
+            self.quota_informer = Informer(
+                kube,
+                "/api/v1/resourcequotas",
+                read_resource_quota,
+                lambda quota: quota.key,
+                self.state.quota_events,
+                name="resourcequotas",
+                watch_timeout_seconds=self._watch_timeout,
+            )
             recovery = Recovery(
                 self.state,
                 kube,
@@ -311,8 +330,10 @@ class SchedulerDaemon:
             if config.leader_elect:
                 self._elector = self._make_elector(kube)
             events.start()
+            self.state.quotas_synced.clear()  # ready once the quota list is in too
             self._spawn("informer-pods", self.pod_informer.run, self._stop)
             self._spawn("informer-nodes", self.node_informer.run, self._stop)
+            self._spawn("informer-resourcequotas", self.quota_informer.run, self._stop)
             self._spawn("recovery", recovery.run, self._stop)
             if config.requeue_qps > 0:
                 self._spawn("requeue", self._make_requeuer(kube).run, self._stop)
@@ -346,7 +367,9 @@ class SchedulerDaemon:
         from hami_plugin.extender.metrics import SchedulerMetrics
         from hami_plugin.metrics.server import MetricsServerError
 
-        metrics = SchedulerMetrics(_View(self), clock=self.state.clock)
+        metrics = SchedulerMetrics(
+            _View(self), clock=self.state.clock, quotas=self.state.quota_entries
+        )
         try:
             self._metrics_server = metrics.serve(self.config.metrics_bind_address)
         except MetricsServerError as error:
@@ -423,7 +446,8 @@ class SchedulerDaemon:
         elector.run(self._stop)
 
     def _watch_ready(self) -> None:
-        for synced in (self.state.pods_synced, self.state.nodes_synced):
+        state = self.state
+        for synced in (state.pods_synced, state.nodes_synced, state.quotas_synced):
             while not synced.wait(0.2):
                 if self._stop.is_set():
                     return

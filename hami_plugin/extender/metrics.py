@@ -24,8 +24,14 @@ HAMi's gauges (`cmd/scheduler/metrics.go`, v2.10), same names, labels and values
   `hami_vgpu_core_allocated_ratio` (the pod's cores on the GPU).
 
 `container_index` is always "0": HAMi (and our ledger) keeps a pod's usage collapsed into one
-entry per GPU (docs/hami-reference.md 3.3). Not exported, because this product has no such feature:
-the quota gauges (`hami_resource_quota_used`, `hami_resource_quota_limit`) and MIG
+entry per GPU (docs/hami-reference.md 3.3).
+
+The namespace GPU quotas (`collectQuotaMetrics`, metrics.go:284-318), read from the state's
+`QuotaBook` at scrape time, one series per namespace and resource name it holds:
+`hami_resource_quota_used` {namespace, quota_name, limit (the limit as a number, "0" when
+none)} and, only for a limit that is set, `hami_resource_quota_limit` {namespace, quota_name}.
+
+Not exported, because this product has no such feature: MIG
 (`hami_node_gpu_mig_instance_info`); AMD core normalisation does not apply (NVIDIA only).
 
 What HAMi lacks (no zone label):
@@ -47,8 +53,8 @@ What HAMi lacks (no zone label):
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from hami_plugin.extender.observer import FILTER_OUTCOMES, RECOVERY_REASONS, SchedulerView
 from hami_plugin.metrics.buildinfo import BuildInfoCollector
@@ -64,6 +70,7 @@ from hami_plugin.metrics.server import MetricsServer, ScrapeGuard, start_metrics
 if TYPE_CHECKING:
     from hami_plugin.clock import Clock
     from hami_plugin.scheduler.ledger import TrackedPod
+    from hami_plugin.scheduler.quota import QuotaEntry
     from hami_plugin.scheduler.usage import NodeUsage
 
 logger = logging.getLogger(__name__)
@@ -81,6 +88,8 @@ NODE_MEMORY_RATIO = "hami_node_gpu_memory_allocated_ratio"
 VGPU_MEMORY_ALLOCATED = "hami_vgpu_memory_allocated_bytes"
 VGPU_CORE_ALLOCATED = "hami_vgpu_core_allocated_ratio"
 LEADER = "hami_scheduler_leader"
+QUOTA_USED = "hami_resource_quota_used"
+QUOTA_LIMIT = "hami_resource_quota_limit"
 
 _GPU = ["node", "device_uuid", "device_index", "device_type", "zone"]
 _GPU_CORES = ["node", "device_uuid", "device_index", "device_cores", "device_type", "zone"]
@@ -212,12 +221,51 @@ def _add_pods(
             pod_cores.add_metric(labels, tally.cores)
 
 
+QuotaView = Callable[[], "Sequence[QuotaEntry]"]
+"""Every namespace's quota figures now (`SchedulerState.quota_entries`)."""
+
+
+def _quota_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    return (
+        GaugeMetricFamily(
+            QUOTA_USED,
+            "resourcequota usage for a certain device",
+            labels=["namespace", "quota_name", "limit", "zone"],
+        ),
+        GaugeMetricFamily(
+            QUOTA_LIMIT,
+            "resourcequota limit for a certain device",
+            labels=["namespace", "quota_name", "zone"],
+        ),
+    )
+
+
+class QuotaCollector:
+    """HAMi's quota gauges from one `QuotaView` call per scrape."""
+
+    def __init__(self, view: QuotaView) -> None:
+        self._view = view
+
+    def describe(self) -> Iterator[Metric]:
+        """The families this collector produces (no samples), for the registry."""
+        return iter(_quota_families())
+
+    def collect(self) -> Iterator[Metric]:
+        """Read the quota figures now; yield the gauges."""
+        used, limit = _quota_families()
+        for entry in self._view():
+            used.add_metric([entry.namespace, entry.resource, str(entry.limit), ZONE], entry.used)
+            if entry.limit_set:
+                limit.add_metric([entry.namespace, entry.resource, ZONE], entry.limit)
+        return iter((used, limit))
+
+
 class SchedulerMetrics:
     """The scheduler's registry: usage gauges over `view` and the `SchedulerObserver` events.
 
     Thread-safe (prometheus_client's metrics lock internally); observer calls never block.
     `registry`: a fresh one when None (never prometheus_client's global registry); `clock` times
-    the scrapes (the system clock when None).
+    the scrapes (the system clock when None); `quotas` adds the quota gauges.
     """
 
     def __init__(
@@ -225,9 +273,13 @@ class SchedulerMetrics:
         view: SchedulerView,
         registry: CollectorRegistry | None = None,
         clock: Clock | None = None,
+        quotas: QuotaView | None = None,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        guard = ScrapeGuard({"scheduler": SchedulerUsageCollector(view)}, clock=clock)
+        collectors: dict[str, Any] = {"scheduler": SchedulerUsageCollector(view)}
+        if quotas is not None:
+            collectors["quotas"] = QuotaCollector(quotas)
+        guard = ScrapeGuard(collectors, clock=clock)
         self.registry.register(guard)
         self.registry.register(BuildInfoCollector())
         self._filter_seconds = Histogram(

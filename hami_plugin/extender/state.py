@@ -23,7 +23,10 @@ HTTP calls, `SchedulerState` holds, and delegates to:
   key (`booking_keys`) a pod event enters the ledger and the in-flight view only as
   `BookingTrust.counted` hands it on, without its booking when that does not verify, so a
   forged booking neither fills a node nor blocks a bind; binds are signed there. Without a key
-  every booking counts, as in HAMi.
+  every booking counts, as in HAMi;
+* the namespace GPU quotas (`hami_plugin.scheduler.quota.QuotaBook`): limits from the
+  ResourceQuota informer (`quota_events`), usage following the ledger's bookings of each pod
+  (so only counted bookings count), checked by `decide` for pods of a namespace with a limit.
 
 Filter answers are rendered by `hami_plugin.extender.filtering`. Nothing here does I/O: callers
 never hold the lock across an API call. Observer calls are made after the lock is released.
@@ -72,6 +75,7 @@ from hami_plugin.protocol.objects import POD_PENDING, NodeInfo, PodInfo
 from hami_plugin.scheduler.filter import FitCache, assume, decide, pod_shape
 from hami_plugin.scheduler.health import NodeHealthTracker
 from hami_plugin.scheduler.ledger import Ledger, TrackedPod
+from hami_plugin.scheduler.quota import QuotaBook, QuotaEntry, ResourceQuotaInfo
 from hami_plugin.scheduler.requests import pod_requests
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.usage import NodeUsage
@@ -129,6 +133,23 @@ class _NodeHandler:
         self._state.nodes_synced.set()
 
 
+class _QuotaHandler:
+    """The ResourceQuota informer's handler (an `InformerHandler[ResourceQuotaInfo]`; HAMi's
+    `onAddQuota`/`onUpdateQuota`/`onDelQuota`, `pkg/scheduler/scheduler.go:304-334`)."""
+
+    def __init__(self, state: SchedulerState) -> None:
+        self._state = state
+
+    def on_upsert(self, new: ResourceQuotaInfo, old: ResourceQuotaInfo | None) -> None:
+        self._state.quota_upserted(new, old)
+
+    def on_delete(self, old: ResourceQuotaInfo) -> None:
+        self._state.quota_deleted(old)
+
+    def on_synced(self) -> None:
+        self._state.quotas_synced.set()
+
+
 class SchedulerState:
     """Ledger, bookings, in-flight pods and locks of the scheduler daemon; thread-safe.
 
@@ -167,8 +188,14 @@ class SchedulerState:
         self.fit_cache = FitCache()
         self.pod_events = _PodHandler(self)
         self.node_events = _NodeHandler(self)
+        self.quotas = QuotaBook(resources=settings.resources)
+        self.quota_events = _QuotaHandler(self)
         self.pods_synced = threading.Event()
         self.nodes_synced = threading.Event()
+        self.quotas_synced = threading.Event()
+        """Set once the ResourceQuota list is in; set from the start when no quota informer
+        runs (the daemon clears it before starting one), so it holds nothing up then."""
+        self.quotas_synced.set()
         self.work = threading.Event()
         """Set when the recovery loop has urgent work (a deleted pod's lock to release)."""
         self._bookings = Bookings()
@@ -182,8 +209,11 @@ class SchedulerState:
 
     @property
     def synced(self) -> bool:
-        """Both first lists are done."""
-        return self.pods_synced.is_set() and self.nodes_synced.is_set()
+        """The first lists are done (pods, nodes and, when watched, ResourceQuotas: HAMi waits
+        for every informer's cache, `pkg/scheduler/scheduler.go:389`)."""
+        return (
+            self.pods_synced.is_set() and self.nodes_synced.is_set() and self.quotas_synced.is_set()
+        )
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -319,6 +349,11 @@ class SchedulerState:
             self.ledger.untrack(info.key)
         else:
             self.ledger.update_pod(info)
+        self._follow_quota(info.key)
+
+    def _follow_quota(self, key: str) -> None:
+        """The namespace quota usage follows the ledger's booking of the pod."""
+        self.quotas.follow(key, self.ledger.tracked(key))
 
     def _shape_of(self, info: PodInfo) -> Hashable | None:
         return pod_shape(info, self.settings)
@@ -350,6 +385,7 @@ class SchedulerState:
                 return
             self._drop_booking(key)
             self.ledger.delete_pod(key)
+            self._follow_quota(key)
             self._in_flight.drop_own(key)
             for candidate in {
                 last.annotations.get(ANNOTATION_VGPU_NODE, ""),
@@ -433,6 +469,7 @@ class SchedulerState:
         if self._bookings.pop(key) is None:
             return
         self.ledger.untrack(key)
+        self._follow_quota(key)
         pod = self._pods.get(key)
         if pod is not None:
             # they count again (if they book anything and, with a key, are trusted)
@@ -441,6 +478,32 @@ class SchedulerState:
     def _drop_own_in_flight(self, key: str) -> None:
         if self._in_flight.drop_own(key):
             self.changed.notify_all()
+
+    # --- quotas -------------------------------------------------------------------------------
+
+    def quota_upserted(self, new: ResourceQuotaInfo, old: ResourceQuotaInfo | None) -> None:
+        """A ResourceQuota appeared or its `spec.hard` changed (HAMi's `AddQuota`, or
+        `UpdateQuota` in one step under the lock)."""
+        with self._lock:
+            if old is None:
+                self.quotas.add_quota(new.namespace, new.hard_map)
+            else:
+                self.quotas.update_quota(new.namespace, old.hard_map, new.hard_map)
+
+    def quota_deleted(self, old: ResourceQuotaInfo) -> None:
+        """A ResourceQuota went away (HAMi's `DelQuota`)."""
+        with self._lock:
+            self.quotas.del_quota(old.namespace, old.hard_map)
+
+    def quota_entries(self) -> list[QuotaEntry]:
+        """Every namespace's quota figures (the `hami_resource_quota_*` metrics)."""
+        with self._lock:
+            return self.quotas.entries()
+
+    def fits_quota(self, namespace: str, memory_mib: int, cores: int) -> bool:
+        """HAMi's `FitQuota` for a whole pod's request (the webhook's check)."""
+        with self._lock:
+            return self.quotas.fit_quota(namespace, memory_mib, self.settings.memory_factor, cores)
 
     # --- filter -------------------------------------------------------------------------------
 
@@ -482,6 +545,7 @@ class SchedulerState:
                 self._drop_booking(info.key)
                 self._drop_own_in_flight(info.key)
                 self.ledger.untrack(info.key)
+                self._follow_quota(info.key)
                 result = decide(
                     self.ledger,
                     info,
@@ -494,9 +558,11 @@ class SchedulerState:
                         info, node, devices, shape, now
                     ),
                     look_ahead=self.burst_look_ahead,
+                    quota=self.quotas.quota_fit(info.namespace, self.settings.memory_factor),
                 )
                 if result.error is None and result.node is not None:
                     assume(self.ledger, info.key, result)
+                    self._follow_quota(info.key)
                     self._bookings.book(
                         info.key,
                         info.uid,
@@ -585,12 +651,22 @@ class SchedulerState:
                 self._drop_booking(pod.key)
                 self._drop_own_in_flight(pod.key)
                 self.ledger.untrack(pod.key)
-                result = decide(self.ledger, pod, [node], now, self.settings, cache=self.fit_cache)
+                self._follow_quota(pod.key)
+                result = decide(
+                    self.ledger,
+                    pod,
+                    [node],
+                    now,
+                    self.settings,
+                    cache=self.fit_cache,
+                    quota=self.quotas.quota_fit(pod.namespace, self.settings.memory_factor),
+                )
                 if result.error is not None:
                     return BindRefusal(pod, node, annotation_error=result.error)
                 if result.node is None:
                     return BindRefusal(pod, node, failure=result.failed_nodes.get(node))
                 assume(self.ledger, pod.key, result)
+                self._follow_quota(pod.key)
                 booking = self._bookings.book(
                     pod.key, pod.uid, node, result, seen=self._watched(pod.key, pod.uid)
                 )

@@ -6,6 +6,10 @@ decision the scheduler runs, and prints JSON on stdout:
     {"node": "<name or null>", "annotations": {...}, "failedNodes": {"<node>": "<reason>"},
      "scores": {"<node>": <float>}}
 
+ResourceQuota objects in the snapshot (`kubectl get nodes,pods,resourcequotas -A -o yaml`) are
+the namespace GPU quotas: the pod's namespace's limit is checked as the scheduler checks it
+(`ResourceQuotaNotFit`), against what the snapshot's other pods there book.
+
 Every node of the snapshot is a candidate unless `--nodes` names some; every one is fitted, so
 `failedNodes` and `scores` (fitting nodes only) are complete. A node whose device plugin is
 gone by HAMi's CheckHealth (no allocatable `nvidia.com/gpu` and a `Requesting_` handshake 60 s
@@ -37,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hami_plugin.protocol.objects import PodInfo
     from hami_plugin.scheduler.filter import FilterResult
+    from hami_plugin.scheduler.fit import QuotaFit
     from hami_plugin.scheduler.ledger import Ledger
     from hami_plugin.scheduler.settings import SchedulerSettings
 
@@ -168,7 +173,12 @@ def _run(args: argparse.Namespace) -> int:
     from hami_plugin.scheduler.fit import render_failure
     from hami_plugin.scheduler.requests import pod_requests
     from hami_plugin.scheduler.settings import SchedulerSettings
-    from hami_plugin.scheduler.snapshot import build_ledger, parse_pod, parse_snapshot
+    from hami_plugin.scheduler.snapshot import (
+        build_ledger,
+        build_quota_book,
+        parse_pod,
+        parse_snapshot,
+    )
 
     if args.repeat < 0:
         raise _BadInputError("--repeat must not be negative")
@@ -195,12 +205,17 @@ def _run(args: argparse.Namespace) -> int:
         raise _BadInputError(f"--now {args.now} is not a time this machine can represent") from None
     ledger = build_ledger(snapshot, now)
     ledger.untrack(pod.key)  # re-scheduling a tracked pod: its old allocation is released
+    quota = build_quota_book(snapshot, ledger, settings.resources).quota_fit(
+        pod.namespace, settings.memory_factor
+    )
     if args.nodes is not None:
         candidates = [name.strip() for name in args.nodes.split(",") if name.strip()]
     else:
         candidates = [node.name for node in snapshot.nodes]
 
-    result = decide(ledger, pod, candidates, now, settings, exhaustive=True, requests=requests)
+    result = decide(
+        ledger, pod, candidates, now, settings, exhaustive=True, requests=requests, quota=quota
+    )
     if result.error is not None:
         raise _BadInputError(f"{args.pod}: {result.error}")
     output: dict[str, Any] = {
@@ -214,7 +229,9 @@ def _run(args: argparse.Namespace) -> int:
     if not result.requests.wants_gpu:
         output["note"] = "the pod asks no GPU: every node passes"
     if args.repeat:
-        output["decision_ms"] = _time_decisions(ledger, pod, candidates, now, settings, args.repeat)
+        output["decision_ms"] = _time_decisions(
+            ledger, pod, candidates, now, settings, args.repeat, quota
+        )
     print(json.dumps(output, indent=2), flush=True)
     if args.explain:
         from hami_plugin.scheduler.snapshot import unhealthy_nodes
@@ -233,6 +250,7 @@ def _time_decisions(
     now: datetime,
     settings: SchedulerSettings,
     repeat: int,
+    quota: QuotaFit | None,
 ) -> dict[str, float]:
     import time
 
@@ -241,7 +259,7 @@ def _time_decisions(
     samples = []
     for _ in range(repeat):
         start = time.perf_counter()
-        decide(ledger, pod, candidates, now, settings)
+        decide(ledger, pod, candidates, now, settings, quota=quota)
         samples.append((time.perf_counter() - start) * 1000.0)
     return {
         "p50": round(_percentile(samples, 0.50), 3),

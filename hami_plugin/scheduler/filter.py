@@ -37,7 +37,7 @@ that did not change.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from hami_plugin.protocol.codec import (
@@ -61,6 +61,7 @@ from hami_plugin.scheduler.fit import (
     FitContext,
     FitFailure,
     PodFit,
+    QuotaFit,
     fit_pod,
 )
 from hami_plugin.scheduler.ledger import Ledger
@@ -217,13 +218,16 @@ def decide(
     requests: PodRequests | None = None,
     would_wait: WouldWait | None = None,
     look_ahead: int = 0,
+    quota: QuotaFit | None = None,
 ) -> FilterResult:
     """Choose a node for the pod among `candidates` (None: every registered node).
 
     `requests` are the pod's `pod_requests` when the caller has them already (read once per
     call). An invalid GPU annotation on the pod is reported in `FilterResult.error` (it is the
     pod's fault, not the caller's); nothing is raised. `would_wait` and `look_ahead` fan a
-    burst out (the module docstring); without them the answer is HAMi's.
+    burst out (the module docstring); without them the answer is HAMi's. `quota` is the pod's
+    namespace quota check (`QuotaBook.quota_fit`; None when the namespace has no GPU limit):
+    its verdict depends on the namespace's usage, so such a pod is fitted without `cache`.
     """
     if requests is None:
         requests = pod_requests(pod, settings)
@@ -237,6 +241,9 @@ def decide(
     gpu_policy = options.gpu_policy or settings.gpu_policy
     context = _context(options, settings)
     signature = _signature(requests, context)
+    if quota is not None:
+        context = replace(context, quota=quota, init_count=requests.init_count)
+        cache = None
     fan_out = would_wait is not None and look_ahead > 0 and not exhaustive
     first: str | None = None
     beyond_first = 0

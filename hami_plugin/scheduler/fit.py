@@ -20,15 +20,27 @@ the number of GPUs picked when the walk ends short (v2.10's `device_test.go` exp
 `2/2 AllocatedCardsInsufficientRequest` for 3 asked of 2 free GPUs). HAMi v2.8 and v2.9 added
 `len(tmpDevs)`, the size of the per-type map, which was always 1.
 
-Not implemented (documented): the namespace quota check (`ResourceQuotaNotFit`) and the
-`topology-aware` pair-score choice (such pods are placed by the plain walk); MIG-mode GPUs are
-never picked (`CardMigTopologyInfeasible`).
+The namespace quota check (`ResourceQuotaNotFit`, check 10) is HAMi v2.10's `fitQuota`
+(`pkg/device/nvidia/device.go:666-691`): for each GPU, the pod's devices so far in this phase
+(earlier init containers for an init container, earlier app containers for an app container,
+only containers with GPUs), this container's picks and this GPU, collapsed as
+`CollapseInitContainerUsage` collapses them with the pod's init-container count (so, as in
+HAMi, the first app containers of a pod with init containers count by their peak), summed, must
+fit the namespace quota (`FitContext.quota`). The check depends on what was picked before, so a
+pod with a quota is fitted without the score-free screening.
+
+With the `topology-aware` policy the walk is HAMi v2.10's (device.go Fit, lines 724, 830-868):
+it does not stop when enough GPUs passed but collects every GPU that passes (with numa-bind,
+those of the last NUMA node it walks, and `NumaNotFit` is never counted, as `k.Nums` never
+moves there), then `policy.topology_choice` picks among them by the node's pair scores
+(`NodeUsage.pair_scores`). Such a walk is never screened. Not implemented (documented):
+MIG-mode GPUs are never picked (`CardMigTopologyInfeasible`).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hami_plugin.protocol.model import (
@@ -42,16 +54,17 @@ from hami_plugin.protocol.model import (
     PodGpuOptions,
     ScoringWeights,
 )
-from hami_plugin.scheduler.policy import GpuOrder, SortKey, gpu_order
+from hami_plugin.scheduler.policy import GpuOrder, SortKey, gpu_order, topology_choice
 from hami_plugin.scheduler.requests import ContainerRequest, PodRequests
 from hami_plugin.scheduler.score import device_score
-from hami_plugin.scheduler.usage import NodeUsage
+from hami_plugin.scheduler.usage import NodeUsage, collapse_pod_devices
 
 __all__ = [
     "FitContext",
     "FitFailure",
     "FitReason",
     "PodFit",
+    "QuotaFit",
     "fit_container",
     "fit_pod",
     "render_failure",
@@ -114,6 +127,11 @@ def _failure(counts: dict[FitReason, int], candidates: int) -> FitFailure:
     return FitFailure(tuple(sorted(counts.items())), candidates)
 
 
+QuotaFit = Callable[[int, int], bool]
+"""The namespace quota's verdict on the pod's total MiB and cores (HAMi's `FitQuota` with the
+memory factor applied); see `scheduler/quota.py`."""
+
+
 @dataclass(frozen=True, slots=True)
 class FitContext:
     """Everything about the pod that the checks need, resolved once per decision.
@@ -121,18 +139,24 @@ class FitContext:
     `use_types`/`use_uuids` are None when the pod sets no such constraint; an empty value
     means the annotation is set but lists nothing (every GPU mismatches). Card types are kept
     upper-cased. `vgpu_mode` is the annotation as written (None when absent; `""` admits only
-    GPUs without a mode, as HAMi's substring test does).
+    GPUs without a mode, as HAMi's substring test does). `quota` is set only when the pod's
+    namespace has a GPU quota limit (None: no check, HAMi's `FitQuota` returns true);
+    `init_count` is the pod's number of init containers, which the quota collapse needs.
     """
 
     order: GpuOrder
     weights: ScoringWeights = field(default_factory=ScoringWeights)
     numa_bind: bool = False
     mutex: bool = False
+    topology: bool = False
+    """The `topology-aware` policy: collect every passing GPU, then pick by pair scores."""
     use_types: tuple[str, ...] | None = None
     nouse_types: tuple[str, ...] = ()
     use_uuids: frozenset[str] | None = None
     nouse_uuids: frozenset[str] = frozenset()
     vgpu_mode: str | None = None
+    quota: QuotaFit | None = None
+    init_count: int = 0
     _type_cache: dict[tuple[str, str], bool] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -152,6 +176,7 @@ class FitContext:
             weights=options.scoring_weights or ScoringWeights(),
             numa_bind=options.numa_bind,
             mutex=policy.has(GpuPolicyName.MUTEX),
+            topology=policy.has(GpuPolicyName.TOPOLOGY_AWARE),
             use_types=None if use_types is None else tuple(item.upper() for item in use_types),
             nouse_types=tuple(item.upper() for item in options.nouse_gpu_types or ()),
             use_uuids=None if options.use_gpu_uuids is None else frozenset(options.use_gpu_uuids),
@@ -245,14 +270,18 @@ def _walk(
     used_cores: Sequence[int],
     request: ContainerRequest,
     context: FitContext,
+    allocated: Sequence[ContainerDevices] = (),
 ) -> _Picked | FitFailure:
     """HAMi's Fit loop (docs/hami-reference.md 3.5.2): GPUs from the end of `order`, checks in
-    HAMi's order, the first failing check counted, stop when enough GPUs passed."""
+    HAMi's order, the first failing check counted, stop when enough GPUs passed. `allocated`:
+    the pod's devices in this phase so far, for the quota check."""
     devices = node.devices
     cordoned = node.cordoned
     type_allowed = context.type_allowed
     use_uuids, nouse_uuids = context.use_uuids, context.nouse_uuids
     numa_bind, mutex = context.numa_bind, context.mutex
+    topology = context.topology
+    quota = context.quota
     cores = min(request.cores_percent, 100)  # 8. HAMi clamps Coresreq to 100 (sticky)
     needed = request.count
     previous_numa = -1
@@ -272,7 +301,7 @@ def _walk(
                 # A new NUMA node: what was picked on the previous one does not count, and
                 # every GPU picked there counts as NumaNotFit (v2.10 device.go:748 adds
                 # len(tmpDevs[k.Type]), the GPUs picked so far).
-                if picked:
+                if picked and not topology:
                     so_far = counts.get(FitReason.NUMA_NOT_FIT, 0)
                     counts[FitReason.NUMA_NOT_FIT] = so_far + len(picked)
                 needed = request.count
@@ -288,7 +317,10 @@ def _walk(
                 reason = FitReason.CARD_TIME_SLICING_EXHAUSTED
             elif mutex and in_use > 0:  # 7.
                 reason = FitReason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-            # 10. the namespace quota check (ResourceQuotaNotFit) is not implemented
+            elif quota is not None and not _quota_fits(  # 10.
+                quota, allocated, devices, picked, booked, position, memory_mib, cores, context
+            ):
+                reason = FitReason.RESOURCE_QUOTA_NOT_FIT
             elif device.memory_mib - used_memory_mib[position] < memory_mib:  # 11.
                 reason = FitReason.CARD_INSUFFICIENT_MEMORY
             elif device.cores_percent - used_cores[position] < cores:  # 12.
@@ -306,6 +338,8 @@ def _walk(
             else:  # 16.-17. pick; done when enough GPUs passed
                 picked.append(position)
                 booked.append(memory_mib)
+                if topology:
+                    continue
                 needed -= 1
                 if needed == 0:
                     return _Picked(
@@ -317,11 +351,44 @@ def _walk(
                     )
                 continue
         counts[reason] = counts.get(reason, 0) + 1
+    if topology and len(picked) >= request.count:
+        chosen = topology_choice(
+            [devices[position].uuid for position in picked], request.count, node.pair_scores
+        )
+        return _Picked(
+            tuple(picked[i] for i in chosen),
+            tuple(
+                ContainerDevice(devices[picked[i]].uuid, NVIDIA_DEVICE_TYPE, booked[i], cores)
+                for i in chosen
+            ),
+        )
     if picked:
         # v2.10 device.go:871-872 sets len(tmpDevs[k.Type]): the GPUs picked (on the last
         # NUMA node with numa-bind), not 1 as v2.8/v2.9's len(tmpDevs) did.
         counts[FitReason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] = len(picked)
     return _failure(counts, len(order))
+
+
+def _quota_fits(
+    quota: QuotaFit,
+    allocated: Sequence[ContainerDevices],
+    devices: Sequence[GpuDevice],
+    picked: Sequence[int],
+    booked: Sequence[int],
+    position: int,
+    memory_mib: int,
+    cores: int,
+    context: FitContext,
+) -> bool:
+    """HAMi's `fitQuota` (device.go:666-691): the phase's devices so far plus this
+    container's picks plus this GPU, collapsed, summed, against the namespace quota."""
+    current = [
+        ContainerDevice(devices[chosen].uuid, NVIDIA_DEVICE_TYPE, mib, cores)
+        for chosen, mib in zip(picked, booked, strict=True)
+    ]
+    current.append(ContainerDevice(devices[position].uuid, NVIDIA_DEVICE_TYPE, memory_mib, cores))
+    tallies = collapse_pod_devices((*allocated, tuple(current)), context.init_count)
+    return quota(sum(t.memory_mib for t in tallies), sum(t.cores for t in tallies))
 
 
 def _screening_order(
@@ -385,14 +452,16 @@ def _fit_container(
     base: Sequence[int] | None,
     *,
     screen: bool,
+    allocated: Sequence[ContainerDevices] = (),
 ) -> tuple[tuple[int, ...], ContainerDevices, Sequence[int]] | FitFailure:
-    """`fit_container`, sorting from `base`; also returns the sorted order it walked."""
+    """`fit_container`, sorting from `base`; also returns the sorted order it walked.
+    `allocated` is the pod's devices in this phase so far (for the quota check)."""
     used = node.used if used is None else used
     used_memory_mib = node.used_memory_mib if used_memory_mib is None else used_memory_mib
     used_cores = node.used_cores if used_cores is None else used_cores
     if request.count > len(node.candidates) and not context.mig_request(node):
         return NODE_INSUFFICIENT_DEVICE
-    if screen:
+    if screen and context.quota is None and not context.topology:
         screening = _screening_order(node, used, context, base)
         if screening is not None:
             outcome = _walk(node, screening, used, used_memory_mib, used_cores, request, context)
@@ -401,7 +470,7 @@ def _fit_container(
             if not context.order.uses_score:
                 return outcome.positions, outcome.devices, screening
     order = sorted_candidates(node, used, used_memory_mib, used_cores, request, context, base)
-    result = _walk(node, order, used, used_memory_mib, used_cores, request, context)
+    result = _walk(node, order, used, used_memory_mib, used_cores, request, context, allocated)
     if isinstance(result, FitFailure):
         return result
     return result.positions, result.devices, order
@@ -421,14 +490,21 @@ def fit_pod(
     """Fit every container of the pod on the node (docs/hami-reference.md 3.7); the first failing
     container's failure is the node's. `screen` as for `fit_container`."""
     entries: list[ContainerDevices] = []
+    # The quota check's view of the phase so far: HAMi's `allocated` holds the NVIDIA devices
+    # of earlier containers with GPUs (score.go:226-283), init and app phases apart.
+    phase: list[ContainerDevices] = []
     for request in requests.init_requests:
         if request is None:
             entries.append(())
             continue
-        result = fit_container(node, request, context, screen=screen)
-        if isinstance(result, FitFailure):
-            return result
-        entries.append(result[1])
+        init_fit = _fit_container(
+            node, request, context, None, None, None, None, screen=screen, allocated=phase
+        )
+        if isinstance(init_fit, FitFailure):
+            return init_fit
+        entries.append(init_fit[1])
+        phase.append(init_fit[1])
+    phase = []
     app = requests.app_requests
     remaining = sum(request is not None for request in app)
     used: Sequence[int] = node.used
@@ -441,12 +517,21 @@ def fit_pod(
             entries.append(())
             continue
         fitted = _fit_container(
-            node, request, context, used, used_memory_mib, used_cores, order, screen=screen
+            node,
+            request,
+            context,
+            used,
+            used_memory_mib,
+            used_cores,
+            order,
+            screen=screen,
+            allocated=phase,
         )
         if isinstance(fitted, FitFailure):
             return fitted
         positions, devices, order = fitted
         entries.append(devices)
+        phase.append(devices)
         remaining -= 1
         if remaining:
             # Later app containers see what this one took; the node itself stays untouched.

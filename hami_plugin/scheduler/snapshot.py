@@ -1,4 +1,5 @@
-"""Cluster snapshots for the dry run: what `kubectl get nodes,pods -A -o yaml` prints.
+"""Cluster snapshots for the dry run: what `kubectl get nodes,pods -A -o yaml` prints (add
+`resourcequotas` to the list for namespace GPU quotas).
 
 Accepted: a `v1 List` (or `NodeList`/`PodList`) with `items`, a stream of YAML documents
 (`---`-separated objects or lists), or any mix; objects of other kinds are skipped. A snapshot
@@ -10,7 +11,9 @@ The ledger built from a snapshot registers the nodes a HAMi v2.10 scheduler woul
 device plugin is gone by HAMi's CheckHealth (`scheduler.health`: kubelet reports no
 `nvidia.com/gpu` and the `Requesting_` handshake is at least 60 s old at the time given) is
 left out, so the filter reports it `node unregistered`. The snapshot carries no clock of its
-own: the caller passes the time to judge by.
+own: the caller passes the time to judge by. ResourceQuota objects give the namespace GPU
+quotas (`build_quota_book`): their limits, and the usage of the pods the ledger books, as a
+scheduler's quota informer and pod events would.
 """
 
 from __future__ import annotations
@@ -27,11 +30,14 @@ from hami_plugin.protocol.model import ANNOTATION_NODE_HANDSHAKE
 from hami_plugin.protocol.objects import NodeInfo, ObjectError, PodInfo, read_node, read_pod
 from hami_plugin.scheduler.health import check_node_health
 from hami_plugin.scheduler.ledger import Ledger
+from hami_plugin.scheduler.quota import QuotaBook, ResourceQuotaInfo, read_resource_quota
+from hami_plugin.scheduler.settings import ResourceNames
 
 __all__ = [
     "ClusterSnapshot",
     "SnapshotError",
     "build_ledger",
+    "build_quota_book",
     "parse_pod",
     "parse_snapshot",
     "unhealthy_nodes",
@@ -53,6 +59,7 @@ _SNAPSHOT_COMMAND = "kubectl get nodes,pods -A -o yaml"
 class ClusterSnapshot:
     nodes: tuple[NodeInfo, ...]
     pods: tuple[PodInfo, ...]
+    quotas: tuple[ResourceQuotaInfo, ...] = ()
 
 
 def _documents(text: str, what: str) -> list[Any]:
@@ -82,6 +89,7 @@ def parse_snapshot(text: str, what: str = "snapshot") -> ClusterSnapshot:
     Node at all (the message counts what was found instead)."""
     nodes: list[NodeInfo] = []
     pods: list[PodInfo] = []
+    quotas: list[ResourceQuotaInfo] = []
     others = 0
     for position, obj in enumerate(_objects(_documents(text, what), what)):
         kind = obj.get("kind")
@@ -90,13 +98,15 @@ def parse_snapshot(text: str, what: str = "snapshot") -> ClusterSnapshot:
                 f"{what}: object {position} has no kind; expected Kubernetes objects, "
                 f"the output of `{_SNAPSHOT_COMMAND}`"
             )
-        others += kind not in ("Node", "Pod")
+        others += kind not in ("Node", "Pod", "ResourceQuota")
         try:
             if kind == "Node":
                 nodes.append(read_node(obj))
             elif kind == "Pod":
                 pods.append(read_pod(obj))
-        except ObjectError as error:
+            elif kind == "ResourceQuota":
+                quotas.append(read_resource_quota(obj))
+        except (ObjectError, ValueError) as error:
             raise SnapshotError(f"{what}: object {position} ({kind}): {error}") from None
     if not nodes:
         found = " and ".join(
@@ -108,7 +118,7 @@ def parse_snapshot(text: str, what: str = "snapshot") -> ClusterSnapshot:
             f"{what}: no Node in the snapshot (found {found or 'nothing'}); expected a "
             f"cluster snapshot, the output of `{_SNAPSHOT_COMMAND}`"
         )
-    return ClusterSnapshot(tuple(nodes), tuple(pods))
+    return ClusterSnapshot(tuple(nodes), tuple(pods), tuple(quotas))
 
 
 def parse_pod(text: str, what: str = "pod") -> PodInfo:
@@ -150,3 +160,17 @@ def build_ledger(snapshot: ClusterSnapshot, now: datetime) -> Ledger:
     for pod in snapshot.pods:
         ledger.update_pod(pod)
     return ledger
+
+
+def build_quota_book(
+    snapshot: ClusterSnapshot, ledger: Ledger, resources: ResourceNames | None = None
+) -> QuotaBook:
+    """The namespace GPU quotas of the snapshot: every ResourceQuota's limits (in snapshot
+    order, the last one of a key winning as in HAMi) and the usage of every pod `ledger`
+    books."""
+    book = QuotaBook(resources=resources or ResourceNames())
+    for quota in snapshot.quotas:
+        book.add_quota(quota.namespace, quota.hard_map)
+    for tracked in ledger.tracked_pods():
+        book.follow(tracked.key, tracked)
+    return book

@@ -24,14 +24,18 @@ MutateAdmission; docs/hami-reference.md 2 and 3.11), in HAMi's order:
 5. a pod with GPUs and a privileged container is denied `container <name> is privileged`
    (99-102);
 6. a pod with GPUs gets `spec.schedulerName`, or is denied `pod has node assigned` when
-   `spec.nodeName` is already set (104-113).
+   `spec.nodeName` is already set (104-113);
+7. a pod whose GPU memory or cores, added up, do not fit its namespace's quota is denied
+   `exceeding resource quota` (114-116, `fitResourceQuota` 145-190): per container the
+   scheduler's reading (defaults and memory factor included) times the GPU count, app
+   containers summed, init containers by the largest, the larger of the two, checked with
+   `FitQuota` against what the namespace already uses (`WebhookSettings.quota`).
 
 Differences, on purpose:
 - Scheduler-owned annotations (`SCHEDULER_OWNED_ANNOTATIONS`) and the `hami.io/vgpu-node`
   label are removed from every pod that is allowed, GPU or not, other scheduler or not: only
   the scheduler writes them (at bind), and the device plugin hands GPUs out by them, so a pod
   created with them could claim GPUs it was never given. HAMi keeps them.
-- No quota check (webhook.go 114-116): this product has no quotas.
 - Step 4: every container, as mutated (a default GPU count added), is read the way the
   scheduler reads it (`scheduler.requests`, HAMi's GenerateResourceRequests), and a
   `RequestProblem.wrong_answer` (a value that drops the request, is ignored, is truncated to
@@ -51,7 +55,7 @@ configuration's selectors (the chart's namespaceSelector/objectSelector), never 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_UP
 from typing import Any
@@ -130,8 +134,9 @@ class WebhookSettings:
     An empty `scheduler_name` leaves `spec.schedulerName` alone (HAMi's `--scheduler-name`
     unset). `default_gpu_num` 0 turns the default GPU count off. The scheduler's
     `default_memory_mib`/`default_cores` are not the webhook's: HAMi reads them only for
-    quotas, which this product does not have. `memory_factor` is the scheduler's (the device
-    config's `memoryFactor`): the webhook reads a request's memory range as the scheduler will.
+    the quota check, which gets them in `quota.reading`. `memory_factor` is the scheduler's (the
+    device config's `memoryFactor`): the webhook reads a request's memory range as the scheduler
+    will. `quota` None: no quota check (no namespace quotas are known, e.g. outside the daemon).
     """
 
     scheduler_name: str = "hami-scheduler"
@@ -142,6 +147,7 @@ class WebhookSettings:
     runtime_class_name: str = ""
     resources: ResourceNames = field(default_factory=ResourceNames)
     memory_factor: int = 1
+    quota: QuotaCheck | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.default_gpu_num <= _INT32_MAX:
@@ -151,6 +157,16 @@ class WebhookSettings:
         if not self.resources.count:
             raise ValueError("the GPU count resource name must not be empty")
         GpuCorePolicy(self.gpu_core_policy)  # raises ValueError for an unknown policy
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaCheck:
+    """The webhook's view of the namespace quotas: `fits(namespace, memory_mib, cores)` is
+    HAMi's `FitQuota` for the whole pod (the scheduler state's), `reading` the scheduler
+    settings its requests are read with (HAMi asks the backend's `GenerateResourceRequests`)."""
+
+    reading: SchedulerSettings
+    fits: Callable[[str, int, int], bool]
 
 
 class AdmissionVerdict(enum.StrEnum):
@@ -255,6 +271,7 @@ class _Container:
 
 @dataclass(frozen=True, slots=True)
 class _PodView:
+    namespace: str
     annotations: Mapping[str, Any]
     labels: Mapping[str, Any]
     containers: tuple[_Container, ...]  # init containers first
@@ -314,6 +331,7 @@ def _read_pod(pod: object) -> _PodView:
     init_containers = _read_containers(spec, "initContainers")
     app_containers = _read_containers(spec, "containers")
     return _PodView(
+        namespace=_text(metadata.get("namespace"), "metadata.namespace"),
         annotations=_string_map(metadata.get("annotations"), "metadata.annotations"),
         labels=_string_map(metadata.get("labels"), "metadata.labels"),
         containers=(*init_containers, *app_containers),
@@ -439,6 +457,31 @@ def _misread_requests(
     return problems
 
 
+def _fits_quota(view: _PodView, namespace: str, quota: QuotaCheck) -> bool:
+    """HAMi's `fitResourceQuota` (webhook.go:145-190) for the NVIDIA backend."""
+    init_count = len(view.containers) - view.app_container_count
+    app_memory = app_cores = init_memory = init_cores = 0
+    for position, container in enumerate(view.containers):
+        spec = ContainerSpec(
+            container.name,
+            limits={**container.limits, **container.added_limits},
+            requests=container.requests,
+        )
+        request, _ = container_request(spec, quota.reading)
+        if request is None or request.count == 0:
+            continue
+        memory = request.memory_mib * request.count
+        cores = request.cores_percent * request.count
+        if position < init_count:
+            init_memory, init_cores = max(init_memory, memory), max(init_cores, cores)
+        else:
+            app_memory, app_cores = app_memory + memory, app_cores + cores
+    memory, cores = max(app_memory, init_memory), max(app_cores, init_cores)
+    if memory == 0 and cores == 0:
+        return True
+    return quota.fits(namespace, memory, cores)
+
+
 # --- the JSON patch -------------------------------------------------------------------------
 
 
@@ -544,4 +587,6 @@ def admit_pod(pod: object, settings: WebhookSettings) -> PodAdmission:
                     "value": settings.scheduler_name,
                 }
             )
+    if settings.quota is not None and not _fits_quota(view, view.namespace, settings.quota):
+        return _denied("exceeding resource quota")
     return _allowed(patch=operations)

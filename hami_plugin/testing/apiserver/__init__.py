@@ -1,7 +1,8 @@
 """An HTTP test double of the Kubernetes API server, for the real `kubernetes` client.
 
 Serves a slice of the API over real HTTP/1.1 on 127.0.0.1 (random port), from a
-`ThreadingHTTPServer` in a background thread: Nodes, Pods, Events and Secrets (core/v1), Leases
+`ThreadingHTTPServer` in a background thread: Nodes, Pods, Events, Secrets and ResourceQuotas
+(core/v1), Leases
 (coordination.k8s.io/v1) and MutatingWebhookConfigurations (admissionregistration.k8s.io/v1) in
 memory. `python -m hami_plugin.testing.apiserver` serves it in a process of its own.
 

@@ -39,6 +39,7 @@ FIELD_SELECTORS: dict[str, frozenset[str]] = {
     ),
     "leases": frozenset({"metadata.name", "metadata.namespace"}),
     "secrets": frozenset({"metadata.name", "metadata.namespace", "type"}),
+    "resourcequotas": frozenset({"metadata.name", "metadata.namespace"}),
     "mutatingwebhookconfigurations": frozenset({"metadata.name"}),
 }
 

@@ -37,6 +37,7 @@ RESOURCES = {
     "events": Resource("events", "Event", namespaced=True),
     "leases": Resource("leases", "Lease", namespaced=True, api_version="coordination.k8s.io/v1"),
     "secrets": Resource("secrets", "Secret", namespaced=True),
+    "resourcequotas": Resource("resourcequotas", "ResourceQuota", namespaced=True),
     "mutatingwebhookconfigurations": Resource(
         "mutatingwebhookconfigurations",
         "MutatingWebhookConfiguration",
