@@ -52,6 +52,7 @@ from hami_plugin.extender.bookings import (
     BookingPhase,
     Bookings,
 )
+from hami_plugin.extender.fanout import BindWaits
 from hami_plugin.extender.filtering import FilterAnswer, filter_answer, simulate
 from hami_plugin.extender.inflight_tracker import (
     InFlightTracker,
@@ -68,9 +69,7 @@ from hami_plugin.protocol.model import (
     ANNOTATION_VGPU_NODE,
     LABEL_VGPU_NODE,
     BindPhase,
-    PodDevices,
 )
-from hami_plugin.protocol.nodelock import LockAction, decide_lock
 from hami_plugin.protocol.objects import POD_PENDING, NodeInfo, PodInfo
 from hami_plugin.scheduler.filter import FitCache, assume, decide, pod_shape
 from hami_plugin.scheduler.health import NodeHealthTracker
@@ -89,16 +88,6 @@ DEFAULT_BURST_LOOK_AHEAD = 16
 node where the bind would not wait. Binpack then puts a burst on the first few nodes of its
 order (a 300-pod burst of single-GPU pods onto 8-GPU nodes: a handful of nodes more than the
 38 it fills anyway, against the 300 spread would use)."""
-
-
-def _unclaimed_in_flight(booking: Booking, created: int) -> inflight.InFlightPod:
-    """A booking not counted in flight yet (filtered, or its bind still waiting), as the
-    in-flight rules will see it once bound (`_would_wait`): nothing consumed."""
-    namespace, _, name = booking.key.partition("/")
-    devices = booking.result.devices
-    return inflight.InFlightPod(
-        namespace, name, created, devices, devices, uid=booking.uid, shape=booking.result.shape
-    )
 
 
 class _PodHandler:
@@ -176,8 +165,6 @@ class SchedulerState:
         self.burst_look_ahead = burst_look_ahead
         """How many fitting nodes past the policy's first a filter may look at for one where
         the bind need not wait (`scheduler.filter.decide`); 0: always the policy's first."""
-        self.node_lock_timeout = node_lock_timeout
-        """`--node-lock-timeout`: an older node lock is taken over, so it makes no bind wait."""
         self.booking_ttl_seconds = booking_ttl_seconds
         self.observer: SchedulerObserver = observer or NullObserver()
         self.clock: Clock = clock or SystemClock()
@@ -202,6 +189,10 @@ class SchedulerState:
         self._in_flight = InFlightTracker()
         self._nodes = NodeRegistry(self.ledger, health or NodeHealthTracker(), node_selector or {})
         self._pods: dict[str, PodInfo] = {}
+        self._waits = BindWaits(
+            self._bookings, self._nodes, self._in_flight, self._pods, node_lock_timeout
+        )
+        """Would a bind wait on a node (the filter's fan-out, `--node-lock-timeout` for locks)."""
         self._trust = BookingTrust(settings, booking_keys)
         self._lock_releases: dict[tuple[str, str], LockRelease] = {}  # by (node, pod key)
 
@@ -554,7 +545,7 @@ class SchedulerState:
                     self.settings,
                     cache=self.fit_cache,
                     requests=requests,
-                    would_wait=lambda node, devices, shape: self._would_wait(
+                    would_wait=lambda node, devices, shape: self._waits.would_wait(
                         info, node, devices, shape, now
                     ),
                     look_ahead=self.burst_look_ahead,
@@ -579,56 +570,6 @@ class SchedulerState:
         if answer.failure_counts:
             self.observer.filter_failures(answer.failure_counts)
         return answer
-
-    def _would_wait(
-        self, pod: PodInfo, node: str, devices: PodDevices, shape: Hashable, now: datetime
-    ) -> bool:
-        """Would a bind of `pod` to `node` with `devices` wait for another pod now (under the
-        lock)? On a node with HAMi's lock: another pod's booking there (it takes the lock
-        first) or a lock another live pod holds. On an allocate-protocol node: an in-flight
-        pod or another booking there that kubelet's Allocate could confuse with this one
-        (`inflight.must_wait_for` at the node's level), counting every other pod as bound: a
-        wait for a Binding to return is a few milliseconds, not worth another node (bind's
-        `claim_in_flight` still waits for it); a wait for an Allocate is a kubelet round trip."""
-        others = [booking for booking in self._bookings.on_node(node) if booking.key != pod.key]
-        level = self._nodes.allocate_protocol_level(node)
-        if level == 0:
-            if others:
-                return True
-            value = self._nodes.lock_value(node)
-            if value is None:
-                return False
-            decision = decide_lock(
-                node, value, now, self.node_lock_timeout, pod.namespace, pod.name
-            )
-            if decision.action is LockAction.CHECK_OWNER and decision.lock is not None:
-                owner = f"{decision.lock.namespace}/{decision.lock.pod_name}"
-                return owner in self._pods
-            return decision.action is LockAction.CONTENTION
-        me = inflight.InFlightPod(
-            pod.namespace,
-            pod.name,
-            inflight.created_seconds_of(pod.creation_timestamp),
-            devices,
-            devices,
-            bound=False,
-            uid=pod.uid,
-            shape=shape,
-        )
-        unclaimed = (  # built only as far as the check reads
-            _unclaimed_in_flight(booking, self._created_seconds(booking.key, me.created_seconds))
-            for booking in others
-            if not self._in_flight.has(node, booking.key)
-        )
-        blocker = self._in_flight.blocker(me, node, pod.key, level, unclaimed, assume_bound=True)
-        return blocker is not None
-
-    def _created_seconds(self, key: str, unknown: int) -> int:
-        """The creation second of the watched pod `key`, else `unknown`."""
-        pod = self._pods.get(key)
-        if pod is None or pod.creation_timestamp is None:
-            return unknown
-        return inflight.created_seconds_of(pod.creation_timestamp)
 
     # --- bind ---------------------------------------------------------------------------------
 

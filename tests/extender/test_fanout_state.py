@@ -1,4 +1,4 @@
-"""The state's side of a burst: when the filter fans out (`SchedulerState._would_wait`) and when
+"""The state's side of a burst: when the filter fans out (`extender.fanout.BindWaits`) and when
 interchangeable pods share a node (`in-flight/v2`)."""
 
 from __future__ import annotations
