@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from hami_plugin.protocol.model import ContainerDevice
 from hami_plugin.testing.apiserver import FakeApiServer
 from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import FakeKubelet
+from tests.deviceplugin.daemons import serving
 from tests.deviceplugin.test_daemon import (
     GPU_0,
     GPU_1,
@@ -69,18 +69,8 @@ def start(
     daemon = DevicePluginDaemon(
         settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"), clock=ManualClock()
     )
-    kubelet = FakeKubelet(sock_dir).start()
-    exit_codes: list[int] = []
-    thread = threading.Thread(target=lambda: exit_codes.append(daemon.run()))
-    thread.start()
-    try:
-        assert daemon.started.wait(10)
+    with serving(daemon, sock_dir) as kubelet:
         yield Running(kubelet, apiserver, hook, cdi_dir)
-    finally:
-        daemon.stop()
-        thread.join(10)
-        kubelet.stop()
-    assert exit_codes == [0]
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ device's NUMA node from ListAndWatch only when the config turns it on."""
 from __future__ import annotations
 
 import argparse
-import threading
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.settings import add_arguments, resolve_settings
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.testing.apiserver import FakeApiServer
-from hami_plugin.testing.kubelet import FakeKubelet
+from tests.deviceplugin.daemons import serving
 
 NODE = "gpu-node-1"
 GPU_0 = "GPU-03f69c50-207a-2038-9b45-23cac89cb67a"
@@ -62,15 +61,8 @@ def test_kubelet_sees_the_numa_nodes_when_the_device_config_enables_them(
     daemon = DevicePluginDaemon(
         settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"), clock=ManualClock()
     )
-    with FakeKubelet(sock_dir) as kubelet:
-        thread = threading.Thread(target=daemon.run)
-        thread.start()
-        try:
-            assert daemon.started.wait(10)
-            kubelet.wait_for_registrations(1, timeout=10)
-            devices = kubelet.wait_for_list(lambda states: len(states) == 4, timeout=5)
-        finally:
-            daemon.stop()
-            thread.join(10)
+    with serving(daemon, sock_dir) as kubelet:
+        kubelet.wait_for_registrations(1, timeout=10)
+        devices = kubelet.wait_for_list(lambda states: len(states) == 4, timeout=5)
     seen = {device.id.rsplit("-", 1)[0]: device.numa_nodes for device in devices}
     assert {gpu: nodes for gpu, nodes in seen.items() if nodes} == numa

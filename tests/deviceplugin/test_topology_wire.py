@@ -7,7 +7,6 @@ annotation; without it the node carries no score annotation.
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from hami_plugin.protocol.inflight import ANNOTATION_ALLOCATE_PROTOCOL
 from hami_plugin.protocol.topology import NODE_NVIDIA_SCORE_ANNOTATION
 from hami_plugin.testing.apiserver import FakeApiServer
 from hami_plugin.testing.hamicore import install_fake_hamicore
-from hami_plugin.testing.kubelet import FakeKubelet
+from tests.deviceplugin.daemons import serving
 from tests.processes import wait_until
 
 NODE = "hgx-node-1"
@@ -56,25 +55,17 @@ def test_hgx_node_publishes_pair_scores(
         enable_topology_score=enabled,
     )
     daemon = DevicePluginDaemon(settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"))
-    kubelet = FakeKubelet(sock_dir).start()
-    thread = threading.Thread(target=daemon.run)
-    thread.start()
-    try:
-        assert daemon.started.wait(10)
+    with serving(daemon, sock_dir):
         wait_until(lambda: ANNOTATION_ALLOCATE_PROTOCOL in node_annotations(apiserver), timeout=5.0)
         value = node_annotations(apiserver).get(NODE_NVIDIA_SCORE_ANNOTATION)
-        if not enabled:
-            assert value is None
-            return
-        assert value is not None
-        scores = json.loads(value)
-        assert [entry["uuid"] for entry in scores] == UUIDS
-        assert scores[0]["score"] == {
-            **{u: 1820 for u in UUIDS[1:4]},
-            **{u: 1810 for u in UUIDS[4:]},
-        }
-        assert value.startswith(f'[{{"uuid":"{UUIDS[0]}","score":{{"{UUIDS[1]}":1820,')
-    finally:
-        daemon.stop()
-        thread.join(10)
-        kubelet.stop()
+    if not enabled:
+        assert value is None
+        return
+    assert value is not None
+    scores = json.loads(value)
+    assert [entry["uuid"] for entry in scores] == UUIDS
+    assert scores[0]["score"] == {
+        **{u: 1820 for u in UUIDS[1:4]},
+        **{u: 1810 for u in UUIDS[4:]},
+    }
+    assert value.startswith(f'[{{"uuid":"{UUIDS[0]}","score":{{"{UUIDS[1]}":1820,')
