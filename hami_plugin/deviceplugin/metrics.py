@@ -227,14 +227,9 @@ class NodeCollector:
 
     def collect(self) -> Iterator[Metric]:
         """Read NVML, the daemon's devices and the node's pods now; yield the gauges."""
-        (
-            memory_used,
-            utilization,
-            memory_controller,
-            healthy,
-            slots,
-            allocated,
-        ) = _families()
+        gauges = _families()
+        memory_used, utilization, memory_controller, healthy, slots, allocated = gauges
+        families: list[Metric] = list(gauges)
         zone = [ZONE]
         try:
             usages = self._read_usage()
@@ -270,14 +265,6 @@ class NodeCollector:
             slots.add_metric(labels, len(health))
             if booked is not None:
                 allocated.add_metric(labels, booked.get(uuid, 0))
-        families: list[Metric] = [
-            memory_used,
-            utilization,
-            memory_controller,
-            healthy,
-            slots,
-            allocated,
-        ]
         if self._hamicore is not None:
             ready = _hamicore_family()
             ready.add_metric([self._node], 1 if self._hamicore().ready else 0)
