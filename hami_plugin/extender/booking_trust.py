@@ -32,7 +32,12 @@ from hami_plugin.protocol.booking import (
     BookingFields,
     BookingKeys,
 )
-from hami_plugin.protocol.model import ANNOTATION_BIND_TIME, ANNOTATION_DEVICES_ALLOCATED
+from hami_plugin.protocol.mig import signed_mig_part
+from hami_plugin.protocol.model import (
+    ANNOTATION_BIND_TIME,
+    ANNOTATION_DEVICES_ALLOCATED,
+    ANNOTATION_VGPU_MIG_ALLOCATIONS,
+)
 from hami_plugin.protocol.objects import PodInfo
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.trust import (
@@ -109,6 +114,7 @@ class BookingTrust:
             node=node,
             devices=annotations[ANNOTATION_DEVICES_ALLOCATED],
             bind_time=annotations[ANNOTATION_BIND_TIME],
+            mig=signed_mig_part(annotations.get(ANNOTATION_VGPU_MIG_ALLOCATIONS)),
         )
         signature = self._keys().sign(fields)
         annotations[ANNOTATION_BOOKING_SIGNATURE] = signature

@@ -9,9 +9,13 @@ whose signature verifies (docs/design.md 8).
 What is signed (`BookingFields`): the pod's UID (chosen by the API server, so a signature
 cannot be copied to another pod), the node the booking names (`hami.io/vgpu-node`), the devices
 as booked (the value written to both `hami.io/vgpu-devices-to-allocate` and
-`hami.io/vgpu-devices-allocated` at bind) and `hami.io/bind-time`. The message is the JSON array
-`["v1", uid, node, devices, bind_time]` (unambiguous however the fields are spelt), the MAC
-HMAC-SHA256, the annotation `v1:<standard base64 of the 32-byte MAC>`.
+`hami.io/vgpu-devices-allocated` at bind) and `hami.io/bind-time`, and for a dynamic-MIG
+booking the scheduler's part of `hami.io/vgpu-mig-allocations` (`protocol.mig.signed_mig_part`:
+GPU, profile, placement and indexes, not the runtime identity the device plugin adds later).
+The message is the JSON array `["v1", uid, node, devices, bind_time]`, with the MIG part as a
+sixth element when the annotation is there (unambiguous however the fields are spelt, and
+adding or removing the annotation changes it), the MAC HMAC-SHA256, the annotation
+`v1:<standard base64 of the 32-byte MAC>`.
 
 Keys (`BookingKeys`): one or more; the first signs, any verifies, so a key is rotated by adding
 the new one second, then moving it first, then removing the old one. Pure, no I/O.
@@ -27,9 +31,11 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from hami_plugin.protocol.mig import signed_mig_part
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,
+    ANNOTATION_VGPU_MIG_ALLOCATIONS,
     ANNOTATION_VGPU_NODE,
 )
 
@@ -57,10 +63,15 @@ class BookingFields:
     node: str
     devices: str
     bind_time: str
+    mig: str | None = None
+    """The scheduler's part of `hami.io/vgpu-mig-allocations` (None: no such annotation)."""
 
     def message(self) -> bytes:
+        fields = [SIGNATURE_VERSION, self.uid, self.node, self.devices, self.bind_time]
+        if self.mig is not None:
+            fields.append(self.mig)
         return json.dumps(
-            [SIGNATURE_VERSION, self.uid, self.node, self.devices, self.bind_time],
+            fields,
             ensure_ascii=True,
             separators=(",", ":"),
         ).encode("ascii")
@@ -77,7 +88,13 @@ def booking_fields(uid: str, annotations: Mapping[str, str]) -> BookingFields | 
     bind_time = annotations.get(ANNOTATION_BIND_TIME)
     if not uid or not node or devices is None or bind_time is None:
         return None
-    return BookingFields(uid=uid, node=node, devices=devices, bind_time=bind_time)
+    return BookingFields(
+        uid=uid,
+        node=node,
+        devices=devices,
+        bind_time=bind_time,
+        mig=signed_mig_part(annotations.get(ANNOTATION_VGPU_MIG_ALLOCATIONS)),
+    )
 
 
 @dataclass(frozen=True, slots=True)
