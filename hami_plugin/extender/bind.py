@@ -65,6 +65,7 @@ from hami_plugin.protocol.model import (
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_DEVICES_TO_ALLOCATE,
     ANNOTATION_NODE_LOCK,
+    ANNOTATION_VGPU_MIG_ALLOCATIONS,
     ANNOTATION_VGPU_NODE,
     ANNOTATION_VGPU_TIME,
     LABEL_VGPU_NODE,
@@ -492,12 +493,16 @@ class Binder:
     def _patch_pod(self, plan: BindPlan) -> PodInfo:
         pod = plan.pod
         version = pod.resource_version or None
+        annotations: dict[str, str | None] = dict(plan.annotations)
+        if ANNOTATION_VGPU_MIG_ALLOCATIONS in pod.annotations:
+            # a stale MIG reservation of an earlier booking would not match this signature
+            annotations.setdefault(ANNOTATION_VGPU_MIG_ALLOCATIONS, None)
         for _ in range(_CONFLICT_RETRIES):
             try:
                 return self._api.patch_pod_metadata(
                     pod.namespace,
                     pod.name,
-                    plan.annotations,
+                    annotations,
                     labels=plan.labels,
                     resource_version=version,
                 )
@@ -545,6 +550,8 @@ class Binder:
         }
         if ANNOTATION_BOOKING_SIGNATURE in plan.annotations:
             revert[ANNOTATION_BOOKING_SIGNATURE] = None
+        if ANNOTATION_VGPU_MIG_ALLOCATIONS in plan.annotations:
+            revert[ANNOTATION_VGPU_MIG_ALLOCATIONS] = None
         version = patched.resource_version or None
         for _ in range(_CONFLICT_RETRIES):
             try:

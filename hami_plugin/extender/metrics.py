@@ -31,8 +31,11 @@ The namespace GPU quotas (`collectQuotaMetrics`, metrics.go:284-318), read from 
 `hami_resource_quota_used` {namespace, quota_name, limit (the limit as a number, "0" when
 none)} and, only for a limit that is set, `hami_resource_quota_limit` {namespace, quota_name}.
 
-Not exported, because this product has no such feature: MIG
-(`hami_node_gpu_mig_instance_info`); AMD core normalisation does not apply (NVIDIA only).
+Dynamic MIG (metrics.go:142-146, 205-231): `hami_node_gpu_mig_instance_info` {node,
+device_uuid, device_index, mig_uuid, profile, gpu_instance_id, compute_instance_id,
+placement_start, placement_size} = 1 for each MIG reservation in use on a MIG-mode GPU whose
+runtime identity the device plugin filled in (`RuntimeReady`; a reservation not realised yet is
+not exported). AMD core normalisation does not apply (NVIDIA only).
 
 What HAMi lacks (no zone label):
 
@@ -90,6 +93,7 @@ VGPU_CORE_ALLOCATED = "hami_vgpu_core_allocated_ratio"
 LEADER = "hami_scheduler_leader"
 QUOTA_USED = "hami_resource_quota_used"
 QUOTA_LIMIT = "hami_resource_quota_limit"
+MIG_INSTANCE = "hami_node_gpu_mig_instance_info"
 
 _GPU = ["node", "device_uuid", "device_index", "device_type", "zone"]
 _GPU_CORES = ["node", "device_uuid", "device_index", "device_cores", "device_type", "zone"]
@@ -103,6 +107,18 @@ _OVERVIEW = [
     "zone",
 ]
 _POD = ["namespace", "node", "pod", "container_index", "device_uuid", "zone"]
+_MIG = [
+    "node",
+    "device_uuid",
+    "device_index",
+    "mig_uuid",
+    "profile",
+    "gpu_instance_id",
+    "compute_instance_id",
+    "placement_start",
+    "placement_size",
+    "zone",
+]
 
 # Filter answers take milliseconds; binds include API calls; bind waits last up to
 # --node-lock-retry-timeout (28 s).
@@ -130,6 +146,9 @@ def _usage_families() -> tuple[GaugeMetricFamily, ...]:
         ),
         GaugeMetricFamily(VGPU_CORE_ALLOCATED, "vGPU core allocated from a container", labels=_POD),
         GaugeMetricFamily(LEADER, "1 when this scheduler replica leads (serves filter and bind)"),
+        GaugeMetricFamily(
+            MIG_INSTANCE, "Realized MIG instance identity and scheduler placement", labels=_MIG
+        ),
     )
 
 
@@ -157,11 +176,13 @@ class SchedulerUsageCollector:
             pod_memory,
             pod_cores,
             leader,
+            mig_instance,
         ) = families
         nodes, pods = self._view.usage_snapshot()
         for node in nodes:
             _add_node(node, memory_limit, core_limit, memory_allocated, shared, core_allocated)
             _add_overview(node, overview, memory_ratio)
+            _add_mig(node, mig_instance)
         _add_pods(pods, pod_memory, pod_cores)
         leader.add_metric([], 1 if self._view.is_leader() else 0)
         return iter(families)
@@ -206,6 +227,32 @@ def _add_overview(
             memory_ratio.add_metric(
                 [node.name, device.uuid, str(device.index), device.type, ZONE],
                 used_mib / device.memory_mib,
+            )
+
+
+def _add_mig(node: NodeUsage, mig_instance: GaugeMetricFamily) -> None:
+    """HAMi metrics.go:205-231: the runtime-ready reservations of MIG-mode GPUs."""
+    for position, allocations in enumerate(node.mig_in_use):
+        device = node.devices[position]
+        if device.mode != "mig":
+            continue
+        for allocation in allocations:
+            if not allocation.runtime_ready:
+                continue
+            mig_instance.add_metric(
+                [
+                    node.name,
+                    device.uuid,
+                    str(device.index),
+                    allocation.mig_uuid,
+                    allocation.profile,
+                    str(allocation.gpu_instance_id),
+                    str(allocation.compute_instance_id),
+                    str(allocation.placement.start),
+                    str(allocation.placement.size),
+                    ZONE,
+                ],
+                1,
             )
 
 

@@ -15,9 +15,13 @@ Every node of the snapshot is a candidate unless `--nodes` names some; every one
 gone by HAMi's CheckHealth (no allocatable `nvidia.com/gpu` and a `Requesting_` handshake 60 s
 old or more) is `node unregistered`; the handshake's age is judged against `--now` (default:
 the wall clock), its text read as UTC, the local time of HAMi's scheduler image. `--explain`
-writes a table to stderr (stdout stays JSON). `--repeat N` times N more decisions the way the
-scheduler makes them (stopping at the first fitting node in policy order) and adds
-`decision_ms`.
+writes a table to stderr (stdout stays JSON); on a MIG-mode GPU (dynamic MIG) it names the
+profile and placement each MIG device gets and why each smaller profile did not do (too little
+memory, or no free placement), and for a node that does not fit, why no profile of its MIG GPUs
+takes the request. The snapshot's MIG-mode nodes and the pods' `hami.io/vgpu-mig-allocations`
+count as the scheduler counts them (placements in use, GPUs marked unhealthy). `--repeat N`
+times N more decisions the way the scheduler makes them (stopping at the first fitting node
+in policy order) and adds `decision_ms`.
 
 A pod whose GPU request the scheduler would read differently from what it says (a
 `RequestProblem.wrong_answer` of `scheduler.requests`: `nvidia.com/gpumem: 16Gi` drops the
@@ -39,11 +43,14 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from hami_plugin.protocol.mig import MigAllocation
+    from hami_plugin.protocol.model import GpuDevice, MigPlacement
     from hami_plugin.protocol.objects import PodInfo
     from hami_plugin.scheduler.filter import FilterResult
     from hami_plugin.scheduler.fit import QuotaFit
     from hami_plugin.scheduler.ledger import Ledger
     from hami_plugin.scheduler.settings import SchedulerSettings
+    from hami_plugin.scheduler.usage import NodeUsage
 
 __all__ = ["register", "run"]
 
@@ -293,9 +300,16 @@ def _explain(
         placement = result.placements.get(name)
         gpus = ""
         if placement is not None:
+            mig = {
+                (m.container_index, m.device_index): m for m in result.mig_placements.get(name, ())
+            }
             gpus = "; ".join(
                 f"{names[index].name}: "
-                + ", ".join(f"{d.uuid} {d.used_mem_mib}MiB {d.used_cores}%" for d in devices)
+                + ", ".join(
+                    f"{d.uuid} {d.used_mem_mib}MiB {d.used_cores}%"
+                    + _mig_label(mig.get((index, device_index)))
+                    for device_index, d in enumerate(devices)
+                )
                 for index, devices in enumerate(placement)
                 if devices
             )
@@ -317,4 +331,94 @@ def _explain(
             + "  "
             + row[3]
         )
+    lines.extend(_explain_mig(registered, result, [c.name for c in names]))
     return "\n".join(line.rstrip() for line in lines)
+
+
+def _mig_label(allocation: MigAllocation | None) -> str:
+    if allocation is None:
+        return ""
+    return f" MIG {allocation.profile} {_slices(allocation.placement)}"
+
+
+def _slices(placement: MigPlacement) -> str:
+    last = placement.start + placement.size - 1
+    if placement.size == 1:
+        return f"slice {placement.start}"
+    return f"slices {placement.start}-{last}"
+
+
+def _profile_reasons(
+    device: GpuDevice, occupied: list[MigPlacement], memory_mib: int, chosen: str | None
+) -> list[str]:
+    """Why each profile of the GPU, in HAMi's order of preference (memory, then slices;
+    device.go:621-639), up to the chosen one, does not take `memory_mib`."""
+    from hami_plugin.scheduler.mig import select_mig_placement
+
+    reasons = []
+    for profile in sorted(device.mig_profiles, key=lambda p: (p.memory_mib, p.slice_count)):
+        if profile.name == chosen:
+            break
+        if profile.memory_mib < memory_mib:
+            reasons.append(
+                f"{profile.name}: too little memory ({profile.memory_mib} < {memory_mib} MiB)"
+            )
+        elif select_mig_placement(device.mig_profiles, occupied, profile.name) is None:
+            used = ", ".join(_slices(p) for p in occupied) or "none"
+            reasons.append(f"{profile.name}: no free placement (in use: {used})")
+    return reasons
+
+
+def _explain_mig(
+    registered: list[NodeUsage], result: FilterResult, container_names: list[str]
+) -> list[str]:
+    """The MIG lines of `--explain`: for each fitting node, each MIG device's profile and
+    placement and why the profiles before it in HAMi's order did not do; for each node that
+    does not fit, why no profile of its MIG GPUs takes the pod's first GPU request."""
+    from hami_plugin.scheduler.fit import MigView
+
+    requests = result.requests.containers
+    lines: list[str] = []
+    for usage in registered:
+        if not usage.has_mig:
+            continue
+        positions = {device.uuid: p for p, device in enumerate(usage.devices)}
+        allocations = result.mig_placements.get(usage.name)
+        if usage.name in result.placements:
+            # replay the reservations in order, each phase on its own view as the fit does
+            init_count = result.requests.init_count
+            views: dict[int, MigView] = {}
+            for allocation in allocations or ():
+                phase = (
+                    allocation.container_index if allocation.container_index < init_count else -1
+                )
+                view = views.setdefault(phase, MigView(usage))
+                position = positions[allocation.gpu_uuid]
+                device = usage.devices[position]
+                request = requests[allocation.container_index]
+                memory = request.memory_on(device.memory_mib) if request is not None else 0
+                occupied = view.occupied(position)
+                why = _profile_reasons(device, occupied, memory, allocation.profile)
+                lines.append(
+                    f"  MIG {usage.name} {container_names[allocation.container_index]} "
+                    f"{allocation.gpu_uuid}: {allocation.profile} at "
+                    f"{_slices(allocation.placement)} for {memory} MiB"
+                    + (f"; not {'; '.join(why)}" if why else "")
+                )
+                view.add(position, allocation.placement)
+            continue
+        first = next((r for r in requests if r is not None), None)
+        if first is None:
+            continue
+        for position, device in enumerate(usage.devices):
+            if device.mode != "mig":
+                continue
+            memory = first.memory_on(device.memory_mib)
+            why = _profile_reasons(device, list(usage.occupied(position)), memory, None)
+            lines.append(
+                f"  MIG {usage.name} {device.uuid}: no profile for {memory} MiB"
+                + (f": {'; '.join(why)}" if why else " (the GPU reports no MIG profile)")
+            )
+    if lines:
+        lines.insert(0, "MIG devices (profiles in HAMi's order: memory, then slices):")
+    return lines

@@ -45,9 +45,11 @@ from hami_plugin.protocol.codec import (
     encode_pod_devices,
     parse_pod_gpu_options,
 )
+from hami_plugin.protocol.mig import MigAllocation, encode_mig_allocations
 from hami_plugin.protocol.model import (
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_DEVICES_TO_ALLOCATE,
+    ANNOTATION_VGPU_MIG_ALLOCATIONS,
     ANNOTATION_VGPU_NODE,
     ANNOTATION_VGPU_TIME,
     GpuPolicy,
@@ -108,6 +110,11 @@ class FilterResult:
     and the resolved GPU options. None when the pod asks no GPU or has an unreadable option."""
     fanned_out: bool = False
     """The first fitting node would have made the pod wait, so `node` is a later one."""
+    mig: tuple[MigAllocation, ...] = ()
+    """The chosen node's MIG reservations (`PodFit.mig`), written to
+    `hami.io/vgpu-mig-allocations` and booked by `assume`."""
+    mig_placements: Mapping[str, tuple[MigAllocation, ...]] = field(default_factory=dict)
+    """With `exhaustive`, the MIG reservations of every fitting node that has any."""
 
 
 class FitCache:
@@ -250,6 +257,7 @@ def decide(
     failed: dict[str, FitFailure] = {}
     scores: dict[str, float] = {}
     placements: dict[str, PodDevices] = {}
+    migs: dict[str, tuple[MigAllocation, ...]] = {}
     chosen: str | None = None
     fitted = 0
     for usage in _candidates(ledger, candidates, prefers_higher_score(node_policy), failed, cache):
@@ -263,6 +271,8 @@ def decide(
             continue
         scores[usage.name] = usage.score
         placements[usage.name] = outcome.devices
+        if outcome.mig:
+            migs[usage.name] = outcome.mig
         if exhaustive:
             if chosen is None:
                 chosen = usage.name
@@ -305,6 +315,10 @@ def decide(
         ANNOTATION_DEVICES_TO_ALLOCATE: encoded,
         ANNOTATION_DEVICES_ALLOCATED: encoded,
     }
+    mig = migs.get(chosen, ())
+    if mig:
+        # HAMi PatchAnnotations (device.go:505-517): only when there are reservations
+        annotations[ANNOTATION_VGPU_MIG_ALLOCATIONS] = encode_mig_allocations(mig)
     return FilterResult(
         node=chosen,
         requests=requests,
@@ -318,6 +332,8 @@ def decide(
         fitted=fitted,
         shape=signature,
         fanned_out=fanned_out,
+        mig=mig,
+        mig_placements=migs if exhaustive else {},
     )
 
 
@@ -327,4 +343,4 @@ def assume(ledger: Ledger, pod_key: str, result: FilterResult) -> None:
     if result.node is None:
         return
     tallies = collapse_pod_devices(result.devices, result.requests.init_count)
-    ledger.track(pod_key, result.node, tallies)
+    ledger.track(pod_key, result.node, tallies, mig=result.mig)

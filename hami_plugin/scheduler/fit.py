@@ -33,8 +33,19 @@ With the `topology-aware` policy the walk is HAMi v2.10's (device.go Fit, lines 
 it does not stop when enough GPUs passed but collects every GPU that passes (with numa-bind,
 those of the last NUMA node it walks, and `NumaNotFit` is never counted, as `k.Nums` never
 moves there), then `policy.topology_choice` picks among them by the node's pair scores
-(`NodeUsage.pair_scores`). Such a walk is never screened. Not implemented (documented):
-MIG-mode GPUs are never picked (`CardMigTopologyInfeasible`).
+(`NodeUsage.pair_scores`). Such a walk is never screened.
+
+Dynamic MIG (HAMi v2.10, device.go:602-664 and 714-875, score.go:54-140): on a node with a
+MIG-mode candidate GPU the walk is `_walk_mig`, HAMi's loop literally. After every other check
+a MIG-mode GPU must still give the request a profile at a free placement (`CustomFilterRule`:
+the placements in use plus this container's earlier picks on that GPU, each replayed with its
+own memory; else `CardMigTopologyInfeasible`), and after a pick the walk visits the same GPU
+again (`if dev.Mode == "mig" { i++ }`), so one GPU can give a container several MIG instances
+(and a request may ask more devices than the node has GPUs: `isMIGRequest`). Once a container
+fits, each booked MIG device becomes its profile (`AddResourceUsage`: the profile's memory and
+cores, the profile and placement recorded, the placement in use for the later containers of the
+phase; "AddResourceUsage failed for device <uuid>: ..." when none is left); `PodFit.mig` holds
+the reservations, indexed as HAMi's `EncodeMigAllocations` indexes them.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from hami_plugin.protocol.mig import MigAllocation
 from hami_plugin.protocol.model import (
     NVIDIA_DEVICE_TYPE,
     ContainerDevice,
@@ -50,19 +62,22 @@ from hami_plugin.protocol.model import (
     GpuDevice,
     GpuPolicy,
     GpuPolicyName,
+    MigPlacement,
     PodDevices,
     PodGpuOptions,
     ScoringWeights,
 )
+from hami_plugin.scheduler.mig import select_mig_candidate
 from hami_plugin.scheduler.policy import GpuOrder, SortKey, gpu_order, topology_choice
 from hami_plugin.scheduler.requests import ContainerRequest, PodRequests
 from hami_plugin.scheduler.score import device_score
-from hami_plugin.scheduler.usage import NodeUsage, collapse_pod_devices
+from hami_plugin.scheduler.usage import MODE_MIG, NodeUsage, collapse_pod_devices
 
 __all__ = [
     "FitContext",
     "FitFailure",
     "FitReason",
+    "MigView",
     "PodFit",
     "QuotaFit",
     "fit_container",
@@ -70,8 +85,6 @@ __all__ = [
     "render_failure",
     "sorted_candidates",
 ]
-
-MODE_MIG = "mig"
 
 
 class FitReason(enum.StrEnum):
@@ -101,12 +114,14 @@ class FitFailure:
     """Why a node cannot take the pod.
 
     Either a node-level reason (`node_reason`) or, per reason, how many of the `candidates`
-    GPUs failed with it (`counts`, sorted by reason name).
+    GPUs failed with it (`counts`, sorted by reason name). `detail` is a failure HAMi reports
+    as a sentence of its own (`AddResourceUsage failed for device ...`, score.go:125-128).
     """
 
     counts: tuple[tuple[FitReason, int], ...] = ()
     candidates: int = 0
     node_reason: FitReason | None = None
+    detail: str = ""
 
 
 NODE_UNREGISTERED = FitFailure(node_reason=FitReason.NODE_UNREGISTERED)
@@ -116,6 +131,8 @@ NODE_INSUFFICIENT_DEVICE = FitFailure(node_reason=FitReason.NODE_INSUFFICIENT_DE
 def render_failure(failure: FitFailure) -> str:
     """HAMi's FailedNodes string: `"<n>/<N> <Reason>"` per reason, sorted as strings, joined
     with `", "`; node-level reasons bare (`NodeInsufficientDevice`, `node unregistered`)."""
+    if failure.detail:
+        return failure.detail
     if failure.node_reason is not None:
         return failure.node_reason.value
     return ", ".join(
@@ -271,10 +288,24 @@ def _walk(
     request: ContainerRequest,
     context: FitContext,
     allocated: Sequence[ContainerDevices] = (),
+    mig: MigView | None = None,
 ) -> _Picked | FitFailure:
     """HAMi's Fit loop (docs/hami-reference.md 3.5.2): GPUs from the end of `order`, checks in
     HAMi's order, the first failing check counted, stop when enough GPUs passed. `allocated`:
-    the pod's devices in this phase so far, for the quota check."""
+    the pod's devices in this phase so far, for the quota check. A node with a MIG-mode GPU
+    is walked by `_walk_mig` (`mig`: the placements in use in this phase)."""
+    if node.has_mig:
+        return _walk_mig(
+            node,
+            order,
+            used,
+            used_memory_mib,
+            used_cores,
+            request,
+            context,
+            allocated,
+            MigView(node) if mig is None else mig,
+        )
     devices = node.devices
     cordoned = node.cordoned
     type_allowed = context.type_allowed
@@ -333,9 +364,7 @@ def _walk(
                 and cores == 0
             ):
                 reason = FitReason.CARD_COMPUTE_UNITS_EXHAUSTED
-            elif device.mode == MODE_MIG:  # 15. MIG placement is not implemented
-                reason = FitReason.CARD_MIG_TOPOLOGY_INFEASIBLE
-            else:  # 16.-17. pick; done when enough GPUs passed
+            else:  # 15. (no MIG GPU here) 16.-17. pick; done when enough GPUs passed
                 picked.append(position)
                 booked.append(memory_mib)
                 if topology:
@@ -351,6 +380,23 @@ def _walk(
                     )
                 continue
         counts[reason] = counts.get(reason, 0) + 1
+    return _walk_end(node, picked, booked, counts, request, context, cores, len(order))
+
+
+def _walk_end(
+    node: NodeUsage,
+    picked: list[int],
+    booked: list[int],
+    counts: dict[FitReason, int],
+    request: ContainerRequest,
+    context: FitContext,
+    cores: int,
+    candidates: int,
+) -> _Picked | FitFailure:
+    """The end of HAMi's Fit loop (device.go:849-874): the `topology-aware` choice among the
+    GPUs that passed, or the failure with `AllocatedCardsInsufficientRequest`."""
+    devices = node.devices
+    topology = context.topology
     if topology and len(picked) >= request.count:
         chosen = topology_choice(
             [devices[position].uuid for position in picked], request.count, node.pair_scores
@@ -366,7 +412,181 @@ def _walk(
         # v2.10 device.go:871-872 sets len(tmpDevs[k.Type]): the GPUs picked (on the last
         # NUMA node with numa-bind), not 1 as v2.8/v2.9's len(tmpDevs) did.
         counts[FitReason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] = len(picked)
-    return _failure(counts, len(order))
+    return _failure(counts, candidates)
+
+
+class MigView:
+    """The MIG placements in use during one phase of a pod's fit (HAMi's node copy's
+    `MigAllocationsInUse`): the node's, plus what the phase's earlier containers booked."""
+
+    __slots__ = ("_extra", "_node")
+
+    def __init__(self, node: NodeUsage) -> None:
+        self._node = node
+        self._extra: dict[int, list[MigPlacement]] = {}
+
+    def occupied(self, position: int) -> list[MigPlacement]:
+        """The placements in use on the GPU at `position` (a new list)."""
+        return [*self._node.occupied(position), *self._extra.get(position, ())]
+
+    def add(self, position: int, placement: MigPlacement) -> None:
+        self._extra.setdefault(position, []).append(placement)
+
+
+def _mig_filter(
+    device: GpuDevice,
+    occupied: list[MigPlacement],
+    devices: Sequence[GpuDevice],
+    picked: Sequence[int],
+    booked: Sequence[int],
+    memory_mib: int,
+) -> bool:
+    """HAMi's `CustomFilterRule` for a MIG-mode GPU (device.go:602-619): this container's
+    picks on the same GPU replayed, each with its own memory, onto the placements in use, and
+    still a profile with a free placement for `memory_mib`."""
+    profiles = device.mig_profiles
+    for chosen, mib in zip(picked, booked, strict=True):
+        if devices[chosen].uuid != device.uuid:
+            continue
+        candidate = select_mig_candidate(profiles, occupied, mib)
+        if candidate is None:
+            return False
+        occupied.append(candidate[1])
+    return select_mig_candidate(profiles, occupied, memory_mib) is not None
+
+
+def _walk_mig(
+    node: NodeUsage,
+    order: Sequence[int],
+    used: Sequence[int],
+    used_memory_mib: Sequence[int],
+    used_cores: Sequence[int],
+    request: ContainerRequest,
+    context: FitContext,
+    allocated: Sequence[ContainerDevices],
+    mig: MigView,
+) -> _Picked | FitFailure:
+    """HAMi v2.10's Fit loop (device.go:714-875) on a node with a MIG-mode GPU: `_walk`'s
+    checks, then check 15, `CustomFilterRule` (`CardMigTopologyInfeasible`), and after a pick
+    on a MIG-mode GPU the same GPU is visited again (device.go:846-848), every check re-run."""
+    devices = node.devices
+    cordoned = node.cordoned
+    type_allowed = context.type_allowed
+    use_uuids, nouse_uuids = context.use_uuids, context.nouse_uuids
+    numa_bind, mutex = context.numa_bind, context.mutex
+    topology = context.topology
+    quota = context.quota
+    cores = min(request.cores_percent, 100)  # 8.
+    needed = request.count
+    previous_numa = -1
+    picked: list[int] = []
+    booked: list[int] = []
+    counts: dict[FitReason, int] = {}
+    index = len(order) - 1
+    while index >= 0:
+        position = order[index]
+        index -= 1
+        device = devices[position]
+        if not device.healthy:  # 1.
+            reason = FitReason.CARD_NOT_HEALTH
+        elif device.uuid in cordoned:  # 2.
+            reason = FitReason.CARD_CORDONED
+        elif not type_allowed(device):  # 3.
+            reason = FitReason.CARD_TYPE_MISMATCH
+        else:
+            if numa_bind and device.numa_node != previous_numa:  # 4.
+                if picked and not topology:
+                    so_far = counts.get(FitReason.NUMA_NOT_FIT, 0)
+                    counts[FitReason.NUMA_NOT_FIT] = so_far + len(picked)
+                needed = request.count
+                previous_numa = device.numa_node
+                picked, booked = [], []
+            in_use = used[position]
+            memory_mib = request.memory_on(device.memory_mib)  # 9.
+            if (  # 5.
+                use_uuids is not None and device.uuid not in use_uuids
+            ) or device.uuid in nouse_uuids:
+                reason = FitReason.CARD_UUID_MISMATCH
+            elif device.split_count <= in_use:  # 6.
+                reason = FitReason.CARD_TIME_SLICING_EXHAUSTED
+            elif mutex and in_use > 0:  # 7.
+                reason = FitReason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+            elif quota is not None and not _quota_fits(  # 10.
+                quota, allocated, devices, picked, booked, position, memory_mib, cores, context
+            ):
+                reason = FitReason.RESOURCE_QUOTA_NOT_FIT
+            elif device.memory_mib - used_memory_mib[position] < memory_mib:  # 11.
+                reason = FitReason.CARD_INSUFFICIENT_MEMORY
+            elif device.cores_percent - used_cores[position] < cores:  # 12.
+                reason = FitReason.CARD_INSUFFICIENT_CORE
+            elif device.cores_percent == 100 and cores == 100 and in_use > 0:  # 13.
+                reason = FitReason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+            elif (  # 14.
+                device.cores_percent != 0
+                and used_cores[position] == device.cores_percent
+                and cores == 0
+            ):
+                reason = FitReason.CARD_COMPUTE_UNITS_EXHAUSTED
+            elif device.mode == MODE_MIG and not _mig_filter(  # 15.
+                device, mig.occupied(position), devices, picked, booked, memory_mib
+            ):
+                reason = FitReason.CARD_MIG_TOPOLOGY_INFEASIBLE
+            else:  # 16.-17.
+                picked.append(position)
+                booked.append(memory_mib)
+                if not topology:
+                    needed -= 1
+                    if needed == 0:
+                        return _Picked(
+                            tuple(picked),
+                            tuple(
+                                ContainerDevice(
+                                    devices[chosen].uuid, NVIDIA_DEVICE_TYPE, mib, cores
+                                )
+                                for chosen, mib in zip(picked, booked, strict=True)
+                            ),
+                        )
+                if device.mode == MODE_MIG:
+                    index += 1  # the same MIG GPU again
+                continue
+        counts[reason] = counts.get(reason, 0) + 1
+    return _walk_end(node, picked, booked, counts, request, context, cores, len(order))
+
+
+def _add_mig_usage(
+    node: NodeUsage,
+    positions: Sequence[int],
+    picked: ContainerDevices,
+    mig: MigView,
+    container_index: int,
+    reservations: list[MigAllocation],
+) -> ContainerDevices | FitFailure:
+    """HAMi's `AddResourceUsage` for one container's picks (device.go:645-664, called by
+    fitInDevices, score.go:107-131): each MIG-mode GPU's device becomes the profile chosen for
+    its memory at a placement free in `mig` (the placement then in use there), with the
+    profile's memory and cores; the reservation is appended to `reservations`."""
+    devices = node.devices
+    out: list[ContainerDevice] = []
+    for device_index, (position, booked) in enumerate(zip(positions, picked, strict=True)):
+        device = devices[position]
+        if device.mode != MODE_MIG:
+            out.append(booked)
+            continue
+        candidate = select_mig_candidate(
+            device.mig_profiles, mig.occupied(position), booked.used_mem_mib
+        )
+        if candidate is None:
+            return FitFailure(
+                detail=f"AddResourceUsage failed for device {device.uuid}: "
+                "MIG profile and placement allocation failed"
+            )
+        profile, placement = candidate
+        mig.add(position, placement)
+        out.append(ContainerDevice(device.uuid, booked.type, profile.memory_mib, profile.cores))
+        reservations.append(
+            MigAllocation(container_index, device_index, device.uuid, profile.name, placement)
+        )
+    return tuple(out)
 
 
 def _quota_fits(
@@ -453,9 +673,11 @@ def _fit_container(
     *,
     screen: bool,
     allocated: Sequence[ContainerDevices] = (),
+    mig: MigView | None = None,
 ) -> tuple[tuple[int, ...], ContainerDevices, Sequence[int]] | FitFailure:
     """`fit_container`, sorting from `base`; also returns the sorted order it walked.
-    `allocated` is the pod's devices in this phase so far (for the quota check)."""
+    `allocated` is the pod's devices in this phase so far (for the quota check), `mig` the
+    MIG placements in use in this phase (default: the node's)."""
     used = node.used if used is None else used
     used_memory_mib = node.used_memory_mib if used_memory_mib is None else used_memory_mib
     used_cores = node.used_cores if used_cores is None else used_cores
@@ -464,13 +686,15 @@ def _fit_container(
     if screen and context.quota is None and not context.topology:
         screening = _screening_order(node, used, context, base)
         if screening is not None:
-            outcome = _walk(node, screening, used, used_memory_mib, used_cores, request, context)
+            outcome = _walk(
+                node, screening, used, used_memory_mib, used_cores, request, context, (), mig
+            )
             if isinstance(outcome, FitFailure):
                 return outcome
             if not context.order.uses_score:
                 return outcome.positions, outcome.devices, screening
     order = sorted_candidates(node, used, used_memory_mib, used_cores, request, context, base)
-    result = _walk(node, order, used, used_memory_mib, used_cores, request, context, allocated)
+    result = _walk(node, order, used, used_memory_mib, used_cores, request, context, allocated, mig)
     if isinstance(result, FitFailure):
         return result
     return result.positions, result.devices, order
@@ -479,9 +703,12 @@ def _fit_container(
 @dataclass(frozen=True, slots=True)
 class PodFit:
     """The GPUs each container gets on the node: one entry per container, init containers
-    first, an empty entry for a container without a GPU request."""
+    first, an empty entry for a container without a GPU request. `mig`: the MIG reservations
+    (one per MIG device booked, in container and device order; `()` without MIG), what
+    `hami.io/vgpu-mig-allocations` carries."""
 
     devices: PodDevices
+    mig: tuple[MigAllocation, ...] = ()
 
 
 def fit_pod(
@@ -493,18 +720,40 @@ def fit_pod(
     # The quota check's view of the phase so far: HAMi's `allocated` holds the NVIDIA devices
     # of earlier containers with GPUs (score.go:226-283), init and app phases apart.
     phase: list[ContainerDevices] = []
+    has_mig = node.has_mig
+    reservations: list[MigAllocation] = []
     for request in requests.init_requests:
         if request is None:
             entries.append(())
             continue
+        # HAMi fits each init container on its own copy of the node (score.go:226-233)
+        init_view = MigView(node) if has_mig else None
         init_fit = _fit_container(
-            node, request, context, None, None, None, None, screen=screen, allocated=phase
+            node,
+            request,
+            context,
+            None,
+            None,
+            None,
+            None,
+            screen=screen,
+            allocated=phase,
+            mig=init_view,
         )
         if isinstance(init_fit, FitFailure):
             return init_fit
-        entries.append(init_fit[1])
-        phase.append(init_fit[1])
+        init_devices = init_fit[1]
+        if init_view is not None:
+            added = _add_mig_usage(
+                node, init_fit[0], init_devices, init_view, len(entries), reservations
+            )
+            if isinstance(added, FitFailure):
+                return added
+            init_devices = added
+        entries.append(init_devices)
+        phase.append(init_devices)
     phase = []
+    app_view = MigView(node) if has_mig else None  # HAMi's appNodeCopy (score.go:320)
     app = requests.app_requests
     remaining = sum(request is not None for request in app)
     used: Sequence[int] = node.used
@@ -526,10 +775,16 @@ def fit_pod(
             order,
             screen=screen,
             allocated=phase,
+            mig=app_view,
         )
         if isinstance(fitted, FitFailure):
             return fitted
         positions, devices, order = fitted
+        if app_view is not None:
+            added = _add_mig_usage(node, positions, devices, app_view, len(entries), reservations)
+            if isinstance(added, FitFailure):
+                return added
+            devices = added
         entries.append(devices)
         phase.append(devices)
         remaining -= 1
@@ -542,4 +797,4 @@ def fit_pod(
                 booked[0][position] += 1
                 booked[1][position] += device.used_mem_mib
                 booked[2][position] += device.used_cores
-    return PodFit(tuple(entries))
+    return PodFit(tuple(entries), tuple(reservations))

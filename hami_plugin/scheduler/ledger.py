@@ -8,7 +8,12 @@ a node update only re-books that node's pods. Rules of docs/hami-reference.md 3.
   `hami.io/vgpu-devices-allocated` collapsed per GPU (`collapse_pod_devices`);
 * Failed and Succeeded pods are dropped (terminating ones are kept);
 * once every init container finished with exit code 0 only app containers count, for good;
-* a GPU a pod names but the node does not have is ignored.
+* a GPU a pod names but the node does not have is ignored;
+* dynamic MIG: a pod's `hami.io/vgpu-mig-allocations` (decoded with HAMi's rules, ignored when
+  it does not decode, as HAMi ignores the error) gives the reservations in use on the node's
+  MIG-mode GPUs and may mark GPUs unhealthy (`usage.mig_booking`, scheduler.go:737-830). Which
+  pods count at all is the caller's business: with a booking key only trusted bookings reach
+  the ledger (`scheduler.trust`, which drops the annotation of an untrusted pod).
 
 Registered nodes are also kept sorted by node score in both directions (ties by name), so a
 decision walks them in policy order without sorting; a usage change moves one node.
@@ -20,8 +25,8 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Iterator, KeysView, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, KeysView, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from hami_plugin.protocol.codec import (
     AnnotationError,
@@ -29,10 +34,12 @@ from hami_plugin.protocol.codec import (
     decode_pod_devices,
     parse_device_cordon,
 )
+from hami_plugin.protocol.mig import MigAllocation, MigAllocationError, decode_mig_allocations
 from hami_plugin.protocol.model import (
     ANNOTATION_DEVICE_CORDON,
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_NODE_REGISTER,
+    ANNOTATION_VGPU_MIG_ALLOCATIONS,
     ANNOTATION_VGPU_NODE,
     GpuDevice,
 )
@@ -47,6 +54,8 @@ from hami_plugin.scheduler.usage import (
     DeviceTally,
     NodeUsage,
     collapse_pod_devices,
+    has_mig_device,
+    mig_booking,
     nvidia_candidates,
 )
 
@@ -57,12 +66,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class TrackedPod:
-    """A pod's booked usage. `app_only`: its init containers are done and no longer count."""
+    """A pod's booked usage. `app_only`: its init containers are done and no longer count.
+    `mig`: its MIG reservations (`hami.io/vgpu-mig-allocations`)."""
 
     key: str
     node: str
     tallies: tuple[DeviceTally, ...]
     app_only: bool = False
+    mig: tuple[MigAllocation, ...] = ()
 
 
 class _NodeEntry:
@@ -72,11 +83,14 @@ class _NodeEntry:
         "candidates",
         "cordoned",
         "devices",
+        "has_mig",
+        "mig_in_use",
         "pair_scores",
         "positions",
         "total_cores",
         "total_memory_mib",
         "total_slots",
+        "unhealthy",
         "usage",
         "used",
         "used_cores",
@@ -95,6 +109,11 @@ class _NodeEntry:
         self.pair_scores = {} if pair_scores is None else pair_scores
         self.positions = {device.uuid: position for position, device in enumerate(devices)}
         self.candidates = nvidia_candidates(devices)
+        self.has_mig = has_mig_device(devices, self.candidates)
+        # MIG reservations in use per GPU and, per GPU, how many pods mark it unhealthy;
+        # None until a pod's MIG state touches the node (a node without MIG costs nothing)
+        self.mig_in_use: list[list[MigAllocation]] | None = None
+        self.unhealthy: list[int] | None = None
         self.total_slots = sum(device.split_count for device in devices)
         self.total_cores = sum(device.cores_percent for device in devices)
         self.total_memory_mib = sum(device.memory_mib for device in devices)
@@ -103,29 +122,68 @@ class _NodeEntry:
         self.used_cores = [0] * len(devices)
         self.usage = self._snapshot(name)
 
-    def book(self, tallies: Iterable[DeviceTally], sign: int, pod: str) -> None:
-        """Add (`sign` 1) or take back (-1) a pod's tallies; `refresh()` publishes them."""
-        for tally in tallies:
+    def book(self, pod: TrackedPod, sign: int) -> None:
+        """Add (`sign` 1) or take back (-1) a pod's tallies and MIG reservations; `refresh()`
+        publishes them."""
+        for tally in pod.tallies:
             position = self.positions.get(tally.uuid)
             if position is None:
                 logger.debug(
-                    "pod %s books GPU %s, not on node %s", pod, tally.uuid, self.usage.name
+                    "pod %s books GPU %s, not on node %s", pod.key, tally.uuid, self.usage.name
                 )
                 continue
             self.used[position] += sign * tally.slots
             self.used_memory_mib[position] += sign * tally.memory_mib
             self.used_cores[position] += sign * tally.cores
+        if pod.mig or self.has_mig:
+            self._book_mig(pod, sign)
+
+    def _book_mig(self, pod: TrackedPod, sign: int) -> None:
+        booking = mig_booking(
+            self.devices, self.positions, [tally.uuid for tally in pod.tallies], pod.mig
+        )
+        if not booking.in_use and not booking.unhealthy:
+            return
+        if self.mig_in_use is None or self.unhealthy is None:
+            self.mig_in_use = [[] for _ in self.devices]
+            self.unhealthy = [0] * len(self.devices)
+        for position, allocation in booking.in_use:
+            if sign > 0:
+                self.mig_in_use[position].append(allocation)
+            else:
+                self.mig_in_use[position].remove(allocation)
+        for position in booking.unhealthy:
+            self.unhealthy[position] += sign
+        if sign > 0 and booking.unhealthy:
+            logger.warning(
+                "pod %s: its MIG reservations do not match its devices on node %s; GPU(s) %s "
+                "marked unhealthy",
+                pod.key,
+                self.usage.name,
+                ",".join(sorted({self.devices[p].uuid for p in booking.unhealthy})),
+            )
 
     def _snapshot(self, name: str) -> NodeUsage:
+        devices = self.devices
+        mig_in_use: tuple[tuple[MigAllocation, ...], ...] = ()
+        if self.mig_in_use is not None and self.unhealthy is not None:
+            mig_in_use = tuple(tuple(allocations) for allocations in self.mig_in_use)
+            if any(self.unhealthy):
+                devices = tuple(
+                    replace(device, healthy=False) if marks else device
+                    for device, marks in zip(devices, self.unhealthy, strict=True)
+                )
         return NodeUsage(
             name=name,
-            devices=self.devices,
+            devices=devices,
             used=tuple(self.used),
             used_memory_mib=tuple(self.used_memory_mib),
             used_cores=tuple(self.used_cores),
             cordoned=self.cordoned,
             candidates=self.candidates,
             pair_scores=self.pair_scores,
+            mig_in_use=mig_in_use,
+            has_mig=self.has_mig,
             score=node_score(
                 self.total_slots,
                 self.total_cores,
@@ -138,6 +196,20 @@ class _NodeEntry:
 
     def refresh(self) -> None:
         self.usage = self._snapshot(self.usage.name)
+
+
+def _pod_mig(info: PodInfo) -> tuple[MigAllocation, ...]:
+    """The pod's MIG reservations; none when the annotation is absent or does not decode
+    (HAMi getNodesUsage ignores the error, scheduler.go:741-747; a MIG GPU the pod books then
+    turns unhealthy)."""
+    raw = info.annotations.get(ANNOTATION_VGPU_MIG_ALLOCATIONS)
+    if raw is None:
+        return ()
+    try:
+        return decode_mig_allocations(raw)
+    except MigAllocationError as error:
+        logger.warning("pod %s: %s ignored: %s", info.key, ANNOTATION_VGPU_MIG_ALLOCATIONS, error)
+        return ()
 
 
 def _device_order(device: GpuDevice) -> tuple[int, str]:
@@ -269,7 +341,7 @@ class Ledger:
             return
         entry = _NodeEntry(name, ordered, cordoned, scores)
         for key in self._pods_on.get(name, ()):
-            entry.book(self._pods[key].tallies, 1, key)
+            entry.book(self._pods[key], 1)
         entry.refresh()
         self._nodes[name] = entry
         self.membership += 1
@@ -284,11 +356,17 @@ class Ledger:
     # --- pods --------------------------------------------------------------------------------
 
     def track(
-        self, key: str, node: str, tallies: tuple[DeviceTally, ...], app_only: bool = False
+        self,
+        key: str,
+        node: str,
+        tallies: tuple[DeviceTally, ...],
+        app_only: bool = False,
+        mig: tuple[MigAllocation, ...] = (),
     ) -> None:
-        """Book a pod's usage on a node, replacing what it booked before."""
+        """Book a pod's usage (and MIG reservations) on a node, replacing what it booked
+        before."""
         previous = self._pods.get(key)
-        pod = TrackedPod(key, node, tallies, app_only)
+        pod = TrackedPod(key, node, tallies, app_only, mig)
         if previous == pod:
             return
         if previous is not None:
@@ -297,7 +375,7 @@ class Ledger:
         self._pods_on.setdefault(node, set()).add(key)
         entry = self._nodes.get(node)
         if entry is not None:
-            entry.book(tallies, 1, key)
+            entry.book(pod, 1)
             self._moved(entry)
 
     def untrack(self, key: str) -> None:
@@ -326,7 +404,7 @@ class Ledger:
             previous is not None and previous.node == node and previous.app_only
         )
         tallies = collapse_pod_devices(devices, len(info.init_containers), app_only)
-        self.track(info.key, node, tallies, app_only)
+        self.track(info.key, node, tallies, app_only, _pod_mig(info))
 
     def delete_pod(self, pod: PodInfo | str) -> None:
         """Apply a pod delete event (by pod or `<namespace>/<name>` key)."""
@@ -342,7 +420,7 @@ class Ledger:
                 del self._pods_on[pod.node]
         entry = self._nodes.get(pod.node)
         if entry is not None:
-            entry.book(pod.tallies, -1, pod.key)
+            entry.book(pod, -1)
             self._moved(entry)
 
     def _moved(self, entry: _NodeEntry) -> None:

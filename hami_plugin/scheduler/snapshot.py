@@ -13,7 +13,11 @@ device plugin is gone by HAMi's CheckHealth (`scheduler.health`: kubelet reports
 left out, so the filter reports it `node unregistered`. The snapshot carries no clock of its
 own: the caller passes the time to judge by. ResourceQuota objects give the namespace GPU
 quotas (`build_quota_book`): their limits, and the usage of the pods the ledger books, as a
-scheduler's quota informer and pod events would.
+scheduler's quota informer and pod events would. MIG-mode nodes (dynamic MIG) register with
+their `migProfiles`, and the pods' `hami.io/vgpu-mig-allocations` give the placements in use
+and the GPUs HAMi's getNodesUsage marks unhealthy (`Ledger.update_pod`), so a decision compares
+with HAMi's on the same snapshot. The snapshot has no booking key: every booking counts, as in
+HAMi.
 """
 
 from __future__ import annotations

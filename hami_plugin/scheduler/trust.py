@@ -32,6 +32,7 @@ from hami_plugin.protocol.model import (
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_DEVICES_TO_ALLOCATE,
+    ANNOTATION_VGPU_MIG_ALLOCATIONS,
     ANNOTATION_VGPU_NODE,
     ANNOTATION_VGPU_TIME,
 )
@@ -56,9 +57,11 @@ BOOKING_ANNOTATIONS = frozenset(
         ANNOTATION_BIND_PHASE,
         ANNOTATION_BIND_TIME,
         ANNOTATION_BOOKING_SIGNATURE,
+        ANNOTATION_VGPU_MIG_ALLOCATIONS,
     }
 )
-"""What a bind writes on a pod: an untrusted pod is read without them."""
+"""What a bind writes on a pod: an untrusted pod is read without them (so an untrusted MIG
+reservation neither occupies a placement nor marks a GPU unhealthy)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -131,7 +131,7 @@ def test_compute_units_exhausted() -> None:
     assert reason(target, mib(1, 100)) == "1/1 CardComputeUnitsExhausted"
 
 
-def test_mig_devices_are_not_picked() -> None:
+def test_a_mig_gpu_without_profiles_is_not_picked() -> None:
     target = node(gpu("A", mode="mig"))
     assert reason(target, mib(1, 100)) == "1/1 CardMigTopologyInfeasible"
 

@@ -442,8 +442,8 @@ def test_3_5_1_c_unhealthy_gpus_still_count_as_candidates() -> None:
 
 def test_3_5_1_c_a_mig_request_skips_the_count_check() -> None:
     target = node(gpu("A", 0), gpu("M", 1, mode="mig"))
-    # a MIG GPU may host several instances, so HAMi goes on to Fit (MIG placement itself is
-    # not implemented here: the MIG GPU fails)
+    # a MIG GPU may host several instances, so HAMi goes on to Fit (this MIG GPU registers no
+    # profile, so it has no placement: CardMigTopologyInfeasible)
     assert reason(target, mib(3, 100)) == (
         "1/2 AllocatedCardsInsufficientRequest, 1/2 CardMigTopologyInfeasible"
     )
