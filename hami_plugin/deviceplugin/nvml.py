@@ -42,6 +42,11 @@ class NvmlUnavailable(NvmlError):  # noqa: N818 (name fixed by the shared interf
     """NVML could not be initialised; the message is the one log line to show the user."""
 
 
+NO_INSTANCE_ID = 0xFFFFFFFF
+"""The GPU/compute instance id of an event that is not about one MIG device (NVML's
+`NVML_VALUE_NOT_AVAILABLE` as uint32; HAMi rm/health.go:181)."""
+
+
 class EventsNotSupportedError(NvmlError):
     """The GPU (or driver) does not support the error events we want to watch."""
 
@@ -53,6 +58,10 @@ class GpuEvent:
     uuid: str | None
     event_type: int
     data: int
+    gpu_instance_id: int = NO_INSTANCE_ID
+    """NVML's `gpuInstanceId`: the MIG GPU instance the event is about, or `NO_INSTANCE_ID`."""
+    compute_instance_id: int = NO_INSTANCE_ID
+    """NVML's `computeInstanceId`, or `NO_INSTANCE_ID`."""
 
     @property
     def is_xid_critical(self) -> bool:
@@ -135,6 +144,12 @@ class NvmlBackend:
         # NVML index -> the last usage-read failure logged for it (see read_usage).
         self._usage_failures: dict[int, str] = {}
         self._usage_lock = threading.Lock()
+
+    @property
+    def nvml(self) -> Any:
+        """The NVML module this backend calls (for the MIG adapter, `mig.nvml.NvmlMig`, which
+        shares the session `start` opened)."""
+        return self._nvml
 
     def _code(self, error: BaseException) -> int | None:
         value = getattr(error, "value", None)
@@ -404,7 +419,13 @@ class NvmlBackend:
         except self._error_type as error:
             logger.warning("NVML event without a readable GPU UUID: %s", error)
             uuid = None
-        return GpuEvent(uuid=uuid, event_type=int(data.eventType), data=int(data.eventData))
+        return GpuEvent(
+            uuid=uuid,
+            event_type=int(data.eventType),
+            data=int(data.eventData),
+            gpu_instance_id=int(getattr(data, "gpuInstanceId", NO_INSTANCE_ID)),
+            compute_instance_id=int(getattr(data, "computeInstanceId", NO_INSTANCE_ID)),
+        )
 
     def free_event_set(self, event_set: Any) -> None:
         """Release an event set; failures are only logged."""

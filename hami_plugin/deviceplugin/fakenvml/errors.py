@@ -106,12 +106,28 @@ class NVMLError_NoData(_CodedError):
     CODE = 21
 
 
+class NVMLError_InsufficientResources(_CodedError):
+    CODE = 23
+
+
+class NVMLError_ArgumentVersionMismatch(_CodedError):
+    CODE = 25
+
+
+class NVMLError_Deprecated(_CodedError):
+    CODE = 26
+
+
 class NVMLError_NotReady(_CodedError):
     CODE = 27
 
 
 class NVMLError_GpuNotFound(_CodedError):
     CODE = 28
+
+
+class NVMLError_InvalidState(_CodedError):
+    CODE = 29
 
 
 class NVMLError_Unknown(_CodedError):
@@ -139,8 +155,12 @@ ERROR_CLASSES: dict[int, type[_CodedError]] = {
         NVMLError_InUse,
         NVMLError_Memory,
         NVMLError_NoData,
+        NVMLError_InsufficientResources,
+        NVMLError_ArgumentVersionMismatch,
+        NVMLError_Deprecated,
         NVMLError_NotReady,
         NVMLError_GpuNotFound,
+        NVMLError_InvalidState,
         NVMLError_Unknown,
     )
 }
@@ -166,8 +186,12 @@ NVMLError._strings = {
     19: "In Use",
     20: "Insufficient Memory",
     21: "No Data",
+    23: "Insufficient Resources",
+    25: "Argument Version Mismatch",
+    26: "Deprecated",
     27: "Not Ready",
     28: "GPU Not Found",
+    29: "Invalid State",
     999: "Unknown Error",
 }
 

@@ -11,7 +11,12 @@ gpus:
     numa_node: 0              # omitted: NVML has no NUMA call (sysfs fallback is used)
     healthy: true             # false: the GPU is lost (queries raise GpuIsLost)
     xid: 79                   # a new value fires an XidCriticalError event
-    mig: false                # MIG mode enabled
+    mig: false                # MIG mode enabled (current mode)
+    mig_pending: false        # the pending MIG mode, when it differs (a reset is due)
+    mig_devices:              # MIG devices present at start (needs mig: true and a MIG model)
+      - {profile: 1g.10gb, start: 0}          # go-nvlib's profile name, placement start
+      - {profile: 3g.40gb, start: 4, uuid: MIG-<8-4-4-4-12 hex>, processes: [4242]}
+    processes: [1234]         # pids nvmlDeviceGetComputeRunningProcesses reports on the GPU
     index: 0                  # NVML index (default: position in the list)
     pci_bus_id: 00000000:10:00.0
     minor_number: 0           # /dev/nvidia<minor> (default: the index)
@@ -23,6 +28,12 @@ topology:                     # optional: PCIe levels and NVLinks of GPU pairs (
 ```
 
 Edit the usage keys while the daemon runs to see the metrics move (the file is re-read).
+
+MIG models (`fakenvml.migtables`: A100-SXM4-40GB, A100-SXM4-80GB, H100-SXM5-80GB) answer the
+MIG calls with their real profiles and placements; their `memory_mib` defaults to the model's.
+MIG instances created or destroyed through NVML are kept in `<file>.mig-state.json` next to the
+file, so a restarted daemon finds them again; `mig`, `mig_pending` and `mig_devices` seed that
+state, and editing them for a GPU re-seeds that GPU.
 """
 
 from __future__ import annotations
@@ -34,6 +45,12 @@ from dataclasses import dataclass
 import yaml
 
 from hami_plugin.deviceplugin.fakenvml.errors import ERROR_CODES
+from hami_plugin.deviceplugin.fakenvml.migtables import (
+    model_profiles,
+    model_total_memory_mib,
+    profile_display_name,
+    resolve_profile,
+)
 from hami_plugin.deviceplugin.fakenvml.topology import (
     FakeTopology,
     FakeTopologyError,
@@ -43,6 +60,18 @@ from hami_plugin.deviceplugin.fakenvml.topology import (
 
 class FakeGpuFileError(ValueError):
     """The fake GPU file is unreadable or invalid; the message names the file and the problem."""
+
+
+@dataclass(frozen=True, slots=True)
+class FakeMigDeviceSpec:
+    """One MIG device of the fake file's `mig_devices` (a GPU instance with its full compute
+    instance); validated against the model's profiles and placements."""
+
+    profile: str
+    start: int
+    uuid: str | None = None
+    """None: derived from the parent UUID and the instance ids (`fakenvml.migstate`)."""
+    processes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +92,11 @@ class FakeGpuSpec:
     utilization_percent: int | None = 0
     """None: the GPU cannot report utilisation (`nvmlDeviceGetUtilizationRates` NotSupported)."""
     memory_utilization_percent: int | None = 0
+    mig_pending: bool | None = None
+    """The pending MIG mode; None: the same as `mig`."""
+    mig_devices: tuple[FakeMigDeviceSpec, ...] = ()
+    processes: tuple[int, ...] = ()
+    """Pids of the compute processes running on the GPU itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,13 +123,20 @@ _GPU_KEYS = (
     "memory_used_mib",
     "utilization_percent",
     "memory_utilization_percent",
+    "mig_pending",
+    "mig_devices",
+    "processes",
 )
+_MIG_DEVICE_KEYS = ("profile", "start", "uuid", "processes")
 # NVML's shape: kubelet device IDs `<uuid>-<slot>` map back to the GPU only for it (HAMi's rule in
 # `inventory.physical_uuid_of`), so a fake GPU with another shape would be misallocated.
 _UUID_RE = re.compile(
     r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 )
 _BUS_ID_RE = re.compile(r"^([0-9a-fA-F]{4}|[0-9a-fA-F]{8}):[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+_MIG_UUID_RE = re.compile(
+    r"^MIG-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+)
 _DEFAULT_NAME = "NVIDIA Fake GPU"
 _DEFAULT_MEMORY_MIB = 16384
 
@@ -151,7 +192,7 @@ def _parse_gpu(entry: object, position: int, prefix: str) -> FakeGpuSpec:
     memory_mib = (
         _int_field(entry, "memory_mib", where, minimum=1)
         if "memory_mib" in entry
-        else _DEFAULT_MEMORY_MIB
+        else (model_total_memory_mib(name) or _DEFAULT_MEMORY_MIB)
     )
     index = _int_field(entry, "index", where, minimum=0)
     pci_bus_id = entry.get("pci_bus_id")
@@ -170,6 +211,16 @@ def _parse_gpu(entry: object, position: int, prefix: str) -> FakeGpuSpec:
         )
     utilization = _percent_field(entry, "utilization_percent", where)
     memory_utilization = _percent_field(entry, "memory_utilization_percent", where)
+    mig = _bool_field(entry, "mig", where, False)
+    mig_pending = (
+        None if entry.get("mig_pending") is None else _bool_field(entry, "mig_pending", where, mig)
+    )
+    if mig_pending is not None and not model_profiles(name):
+        raise FakeGpuFileError(
+            f"{where}: 'mig_pending' needs a MIG-capable model ({_mig_models_hint()}), "
+            f"got name {name!r}"
+        )
+    mig_devices = _parse_mig_devices(entry.get("mig_devices"), where, name, memory_mib, mig)
     return FakeGpuSpec(
         uuid=uuid,
         name=name,
@@ -177,14 +228,112 @@ def _parse_gpu(entry: object, position: int, prefix: str) -> FakeGpuSpec:
         numa_node=_int_field(entry, "numa_node", where, minimum=0),
         healthy=_bool_field(entry, "healthy", where, True),
         xid=_int_field(entry, "xid", where, minimum=0),
-        mig=_bool_field(entry, "mig", where, False),
+        mig=mig,
         index=resolved_index,
         pci_bus_id=pci_bus_id or f"00000000:{0x10 + resolved_index:02X}:00.0",
         minor_number=resolved_index if minor is None else minor,
         memory_used_mib=memory_used_mib,
         utilization_percent=utilization,
         memory_utilization_percent=memory_utilization,
+        mig_pending=mig_pending,
+        mig_devices=mig_devices,
+        processes=_pid_list(entry.get("processes"), f"{where}: 'processes'"),
     )
+
+
+def _mig_models_hint() -> str:
+    return "NVIDIA A100-SXM4-40GB, NVIDIA A100-SXM4-80GB or NVIDIA H100-SXM5-80GB"
+
+
+def _pid_list(value: object, where: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or any(
+        isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0 for pid in value
+    ):
+        raise FakeGpuFileError(
+            f"{where} must be a list of process ids (integers > 0), got {value!r}"
+        )
+    return tuple(value)
+
+
+def _parse_mig_devices(
+    value: object, where: str, model: str, memory_mib: int | None, mig: bool
+) -> tuple[FakeMigDeviceSpec, ...]:
+    """`mig_devices`, checked as NVML would refuse to create them: the profile must exist on
+    the model, the start must be one of its placements, no two may share a memory slice, and
+    no profile may have more instances than NVML allows."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise FakeGpuFileError(f"{where}: 'mig_devices' must be a list, got {value!r}")
+    if not value:
+        return ()
+    if not mig:
+        raise FakeGpuFileError(f"{where}: 'mig_devices' needs 'mig: true' (MIG mode enabled)")
+    profiles = model_profiles(model)
+    if not profiles or memory_mib is None:
+        raise FakeGpuFileError(
+            f"{where}: 'mig_devices' needs a MIG-capable model ({_mig_models_hint()}) with "
+            f"'memory_mib', got name {model!r}"
+        )
+    known = ", ".join(profile_display_name(profile, memory_mib) for profile in profiles)
+    used: dict[int, str] = {}
+    counts: dict[int, int] = {}
+    uuids: set[str] = set()
+    devices: list[FakeMigDeviceSpec] = []
+    for position, item in enumerate(value):
+        at = f"{where}: mig_devices[{position}]"
+        if not isinstance(item, Mapping):
+            raise FakeGpuFileError(f"{at}: expected a mapping like {{profile: 1g.10gb, start: 0}}")
+        unknown = sorted(str(key) for key in item if key not in _MIG_DEVICE_KEYS)
+        if unknown:
+            raise FakeGpuFileError(
+                f"{at}: unknown key {unknown[0]!r} (known: {', '.join(_MIG_DEVICE_KEYS)})"
+            )
+        name = item.get("profile")
+        if not isinstance(name, str):
+            raise FakeGpuFileError(f"{at}: 'profile' is required, e.g. 1g.10gb")
+        profile = resolve_profile(model, memory_mib, name)
+        if profile is None:
+            raise FakeGpuFileError(f"{at}: unknown profile {name!r} for {model} (known: {known})")
+        start = item.get("start")
+        if isinstance(start, bool) or not isinstance(start, int) or start not in profile.starts:
+            starts = ", ".join(str(candidate) for candidate in profile.starts)
+            raise FakeGpuFileError(
+                f"{at}: 'start' of {name} must be one of its placements ({starts}), got {start!r}"
+            )
+        for memory_slice in range(start, start + profile.size):
+            other = used.get(memory_slice)
+            if other is not None:
+                raise FakeGpuFileError(
+                    f"{at}: {name} at start {start} overlaps {other} (memory slice {memory_slice})"
+                )
+            used[memory_slice] = f"{name} at start {start}"
+        counts[profile.id] = counts.get(profile.id, 0) + 1
+        if counts[profile.id] > profile.instance_count:
+            raise FakeGpuFileError(
+                f"{at}: at most {profile.instance_count} {name} instance(s) fit on {model}"
+            )
+        uuid = item.get("uuid")
+        if uuid is not None:
+            if not isinstance(uuid, str) or not _MIG_UUID_RE.match(uuid):
+                raise FakeGpuFileError(
+                    f"{at}: 'uuid' must be a MIG UUID "
+                    f"(MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, hex), got {uuid!r}"
+                )
+            if uuid in uuids:
+                raise FakeGpuFileError(f"{at}: uuid {uuid} appears twice")
+            uuids.add(uuid)
+        devices.append(
+            FakeMigDeviceSpec(
+                profile=name,
+                start=start,
+                uuid=uuid,
+                processes=_pid_list(item.get("processes"), f"{at}: 'processes'"),
+            )
+        )
+    return tuple(devices)
 
 
 def parse_fake_gpus(text: str | bytes, path: str) -> FakeGpuFile:
@@ -215,6 +364,12 @@ def parse_fake_gpus(text: str | bytes, path: str) -> FakeGpuFile:
         if gpu.uuid in seen_uuids:
             raise FakeGpuFileError(f"{prefix}: uuid {gpu.uuid} appears twice")
         seen_uuids.add(gpu.uuid)
+        for device in gpu.mig_devices:
+            if device.uuid is None:
+                continue
+            if device.uuid in seen_uuids:
+                raise FakeGpuFileError(f"{prefix}: uuid {device.uuid} appears twice")
+            seen_uuids.add(device.uuid)
     if sorted(gpu.index for gpu in gpus) != list(range(len(gpus))):
         raise FakeGpuFileError(
             f"{prefix}: GPU indexes must be 0..{len(gpus) - 1}, each once "

@@ -12,6 +12,9 @@ delivers one XidCriticalError event (event data = `xid`, default 79) to every ev
 is registered with. A file that turns invalid while running is reported once in the log and
 the last good content stays in force; an invalid file at `nvmlInit` makes init fail with a
 message naming the file and the problem.
+
+MIG (`fakenvml.migcalls`): the modelled GPUs answer pynvml's MIG calls with their real profiles
+and placements; instances live in `<file>.mig-state.json` (`fakenvml.migstate`).
 """
 
 # The names below copy pynvml's (NVMLError_GpuIsLost, nvmlEventTypeXidCriticalError ...) so that
@@ -30,14 +33,18 @@ from hami_plugin.deviceplugin.fakenvml.errors import (
     NVML_SUCCESS,
     NVMLError,
     NVMLError_AlreadyInitialized,
+    NVMLError_ArgumentVersionMismatch,
     NVMLError_CorruptedInforom,
+    NVMLError_Deprecated,
     NVMLError_DriverNotLoaded,
     NVMLError_FunctionNotFound,
     NVMLError_GpuIsLost,
     NVMLError_GpuNotFound,
+    NVMLError_InsufficientResources,
     NVMLError_InsufficientSize,
     NVMLError_InUse,
     NVMLError_InvalidArgument,
+    NVMLError_InvalidState,
     NVMLError_LibraryNotFound,
     NVMLError_LibRmVersionMismatch,
     NVMLError_Memory,
@@ -59,6 +66,7 @@ from hami_plugin.deviceplugin.fakenvml.gpufile import (
     FakeGpuSpec,
     parse_fake_gpus,
 )
+from hami_plugin.deviceplugin.fakenvml.migcalls import FakeMigDeviceHandle, MigCalls
 from hami_plugin.deviceplugin.fakenvml.topology import (
     NVML_FEATURE_DISABLED,
     NVML_FEATURE_ENABLED,
@@ -104,8 +112,9 @@ _POLL_SECONDS = 0.1
 _NvmlErrorType = NVMLError
 
 
-class FakeNvml:
-    """pynvml look-alike backed by a YAML file (the format: `fakenvml.gpufile`)."""
+class FakeNvml(MigCalls):
+    """pynvml look-alike backed by a YAML file (the format: `fakenvml.gpufile`); the MIG calls
+    come from `fakenvml.migcalls`."""
 
     NVML_SUCCESS = NVML_SUCCESS
     NVML_DEVICE_MIG_DISABLE = NVML_DEVICE_MIG_DISABLE
@@ -157,7 +166,11 @@ class FakeNvml:
     NVMLError_InUse = NVMLError_InUse
     NVMLError_Memory = NVMLError_Memory
     NVMLError_NoData = NVMLError_NoData
+    NVMLError_InsufficientResources = NVMLError_InsufficientResources
+    NVMLError_ArgumentVersionMismatch = NVMLError_ArgumentVersionMismatch
+    NVMLError_Deprecated = NVMLError_Deprecated
     NVMLError_NotReady = NVMLError_NotReady
+    NVMLError_InvalidState = NVMLError_InvalidState
     NVMLError_GpuNotFound = NVMLError_GpuNotFound
     NVMLError_Unknown = NVMLError_Unknown
 
@@ -175,6 +188,7 @@ class FakeNvml:
         self._problem: str | None = None
         self._event_sets: list[FakeEventSet] = []
         self._wait_errors: deque[int] = deque()
+        self._mig_setup(path)
 
     @staticmethod
     def nvmlExceptionClass(code: int) -> type[_NvmlErrorType]:
@@ -338,18 +352,24 @@ class FakeNvml:
             raise NVMLError_NotFound()
         return FakeDeviceHandle(text)
 
-    def nvmlDeviceGetUUID(self, handle: FakeDeviceHandle) -> str:
+    def nvmlDeviceGetUUID(self, handle: FakeDeviceHandle | FakeMigDeviceHandle) -> str:
+        if isinstance(handle, FakeMigDeviceHandle):
+            return self._mig_uuid(handle)
         return self._lookup(handle, live=False).uuid
 
     def nvmlDeviceGetIndex(self, handle: FakeDeviceHandle) -> int:
         return self._lookup(handle, live=False).index
 
-    def nvmlDeviceGetName(self, handle: FakeDeviceHandle) -> str:
+    def nvmlDeviceGetName(self, handle: FakeDeviceHandle | FakeMigDeviceHandle) -> str:
+        if isinstance(handle, FakeMigDeviceHandle):
+            return self._mig_name(handle)
         return self._lookup(handle, live=True).name
 
     def nvmlDeviceGetMemoryInfo(
-        self, handle: FakeDeviceHandle, version: object = None
+        self, handle: FakeDeviceHandle | FakeMigDeviceHandle, version: object = None
     ) -> FakeMemoryInfo:
+        if isinstance(handle, FakeMigDeviceHandle):
+            return self._mig_memory(handle)
         gpu = self._lookup(handle, live=True)
         if gpu.memory_mib is None:
             raise NVMLError_NotSupported()
@@ -424,11 +444,6 @@ class FakeNvml:
         if lane.remote_gpu is None:
             return NVML_NVLINK_DEVICE_TYPE_SWITCH
         return NVML_NVLINK_DEVICE_TYPE_GPU
-
-    def nvmlDeviceGetMigMode(self, handle: FakeDeviceHandle) -> list[int]:
-        gpu = self._lookup(handle, live=True)
-        mode = NVML_DEVICE_MIG_ENABLE if gpu.mig else NVML_DEVICE_MIG_DISABLE
-        return [mode, mode]
 
     def nvmlDeviceGetMinorNumber(self, handle: FakeDeviceHandle) -> int:
         return self._lookup(handle, live=True).minor_number

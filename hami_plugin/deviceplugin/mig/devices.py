@@ -79,9 +79,7 @@ class MigNvml(Protocol):
         """The MIG devices (GI + CI pairs) present on the GPU now, in MIG index order."""
         ...
 
-    def create_instance(
-        self, gpu_index: int, profile: str, placement: MigPlacement
-    ) -> MigDevice:
+    def create_instance(self, gpu_index: int, profile: str, placement: MigPlacement) -> MigDevice:
         """Create a GPU instance of `profile` at `placement`, then its full-size compute
         instance; on a compute-instance failure the GPU instance is destroyed again."""
         ...
