@@ -68,6 +68,9 @@ class AllocateConfig:
     library_problem: str | None = None
     preload_problem: str | None = None
     device_list: DeviceListConfig = field(default_factory=DeviceListConfig)
+    mig_mode: bool = False
+    """A dynamic-MIG node (`operatingmode: mig`): containers get MIG instances, not HAMi-core,
+    so a missing HAMi-core refuses nothing (`deviceplugin.mig.allocate`)."""
 
 
 # --- outputs -----------------------------------------------------------------------------------
@@ -89,6 +92,9 @@ class FailureReason(enum.StrEnum):
     HAMI_CORE_MISSING = "HamiCoreMissing"
     """HAMi-core's library, or the preload a container needs, is not installed on the node:
     the container would fail on its mount or run without limits."""
+    MIG_ALLOCATION_FAILED = "MigAllocationFailed"
+    """Dynamic MIG: the container's MIG reservations do not fit its booking, or an instance
+    could not be created (`deviceplugin.mig.allocate`)."""
 
 
 class AllocateFailure(Exception):  # noqa: N818 - an answer to kubelet, not a bug
@@ -479,9 +485,10 @@ def decide_allocation(
                 f"has {len(devices)} device(s), kubelet asked for {len(kubelet_ids)}",
             )
         container = _container_at(pod, next_index)
-        check_hamicore(container, config)
+        if not config.mig_mode:
+            check_hamicore(container, config)
         overridden: tuple[str, ...] = ()
-        if config.enable_preferred_allocation:
+        if config.enable_preferred_allocation and not config.mig_mode:  # HAMi server.go:807
             devices, overridden = _align_with_kubelet(devices, kubelet_ids, node_gpus)
         elif node_gpus is not None:
             # The annotated GPUs are used as they are: one that is not here cannot be mounted.

@@ -59,6 +59,7 @@ from hami_plugin.deviceplugin.allocate import (
     with_entries_consumed,
 )
 from hami_plugin.deviceplugin.hamicore import HAMI_CORE_VERSION, HamiCoreWatch
+from hami_plugin.deviceplugin.mig.allocate import MigAllocateStep, MigRealised
 from hami_plugin.deviceplugin.nodecache import CacheNotListedError, NodeCache
 from hami_plugin.deviceplugin.pending import PendingPodChoice, is_pending_on, select_pending_pod
 from hami_plugin.deviceplugin.preferred import PreferredAnswer, PreferredRequest, decide_preferred
@@ -224,7 +225,10 @@ class PodAllocator:
     register annotation and `/metrics`); None watches `config.hook_path` here, looking for
     `libvgpu.so.<version>` first (`hamicore.HAMI_CORE_VERSION` when None). While HAMi-core
     is missing, Allocate fails the pod (`allocate.check_hamicore`): no container runs
-    without limits.
+    without limits. `mig` (a dynamic-MIG node, `operatingmode: mig`) realises each container's
+    MIG reservations instead of HAMi-core's directories (`mig.allocate.MigAllocateStep`); its
+    runtime identity is written with the call's other annotations, and the instances the call
+    created are destroyed again when a later step fails.
     """
 
     def __init__(
@@ -248,8 +252,11 @@ class PodAllocator:
         kubelet_pods: Callable[[], frozenset[tuple[str, str]]] | None = None,
         on_kubelet_pods_failed: Callable[[Exception], bool] | None = None,
         hamicore: HamiCoreWatch | None = None,
+        mig: MigAllocateStep | None = None,
     ) -> None:
         self._kube = kube
+        self._mig = mig
+        """Dynamic MIG (`operatingmode: mig`): realises each container's MIG reservations."""
         self._node_name = node_name
         self._config = config
         self._booking_keys = booking_keys
@@ -444,15 +451,21 @@ class PodAllocator:
             # kubelet sends one container per call; the first one's count picks the pod.
             node, choice, away = self._pending_pod(len(requests[0]))
             pod = choice.pod
+            realised: MigRealised | None = None
             try:
                 if choice.refusal is not None:
                     raise AllocateFailure(FailureReason.BOOKING_NOT_SIGNED, choice.refusal)
                 decision = decide_allocation(
                     pod, requests, self._current_config(), self._new_cache_id, advertised
                 )
-                prepare_host_dirs(decision, self._config.vgpulock_host_path)
+                if self._mig is not None:  # MIG instances, no HAMi-core directories
+                    realised = self._mig.realise(pod, decision)
+                    decision = realised.decision
+                else:
+                    prepare_host_dirs(decision, self._config.vgpulock_host_path)
                 patch: dict[str, str | None] = {
-                    ANNOTATION_DEVICES_TO_ALLOCATE: decision.remaining_to_allocate
+                    ANNOTATION_DEVICES_TO_ALLOCATE: decision.remaining_to_allocate,
+                    **(realised.annotations if realised is not None else {}),
                 }
                 if decision.complete:
                     patch[ANNOTATION_BIND_PHASE] = BindPhase.SUCCESS
@@ -460,6 +473,8 @@ class PodAllocator:
                 if self.served is not None:
                     self.served.record(pod.uid, (c.entry_index for c in decision.containers))
             except Exception as error:
+                if realised is not None and self._mig is not None:
+                    self._mig.rollback(realised.created)
                 self._fail(pod, node, error, away)  # with a budget of its own
                 raise PodAllocationError(pod, error) from error
         if decision.complete:

@@ -14,8 +14,12 @@ and the common nodes `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools
 time). The toolkit's spec also mounts the driver libraries and adds its ldcache hooks; this one
 does not look through the host's driver files, so the runtime must still provide the driver
 (nvidia-container-runtime in `cdi` mode, or a toolkit-generated spec for the driver files).
-MIG devices are not in the spec: this plugin does not expose them yet (issue 18 item 1), and
-MIG-mode GPUs are dropped by the inventory. No `gdrcopy`/`gds`/`mofed` mode specs are written.
+MIG devices served by a static MIG strategy (`mig.static`) are in the spec twice, as NVIDIA's
+toolkit names them: by MIG UUID (the name Allocate uses) and by `<gpu index>:<mig index>`; each
+holds its parent's `/dev/nvidia<minor>` and, where `/proc/driver/nvidia-caps/mig-minors` lists
+them, the GPU and compute instance capability nodes `/dev/nvidia-caps/nvidia-cap<n>` (HAMi:
+rm/nvml_devices.go:120-164). MIG-mode GPUs themselves are not devices of the spec. No
+`gdrcopy`/`gds`/`mofed` mode specs are written.
 """
 
 from __future__ import annotations
@@ -25,11 +29,14 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from hami_plugin.deviceplugin.device_list import CDI_GPU_CLASS, CDI_VENDOR, ENV_VISIBLE_DEVICES
 from hami_plugin.deviceplugin.inventory import PhysicalGpu
+
+if TYPE_CHECKING:
+    from hami_plugin.deviceplugin.mig.devices import MigDevice
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +44,9 @@ CDI_VERSION = "0.5.0"
 DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
 COMMON_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 ALL_DEVICE_NAME = "all"
+MIG_MINORS_PATH = "/proc/driver/nvidia-caps/mig-minors"
+"""The driver's table of MIG capability minors: `gpu<minor>/gi<id>/access <n>` and
+`gpu<minor>/gi<id>/ci<id>/access <n>` lines (HAMi's mig.GetMigCapabilityDevicePaths)."""
 
 
 def cdi_kind() -> str:
@@ -56,21 +66,68 @@ def gpu_device_node(gpu: PhysicalGpu) -> str:
     return f"/dev/nvidia{minor}"
 
 
-def build_cdi_spec(gpus: Sequence[PhysicalGpu]) -> dict[str, Any]:
-    """The CDI spec (a JSON object) for `gpus`: one device per GPU named by its UUID, plus
-    `all`. GPUs come in NVML index order; MIG-mode GPUs are left out (see the module doc)."""
+def parse_mig_minors(text: str) -> dict[str, int]:
+    """`mig-minors` lines -> capability path (`gpu0/gi1/ci0/access`) -> minor; others skipped."""
+    minors: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            minors[parts[0]] = int(parts[1])
+    return minors
+
+
+def read_mig_minors(path: str = MIG_MINORS_PATH) -> dict[str, int]:
+    """The driver's MIG capability minors; empty when the file cannot be read (no MIG driver)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return parse_mig_minors(handle.read())
+    except OSError:
+        return {}
+
+
+def mig_device_nodes(
+    device: MigDevice, parent: PhysicalGpu, mig_minors: Mapping[str, int]
+) -> list[str]:
+    """The device nodes of one MIG device: its parent's, then the GPU instance's and compute
+    instance's capability nodes where the driver lists them (rm/nvml_devices.go:147-161)."""
+    minor = parent.minor_number if parent.minor_number is not None else parent.index
+    gi = f"gpu{minor}/gi{device.gpu_instance_id}"
+    nodes = [gpu_device_node(parent)]
+    for key in (f"{gi}/access", f"{gi}/ci{device.compute_instance_id}/access"):
+        if key in mig_minors:
+            nodes.append(f"/dev/nvidia-caps/nvidia-cap{mig_minors[key]}")
+    return nodes
+
+
+def build_cdi_spec(
+    gpus: Sequence[PhysicalGpu],
+    mig_devices: Sequence[MigDevice] = (),
+    mig_minors: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """The CDI spec (a JSON object) for `gpus`: one device per GPU named by its UUID, each of
+    `mig_devices` by its MIG UUID and by `<gpu index>:<mig index>`, plus `all`. GPUs come in
+    NVML index order, MIG devices as given; MIG-mode GPUs are left out (see the module doc)."""
     ordered = sorted((gpu for gpu in gpus if not gpu.mig_enabled), key=lambda gpu: gpu.index)
     devices: list[dict[str, Any]] = [
         {"name": gpu.uuid, "containerEdits": {"deviceNodes": [{"path": gpu_device_node(gpu)}]}}
         for gpu in ordered
     ]
-    if ordered:
+    every_node = [gpu_device_node(gpu) for gpu in ordered]
+    parents = {gpu.uuid: gpu for gpu in gpus}
+    for device in mig_devices:
+        parent = parents.get(device.parent_uuid)
+        if parent is None:
+            continue
+        nodes = mig_device_nodes(device, parent, mig_minors or {})
+        edits = {"deviceNodes": [{"path": path} for path in nodes]}
+        for name in (device.uuid, f"{device.parent_index}:{device.mig_index}"):
+            devices.append({"name": name, "containerEdits": edits})
+        every_node.extend(node for node in nodes if node not in every_node)
+    if every_node:
         devices.append(
             {
                 "name": ALL_DEVICE_NAME,
-                "containerEdits": {
-                    "deviceNodes": [{"path": gpu_device_node(gpu)} for gpu in ordered]
-                },
+                "containerEdits": {"deviceNodes": [{"path": path} for path in every_node]},
             }
         )
     return {

@@ -5,17 +5,18 @@ The config file (`--config-file`) is YAML and accepts two shapes at once:
 * HAMi's device ConfigMap (`/device-config.yaml`): a top-level `nvidia:` mapping with
   `deviceSplitCount`, `deviceMemoryScaling`, `deviceCoreScaling`, `libCudaLogLevel`,
   `resourceCountName`, `disableCoreLimit`, `preConfiguredDeviceMemory`, `enableNumaTopology`
-  (HAMi's chart writes `devicePlugin.enableNumaTopology` there; keys matched
-  case-insensitively with Go's field-name folding, `protocol.gojson.fold_name`, as HAMi's
-  decoding does; the scheduler's keys in the same section are ignored);
+  (HAMi's chart writes `devicePlugin.enableNumaTopology` there) and `migProfileAllowlist`
+  (dynamic MIG, `deviceplugin.operating_mode`); keys matched case-insensitively with Go's
+  field-name folding, `protocol.gojson.fold_name`, as HAMi's decoding does; the scheduler's
+  keys in the same section are ignored);
 * our own flat keys, named like the `DevicePluginSettings` fields (`split_count: 4`), which win
   over the `nvidia:` section.
 
 Per-node overrides use HAMi's shape (`docs/hami-reference.md` 4.1): `nodeconfig: [{name,
-devicesplitcount, devicememoryscaling, devicecorescaling, ...}]`, either inside the config file
-or in a separate `--node-config-file` (HAMi's `/config/config.json`; JSON is valid YAML). The
-entry whose `name` equals the node name overrides only the fields it sets. Its keys are folded
-as Go folds them too.
+devicesplitcount, devicememoryscaling, devicecorescaling, operatingmode, ...}]`, either inside
+the config file or in a separate `--node-config-file` (HAMi's `/config/config.json`; JSON is
+valid YAML). The entry whose `name` equals the node name overrides only the fields it sets. Its
+keys are folded as Go folds them too.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ NVIDIA_KEYS = {
     "disableCoreLimit": "disable_core_limit",
     "preConfiguredDeviceMemory": "preconfigured_device_memory_mib",
     "enableNumaTopology": "enable_numa_topology",
+    "migProfileAllowlist": "mig_profile_allowlist",
 }
 """The `nvidia:` keys of HAMi's device ConfigMap and the setting each sets."""
 
@@ -50,6 +52,8 @@ NODE_KEYS = {
     "libcudaloglevel": "libcuda_log_level",
     "preconfigureddevicememory": "preconfigured_device_memory_mib",
     "enablegetpreferredallocation": "enable_preferred_allocation",
+    "migstrategy": "mig_strategy",
+    "operatingmode": "operating_mode",
 }
 """The keys of a HAMi `nodeconfig` entry and the setting each overrides."""
 
@@ -57,7 +61,7 @@ NODE_KEYS = {
 _NVIDIA_FIELDS = {fold_name(key): setting for key, setting in NVIDIA_KEYS.items()}
 _NODE_FIELDS = {fold_name(key): setting for key, setting in NODE_KEYS.items()}
 # HAMi node-config keys we read but that only have one supported value here.
-_NODE_FIELDS_CHECKED = {fold_name("operatingmode"): "hami-core", fold_name("migstrategy"): "none"}
+_NODE_FIELDS_CHECKED: dict[str, str] = {}
 _NODE_FIELDS_IGNORED = frozenset({fold_name("name")})
 _NODE_FILTER_DEVICES = fold_name("filterdevices")
 _FILTER_UUID = fold_name("uuid")

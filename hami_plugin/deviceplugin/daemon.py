@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from hami_plugin.deviceplugin.health import HealthChange, HealthMonitor
     from hami_plugin.deviceplugin.kubelet import KubeletRegistrar, RestartWatch
     from hami_plugin.deviceplugin.metrics import DevicePluginMetrics
+    from hami_plugin.deviceplugin.mig.dynamic import DynamicMig
+    from hami_plugin.deviceplugin.migserve import StaticMigServers
     from hami_plugin.deviceplugin.nvml import NvmlBackend, PhysicalGpu
     from hami_plugin.deviceplugin.protocol_claim import ProtocolClaim
     from hami_plugin.deviceplugin.register import RegisterPublisher
@@ -102,6 +104,8 @@ class DevicePluginDaemon:
         self._health: HealthMonitor | None = None
         self._publisher: RegisterPublisher | None = None
         self._register_uuids: tuple[str, ...] = ()
+        self.dynamic_mig: DynamicMig | None = None
+        """Dynamic MIG (`operatingmode: mig`): the MIG instances of this node's pods."""
         self._scores: tuple[tuple[str, ...], str] | None = None
         """The register UUIDs the last `hami.io/node-nvidia-score` value was measured for."""
         self.hamicore: HamiCoreWatch | None = None
@@ -110,6 +114,8 @@ class DevicePluginDaemon:
         """What the node claims in `hami-plugin.io/allocate-protocol` (while serving)."""
         self.board: DeviceBoard | None = None
         self.registrar: KubeletRegistrar | None = None
+        self.static_mig: StaticMigServers | None = None
+        """Static MIG (`--mig-strategy single|mixed`): the MIG resources' plugins."""
         self.metrics: DevicePluginMetrics | None = None
         """The `/metrics` endpoint while serving (None when off or unusable)."""
         self.started = threading.Event()
@@ -202,10 +208,22 @@ class DevicePluginDaemon:
         except NvmlError as error:
             logger.error("cannot list GPUs: %s", error)
             return EXIT_FAILURE
+        if settings.mig_strategy != "none":  # static MIG: NVIDIA's device map (mig.static)
+            from hami_plugin.deviceplugin.cdi import read_mig_minors
+            from hami_plugin.deviceplugin.migserve import StaticMigError, StaticMigServers
+
+            try:
+                self.static_mig = StaticMigServers.for_daemon(backend, gpus, settings)
+            except (StaticMigError, NvmlError) as error:
+                logger.error("%s", error)
+                return EXIT_FAILURE
+        static_mig = self.static_mig
         if settings.device_list.any_cdi:
             # Once at start, as HAMi (plugin-manager.go:78-80): Allocate's CDI names must resolve.
             try:
-                write_cdi_spec(build_cdi_spec(gpus), settings.cdi_spec_dir)
+                mig_devices = static_mig.mig_devices if static_mig is not None else ()
+                spec = build_cdi_spec(gpus, mig_devices, read_mig_minors() if mig_devices else {})
+                write_cdi_spec(spec, settings.cdi_spec_dir)
             except OSError as error:
                 logger.error("unable to create the CDI spec file: %s", error)
                 return EXIT_FAILURE
@@ -238,6 +256,13 @@ class DevicePluginDaemon:
             podresources = PodResourcesClient(settings.pod_resources_socket)
             kubelet_pods = functools.partial(podresources.without_devices, settings.resource_name)
         protocol = self.protocol = ProtocolClaim(podresources, clock=self._clock)
+        if settings.operating_mode == "mig":  # before serving, as HAMi (server.go:290-312)
+            from hami_plugin.deviceplugin.mig.dynamic import DynamicMig
+
+            self.dynamic_mig = DynamicMig.for_daemon(
+                backend, settings, kube, lambda: self._gpus, cache, keys
+            )
+            self.dynamic_mig.start(self._stop)
         # Looked at now (one log line either way), on every Allocate, register round and scrape.
         hamicore = self.hamicore = HamiCoreWatch(
             settings.hook_path,
@@ -257,6 +282,7 @@ class DevicePluginDaemon:
                 enable_preferred_allocation=settings.enable_preferred_allocation,
                 vgpulock_host_path=self._vgpulock_path,
                 device_list=settings.device_list,
+                mig_mode=self.dynamic_mig is not None,
             ),
             booking_keys=keys.keys if keys is not None else None,
             resource_name=settings.resource_name,
@@ -266,6 +292,7 @@ class DevicePluginDaemon:
             kubelet_pods=kubelet_pods,
             on_kubelet_pods_failed=self._on_kubelet_pods_failed,
             hamicore=hamicore,
+            mig=self.dynamic_mig.step if self.dynamic_mig is not None else None,
         )
         service = DevicePluginService(
             board, allocator, preferred_allocation=settings.enable_preferred_allocation
@@ -278,7 +305,11 @@ class DevicePluginDaemon:
             watch=self._restart_watch,
         )
         health = self._health = HealthMonitor(
-            backend, settings, self._on_health_change, clock=self._clock
+            backend,
+            settings,
+            self._on_health_change,
+            clock=self._clock,
+            mig_event=static_mig.on_event if static_mig is not None else None,
         )
         # Our Allocate tells several in-flight pods apart: the scheduler may skip HAMi's lock.
         publisher = self._publisher = RegisterPublisher(
@@ -308,7 +339,10 @@ class DevicePluginDaemon:
             if cache is not None and writes is not None:
                 cache.start(self._stop)
                 writes.start()
-            registrar.start()
+            if static_mig is None or static_mig.plan.vgpu_served:
+                registrar.start()  # under `single` the MIG devices take nvidia.com/gpu
+            if static_mig is not None:
+                static_mig.start()
             health.start(gpus)
             publisher.start()
             if feedback is not None:
@@ -324,6 +358,13 @@ class DevicePluginDaemon:
                 clock=self._clock,
                 booking_keys=keys.keys if keys is not None else None,
                 hamicore=hamicore.current,
+                mig_device_info=(
+                    static_mig.device_info_from(podresources)
+                    if static_mig is not None and podresources is not None
+                    else self.dynamic_mig.device_info
+                    if self.dynamic_mig is not None
+                    else None
+                ),
             )
             self.started.set()
             # Waking twice a second lets the main thread run a signal handler: the kernel may
@@ -338,6 +379,8 @@ class DevicePluginDaemon:
             if feedback is not None:
                 feedback.stop()
             scanner.close()
+            if static_mig is not None:
+                static_mig.stop()
             registrar.stop()
             if writes is not None:
                 writes.stop()
@@ -361,9 +404,9 @@ class DevicePluginDaemon:
                 return False
             self._gpus = list(gpus)
         for gpu in gpus:
-            if gpu.mig_enabled:
+            if gpu.mig_enabled and self.settings.mig_strategy == "none" and not self._mig_mode:
                 logger.warning(
-                    "GPU %s (index %d) has MIG enabled: not advertised (MIG is not supported)",
+                    "GPU %s (index %d) has MIG enabled: not advertised (--mig-strategy none)",
                     gpu.uuid,
                     gpu.index,
                 )
@@ -372,6 +415,11 @@ class DevicePluginDaemon:
             ", ".join(f"{g.index}:{g.uuid} {g.name} {g.memory_mib} MiB" for g in gpus) or "none",
         )
         return True
+
+    @property
+    def _mig_mode(self) -> bool:
+        """Dynamic MIG: MIG-enabled GPUs are this node's to split (`operatingmode: mig`)."""
+        return self.settings.operating_mode == "mig"
 
     def _unhealthy(self) -> frozenset[str]:
         return self._health.unhealthy if self._health is not None else frozenset()
@@ -385,6 +433,8 @@ class DevicePluginDaemon:
         if self.board is not None and self.board.publish(devices):
             unhealthy = sum(1 for d in devices if not d.healthy)
             logger.info("advertising %d devices (%d unhealthy)", len(devices), unhealthy)
+        if self.static_mig is not None:
+            self.static_mig.update_health(self._unhealthy())
 
     def _on_health_change(self, change: HealthChange) -> None:
         self._refresh_devices()
@@ -426,7 +476,15 @@ class DevicePluginDaemon:
         # Each round looks at the hook directory again: HAMi-core installed later is seen here.
         hamicore_ready = self.hamicore is None or self.hamicore.current().ready
         devices = build_register_devices(
-            gpus, self._unhealthy(), self.settings, hamicore_ready=hamicore_ready
+            gpus,
+            self._unhealthy(),
+            self.settings,
+            hamicore_ready=hamicore_ready,
+            mig_devices=None
+            if self.dynamic_mig is None
+            else self.dynamic_mig.register_devices(
+                gpus, self._unhealthy(), self.settings.mig_profile_allowlist
+            ),
         )
         self._register_uuids = tuple(device.uuid for device in devices)
         return codec.encode_node_devices(devices)

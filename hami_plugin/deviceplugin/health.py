@@ -127,7 +127,12 @@ class HealthMonitor:
         settings: DevicePluginSettings,
         on_change: Callable[[HealthChange], None],
         clock: Clock | None = None,
+        *,
+        mig_event: Callable[[GpuEvent], bool] | None = None,
     ) -> None:
+        """`mig_event` sees every event first; True: it was about one MIG device and was
+        handled there (static MIG, `migserve`), so the GPU itself keeps its health."""
+        self._mig_event = mig_event
         self._backend = backend
         self._settings = settings
         self._on_change = on_change
@@ -209,7 +214,7 @@ class HealthMonitor:
                     self._emit(changes)
                     self._stop.wait(slice_ms / 1000.0)
                     continue
-                if event is not None:
+                if event is not None and not (self._mig_event and self._mig_event(event)):
                     with self._lock:
                         changes = self._tracker.on_event(event, self._clock.monotonic())
                     self._emit(changes)

@@ -7,9 +7,10 @@ with its memory and cores scaled. No I/O here: the daemon passes the scan and he
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from hami_plugin.deviceplugin.operating_mode import MODE_MIG
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
 from hami_plugin.protocol.model import MODE_HAMI_CORE, GpuDevice
 
@@ -75,7 +76,7 @@ def advertised_gpus(
     return [
         gpu
         for gpu in gpus
-        if not gpu.mig_enabled
+        if (not gpu.mig_enabled or settings.operating_mode == MODE_MIG)
         and gpu.uuid not in settings.filter_uuids
         and gpu.index not in settings.filter_indexes
     ]
@@ -105,6 +106,7 @@ def build_register_devices(
     settings: DevicePluginSettings,
     *,
     hamicore_ready: bool = True,
+    mig_devices: Mapping[str, GpuDevice] | None = None,
 ) -> list[GpuDevice]:
     """The devices written to `hami.io/node-nvidia-register` for the advertised GPUs.
 
@@ -113,7 +115,15 @@ def build_register_devices(
     HAMi-core on the node (`hamicore_ready` False) every GPU is registered unhealthy, so the
     scheduler places no vGPU pod where Allocate would refuse it (kubelet is told nothing:
     `docs/device-plugin.md`, "HAMi-core on the node").
+
+    On a dynamic-MIG node (`operatingmode: mig`) each advertised GPU registers the entry
+    `mig_devices` holds for its UUID (HAMi register.go:148-202, built from NVML's profiles by
+    `mig.dynamic.DynamicMig.register_devices`; HAMi-core is not needed there), and a GPU
+    without one is not registered.
     """
+    if settings.operating_mode == MODE_MIG:
+        entries = mig_devices or {}
+        return [entries[g.uuid] for g in advertised_gpus(gpus, settings) if g.uuid in entries]
     return [
         GpuDevice(
             uuid=gpu.uuid,

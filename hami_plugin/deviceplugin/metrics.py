@@ -29,6 +29,16 @@ What HAMi lacks, same `hami_` prefix and labels, no zone (they are not HAMi's):
   `ld.so.preload`) is installed under the hook path (`deviceplugin.hamicore`); while it is 0,
   Allocate fails and the register annotation marks every GPU unhealthy.
 
+With static MIG (`--mig-strategy single|mixed`), HAMi's MIG family, zone `vGPU` as HAMi's:
+
+* `hami_mig_device_info{namespace, pod, container, vdevice_index, device_uuid, mig_uuid, profile,
+  gpu_instance_id, compute_instance_id}` 1 per MIG device a container holds (HAMi's
+  cmd/vGPUmonitor/metrics.go:102-106, 526-571, which reads dynamic MIG's
+  `hami.io/vgpu-mig-allocations`). For pre-made MIG devices the holder comes from kubelet's
+  PodResources `List` (the devices kubelet allocated per container), never from an annotation;
+  `vdevice_index` is the device's position in the container's list, `device_uuid` the parent
+  GPU (`migserve.StaticMigServers.device_info`).
+
 A GPU that fails an NVML query is left out of the scrape (the adapter logs it); NVML failing as
 a whole, or the pod list failing, leaves out only the metrics that need it, with one log line.
 The scrape's duration is exported by `server.ScrapeGuard`, which runs this collector.
@@ -39,6 +49,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hami_plugin.clock import Clock, SystemClock
@@ -82,6 +93,86 @@ HEALTHY = "hami_host_gpu_healthy"
 SLOTS = "hami_host_gpu_vgpu_slots"
 SLOTS_ALLOCATED = "hami_host_gpu_vgpu_slots_allocated"
 HAMICORE_READY = "hami_device_plugin_hamicore_ready"
+MIG_DEVICE_INFO = "hami_mig_device_info"
+MIG_DEVICE_INFO_LABELS = [
+    "namespace",
+    "pod",
+    "container",
+    "vdevice_index",
+    "device_uuid",
+    "mig_uuid",
+    "profile",
+    "gpu_instance_id",
+    "compute_instance_id",
+]
+"""HAMi's labels (cmd/vGPUmonitor/metrics.go:105), then `zone`."""
+
+
+@dataclass(frozen=True, slots=True)
+class MigDeviceInfo:
+    """One MIG device held by one container: a `hami_mig_device_info` sample."""
+
+    namespace: str
+    pod: str
+    container: str
+    vdevice_index: int
+    device_uuid: str
+    """The parent GPU's UUID."""
+    mig_uuid: str
+    profile: str
+    gpu_instance_id: int
+    compute_instance_id: int
+
+
+def mig_device_info_family(rows: Sequence[MigDeviceInfo]) -> GaugeMetricFamily:
+    """`hami_mig_device_info` with one sample (1) per row, zone `vGPU` as HAMi's."""
+    family = GaugeMetricFamily(
+        MIG_DEVICE_INFO,
+        "MIG runtime identity for a container allocation",
+        labels=[*MIG_DEVICE_INFO_LABELS, "zone"],
+    )
+    for row in rows:
+        family.add_metric(
+            [
+                row.namespace,
+                row.pod,
+                row.container,
+                str(row.vdevice_index),
+                row.device_uuid,
+                row.mig_uuid,
+                row.profile,
+                str(row.gpu_instance_id),
+                str(row.compute_instance_id),
+                ZONE,
+            ],
+            1,
+        )
+    return family
+
+
+class MigInfoCollector:
+    """`hami_mig_device_info`, its rows read at scrape time; a failing source is one log line
+    per distinct message and an empty family."""
+
+    def __init__(self, rows: Callable[[], Sequence[MigDeviceInfo]]) -> None:
+        self._rows = rows
+        self._last_problem: str | None = None
+
+    def describe(self) -> Iterator[Metric]:
+        return iter([mig_device_info_family([])])
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            rows = self._rows()
+        except Exception as error:  # a scrape never fails for one source
+            message = str(error)
+            if message != self._last_problem:
+                logger.warning("hami_mig_device_info left empty: %s", message)
+                self._last_problem = message
+            rows = []
+        else:
+            self._last_problem = None
+        return iter([mig_device_info_family(rows)])
 
 
 def monitor_device_type(nvml_name: str) -> str:
@@ -373,6 +464,7 @@ def start_device_plugin_metrics(
     clock: Clock | None = None,
     booking_keys: Callable[[], BookingKeys] | None = None,
     hamicore: Callable[[], HamiCoreCheck] | None = None,
+    mig_device_info: Callable[[], Sequence[MigDeviceInfo]] | None = None,
 ) -> DevicePluginMetrics | None:
     """Serve the device plugin daemon's `/metrics` on `settings.metrics_bind_address`.
 
@@ -385,7 +477,8 @@ def start_device_plugin_metrics(
     pod list, the collectors and the scrape timing (the system clock when None).
     `booking_keys`: the daemon's booking keys, so that only signed bookings count as allocated
     slots (None: every booking counts). `hamicore`: the daemon's `HamiCoreWatch.current`, for
-    `hami_device_plugin_hamicore_ready` (None: not exported).
+    `hami_device_plugin_hamicore_ready` (None: not exported). `mig_device_info`: the MIG
+    devices containers hold, for `hami_mig_device_info` (None: not exported).
 
     Returns None when the address is `0`, does not parse, or cannot be bound: a metrics problem
     is one error line and never stops the daemon from serving GPUs.
@@ -407,6 +500,8 @@ def start_device_plugin_metrics(
         ),
         "vgpu": VgpuCollector(scanner, settings.node_name, clock=clock),
     }
+    if mig_device_info is not None:
+        collectors["mig"] = MigInfoCollector(mig_device_info)
     try:
         registry = guarded_registry(collectors, clock)
         registry.register(BuildInfoCollector())

@@ -10,8 +10,9 @@ deep inside its health loop; we read it once). The config files' shapes are
 
 Two flags of HAMi's device plugin (v2.10.0 cmd/device-plugin/nvidia/main.go) that its chart and
 users pass are taken as it takes them: `-v` (`--v`, klog's verbosity, no variable: 4 and above
-logs at debug level) and `--mig-strategy` (`MIG_STRATEGY`): `none`, HAMi's default, is the only
-one supported; `single` and `mixed` are refused at start (this plugin exposes no MIG devices).
+logs at debug level) and `--mig-strategy` (`MIG_STRATEGY`, also the node entry's `migstrategy`):
+`none` (HAMi's default), `single` or `mixed`, as main.go:238-244 validates them (static MIG:
+`deviceplugin.mig.static`).
 So are its device list flags (main.go:115-160): `--device-list-strategy` (`DEVICE_LIST_STRATEGY`,
 a comma list as urfave's StringSlice reads it), `--cdi-annotation-prefix`, and the
 `--gdrcopy-enabled`/`--gds-enabled`/`--mofed-enabled` booleans (`GDRCOPY_ENABLED`, ...; see
@@ -58,7 +59,12 @@ from hami_plugin.deviceplugin.device_list import (
     DeviceListStrategy,
     parse_device_list_strategies,
 )
+from hami_plugin.deviceplugin.operating_mode import (
+    parse_mig_profile_allowlist,
+    parse_operating_mode,
+)
 from hami_plugin.protocol.model import RESOURCE_GPU
+from hami_plugin.scheduler.mig import AllowedMigProfiles
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +135,15 @@ class DevicePluginSettings:
     gdrcopy_enabled: bool = False
     gds_enabled: bool = False
     mofed_enabled: bool = False
+    mig_strategy: str = "none"
+    """NVIDIA's `--mig-strategy`: `none` (MIG-enabled GPUs left out), `single` (MIG devices under
+    `nvidia.com/gpu`) or `mixed` (`nvidia.com/mig-<profile>`); see `deviceplugin.mig.static`."""
+    operating_mode: str = "hami-core"
+    """The node entry's `operatingmode` (HAMi server.go:149-151): `hami-core`, or `mig` for
+    dynamic MIG (`deviceplugin.mig.dynamic`)."""
+    mig_profile_allowlist: tuple[AllowedMigProfiles, ...] = ()
+    """The device config's `nvidia.migProfileAllowlist`: the profiles each GPU model may be split
+    into on a dynamic-MIG node (validated at load as HAMi's `ValidateMigProfileAllowlist`)."""
 
     @property
     def device_list(self) -> DeviceListConfig:
@@ -308,7 +323,7 @@ _ENV = {o.field: o.env for o in _OPTIONS} | {k: env for k, (_, env) in _SHAPING.
 
 _FLAT_KEYS = frozenset(
     {f.name for f in fields(DevicePluginSettings)}
-    - {"ignored_xids", "healthchecks_disabled", "only_xids", "verbosity"}
+    - {"ignored_xids", "healthchecks_disabled", "only_xids", "verbosity", "mig_strategy"}
     | {"disable_healthchecks", "enable_healthchecks", "filter_devices"}
 )
 """The keys the config file may set directly."""
@@ -358,9 +373,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mig-strategy",
         default=None,
-        metavar="none",
-        help="HAMi's MIG strategy: only none (the default) is supported; single and mixed "
-        "are refused [env MIG_STRATEGY]",
+        metavar="none|single|mixed",
+        help="NVIDIA's MIG strategy: none (the default: MIG-enabled GPUs are left out), "
+        "single (MIG devices replace the GPUs under nvidia.com/gpu) or mixed "
+        "(nvidia.com/mig-<profile> resources) [env MIG_STRATEGY]",
     )
     parser.add_argument(
         "-v",
@@ -428,16 +444,12 @@ def _health_fields(
 
 
 def _parse_mig_strategy(raw: object) -> str:
-    """HAMi's (NVIDIA's) `--mig-strategy`, of which only `none` is supported here."""
+    """HAMi's (NVIDIA's) `--mig-strategy`: `none`, `single` or `mixed` (main.go:238-244, whose
+    error words `unknown MIG strategy: <s>` are kept)."""
     strategy = parse_str(raw)
-    if strategy == "none":
+    if strategy in ("none", "single", "mixed"):
         return strategy
-    if strategy in ("single", "mixed"):
-        raise ValueError(
-            f"{strategy!r} is not supported yet: this device plugin shares whole GPUs through "
-            "HAMi-core and exposes no MIG devices (use none)"
-        )
-    raise ValueError(f"unknown MIG strategy {strategy!r} (HAMi's: none, single, mixed; use none)")
+    raise ValueError(f"unknown MIG strategy: {strategy} (none, single or mixed)")
 
 
 def _default_socket_name(resource_name: str) -> str:
@@ -487,7 +499,16 @@ def resolve_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Device
     if "socket_name" not in values:
         values["socket_name"] = _default_socket_name(values.get("resource_name", RESOURCE_GPU))
 
-    resolve("mig_strategy", _parse_mig_strategy, [environment, flags])
+    mig_strategy = resolve("mig_strategy", _parse_mig_strategy, [*node_layers, environment, flags])
+    if mig_strategy is not None:
+        values["mig_strategy"] = mig_strategy
+    for name, parse in (
+        ("operating_mode", parse_operating_mode),
+        ("mig_profile_allowlist", parse_mig_profile_allowlist),
+    ):
+        mig_value = resolve(name, parse, ordered)  # dynamic MIG: the files only
+        if mig_value is not None:
+            values[name] = mig_value
     if args.v is not None:
         values["verbosity"] = parse_setting("-v", args.v, parse_klog_verbosity)
 
@@ -549,5 +570,11 @@ def _validate(settings: DevicePluginSettings) -> None:
         )
     if settings.device_list.any_cdi and not settings.cdi_spec_dir.startswith("/"):
         problems.append(f"CDI spec dir must be an absolute path, got {settings.cdi_spec_dir!r}")
+    if settings.mig_strategy != "none" and settings.operating_mode != "hami-core":
+        # Static MIG serves pre-made MIG devices; dynamic MIG makes its own on the same GPUs.
+        problems.append(
+            f"--mig-strategy {settings.mig_strategy} (static MIG) cannot be combined with "
+            f"operatingmode {settings.operating_mode}"
+        )
     if problems:
         raise ConfigError("; ".join(problems))

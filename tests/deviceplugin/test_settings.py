@@ -274,10 +274,27 @@ def test_bad_value_in_node_entry_names_the_entry(tmp_path: Path) -> None:
 
 def test_unsupported_operating_mode_for_this_node_is_an_error(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
-    config.write_text("nodeconfig:\n  - {name: n, operatingmode: mig}\n  - {name: m}\n")
-    with pytest.raises(ConfigError, match=r"operatingmode='mig' is not supported"):
+    config.write_text("nodeconfig:\n  - {name: n, operatingmode: mps}\n  - {name: m}\n")
+    with pytest.raises(ConfigError, match=r"operating mode 'mps' is not supported"):
         resolve(["--node-name", "n", "--config-file", str(config)])
-    assert resolve(["--node-name", "m", "--config-file", str(config)]).split_count == 10
+    assert resolve(["--node-name", "m", "--config-file", str(config)]).operating_mode == "hami-core"
+
+
+def test_dynamic_mig_mode_and_the_allowlist_come_from_hamis_config(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "nvidia:\n  migProfileAllowlist:\n    - {models: [A100], profiles: [1g.10gb, 7g.80gb]}\n"
+        "nodeconfig:\n  - {name: n, operatingmode: mig}\n"
+    )
+    settings = resolve(["--node-name", "n", "--config-file", str(config)])
+    assert settings.operating_mode == "mig"
+    assert [(a.models, a.profiles) for a in settings.mig_profile_allowlist] == [
+        (("A100",), ("1g.10gb", "7g.80gb"))
+    ]
+    config.write_text("nvidia:\n  migProfileAllowlist:\n    - {models: [A100], profiles: [10gb]}\n")
+    bad = r'nvidia\.migProfileAllowlist.*invalid MIG profile "10gb"'
+    with pytest.raises(ConfigError, match=bad):
+        resolve(["--node-name", "n", "--config-file", str(config)])
 
 
 @pytest.mark.parametrize(
@@ -381,33 +398,30 @@ def test_mig_strategy_none_is_accepted_from_the_flag_or_the_environment() -> Non
 
 
 @pytest.mark.parametrize(
-    ("argv", "env", "message"),
+    ("argv", "env", "expected"),
     [
-        (["--mig-strategy=mixed"], {}, r"^--mig-strategy: 'mixed' is not supported yet: "),
-        (["--mig-strategy", "single"], {}, r"^--mig-strategy: 'single' is not supported yet"),
-        ([], {"MIG_STRATEGY": "mixed"}, r"^MIG_STRATEGY: 'mixed' is not supported yet"),
-        (["--mig-strategy=none"], {"MIG_STRATEGY": "mixed"}, None),  # the flag wins
-        (["--mig-strategy=None"], {}, r"^--mig-strategy: unknown MIG strategy 'None' \(HAMi's"),
+        (["--mig-strategy=mixed"], {}, "mixed"),
+        (["--mig-strategy", "single"], {}, "single"),
+        ([], {"MIG_STRATEGY": "mixed"}, "mixed"),
+        (["--mig-strategy=none"], {"MIG_STRATEGY": "mixed"}, "none"),  # the flag wins
+        ([], {}, "none"),
     ],
 )
-def test_a_mig_strategy_other_than_none_is_refused(
-    argv: list[str], env: dict[str, str], message: str | None
+def test_the_three_mig_strategies_are_accepted(
+    argv: list[str], env: dict[str, str], expected: str
 ) -> None:
-    if message is None:
-        resolve(["--node-name", "n", *argv], env)
-        return
-    with pytest.raises(ConfigError, match=message):
-        resolve(["--node-name", "n", *argv], env)
+    assert resolve(["--node-name", "n", *argv], env).mig_strategy == expected
 
 
-def test_mig_strategy_mixed_is_one_line_and_exit_two(caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unknown_mig_strategy_is_one_line_and_exit_two(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     from hami_plugin.cli import main
 
-    assert main(["device-plugin", "--node-name", "n", "--mig-strategy=mixed"]) == 2
+    assert main(["device-plugin", "--node-name", "n", "--mig-strategy=None"]) == 2
     (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
     assert record.getMessage() == (
-        "--mig-strategy: 'mixed' is not supported yet: this device plugin shares whole GPUs "
-        "through HAMi-core and exposes no MIG devices (use none)"
+        "--mig-strategy: unknown MIG strategy: None (none, single or mixed)"
     )
 
 
