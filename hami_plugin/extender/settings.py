@@ -48,6 +48,7 @@ from hami_plugin.protocol.codec import (
     parse_gpu_policy,
     parse_node_policy,
 )
+from hami_plugin.scheduler.mig import parse_mig_profile_allowlist
 from hami_plugin.scheduler.settings import ResourceNames, SchedulerSettings
 from hami_plugin.scheduler.webhook import GpuCorePolicy, WebhookSettings
 
@@ -250,6 +251,16 @@ def read_device_config(path: str) -> dict[str, Any]:
                 f"--device-config-file {path}: nvidia.{key} must be a {kind.__name__}"
             )
         values[key] = value
+    allowlist = section.get("migProfileAllowlist")
+    if allowlist is not None:
+        # Not used to schedule (a MIG GPU registers its profiles), but a bad one stops the
+        # scheduler at start, as HAMi's InitNvidiaDevice does (device.go:171-173).
+        try:
+            parse_mig_profile_allowlist(allowlist)
+        except ValueError as error:
+            raise ConfigError(
+                f"--device-config-file {path}: invalid MIG profile allowlist: {error}"
+            ) from None
     return values
 
 

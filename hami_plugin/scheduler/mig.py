@@ -21,6 +21,7 @@ __all__ = [
     "AllowedMigProfiles",
     "can_place_mig_profiles",
     "ordered_placements",
+    "parse_mig_profile_allowlist",
     "placements_overlap",
     "select_mig_candidate",
     "select_mig_placement",
@@ -143,3 +144,35 @@ def can_place_mig_profiles(
         return False
 
     return place(0)
+
+
+def _names(raw: object, what: str) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(item, str) for item in raw):
+        raise ValueError(f"{what} must be a list of strings")
+    return tuple(raw)
+
+
+def parse_mig_profile_allowlist(raw: object) -> tuple[AllowedMigProfiles, ...]:
+    """`migProfileAllowlist`: a list of `{models: [...], profiles: [...]}` (keys matched
+    case-insensitively), then HAMi's `ValidateMigProfileAllowlist` with its messages. Raises
+    ValueError."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ValueError("migProfileAllowlist must be a list of {models, profiles} entries")
+    entries = []
+    for position, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise ValueError(f"migProfileAllowlist[{position}] must be a mapping")
+        folded = {str(key).lower(): value for key, value in item.items()}
+        where = f"migProfileAllowlist[{position}]"
+        entries.append(
+            AllowedMigProfiles(
+                models=_names(folded.get("models"), f"{where}.models"),
+                profiles=_names(folded.get("profiles"), f"{where}.profiles"),
+            )
+        )
+    validate_mig_profile_allowlist(entries)
+    return tuple(entries)

@@ -131,6 +131,33 @@ def test_device_config_file(tmp_path: Path) -> None:
         resolve_config(parse("--device-config-file", str(path)), {})
 
 
+def test_device_config_mig_profile_allowlist_is_validated_at_start(tmp_path: Path) -> None:
+    # HAMi's InitNvidiaDevice stops on a bad allowlist (device.go:171-173); a good one, as
+    # HAMi's chart ships it, is accepted.
+    path = tmp_path / "device-config.yaml"
+    path.write_text(
+        "nvidia:\n"
+        "  migProfileAllowlist:\n"
+        "  - models: [A100-SXM4-80GB]\n"
+        "    profiles: [1g.10gb, 2g.20gb, 3g.40gb, 7g.79gb]\n",
+        encoding="utf-8",
+    )
+    resolve_config(parse("--device-config-file", str(path)), {})
+    path.write_text(
+        "nvidia:\n  migProfileAllowlist:\n  - models: [A100]\n    profiles: [big]\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError) as caught:
+        resolve_config(parse("--device-config-file", str(path)), {})
+    assert str(caught.value) == (
+        f"--device-config-file {path}: invalid MIG profile allowlist: "
+        'invalid MIG profile "big"'
+    )
+    path.write_text("nvidia:\n  migProfileAllowlist:\n  - models: [A100]\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="must define models and profiles"):
+        resolve_config(parse("--device-config-file", str(path)), {})
+
+
 def test_every_flag_has_a_help_line() -> None:
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
