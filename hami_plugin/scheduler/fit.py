@@ -36,16 +36,17 @@ moves there), then `policy.topology_choice` picks among them by the node's pair 
 (`NodeUsage.pair_scores`). Such a walk is never screened.
 
 Dynamic MIG (HAMi v2.10, device.go:602-664 and 714-875, score.go:54-140): on a node with a
-MIG-mode candidate GPU the walk is `_walk_mig`, HAMi's loop literally. After every other check
-a MIG-mode GPU must still give the request a profile at a free placement (`CustomFilterRule`:
-the placements in use plus this container's earlier picks on that GPU, each replayed with its
-own memory; else `CardMigTopologyInfeasible`), and after a pick the walk visits the same GPU
-again (`if dev.Mode == "mig" { i++ }`), so one GPU can give a container several MIG instances
-(and a request may ask more devices than the node has GPUs: `isMIGRequest`). Once a container
-fits, each booked MIG device becomes its profile (`AddResourceUsage`: the profile's memory and
-cores, the profile and placement recorded, the placement in use for the later containers of the
-phase; "AddResourceUsage failed for device <uuid>: ..." when none is left); `PodFit.mig` holds
-the reservations, indexed as HAMi's `EncodeMigAllocations` indexes them.
+MIG-mode candidate GPU the walk carries a `MigView` and follows HAMi's loop literally. After
+every other check a MIG-mode GPU must still give the request a profile at a free placement
+(`CustomFilterRule`: the placements in use plus this container's earlier picks on that GPU, each
+replayed with its own memory; else `CardMigTopologyInfeasible`), and after a pick the walk
+visits the same GPU again (`if dev.Mode == "mig" { i++ }`), so one GPU can give a container
+several MIG instances (and a request may ask more devices than the node has GPUs:
+`isMIGRequest`). Once a container fits, each booked MIG device becomes its profile
+(`AddResourceUsage`: the profile's memory and cores, the profile and placement recorded, the
+placement in use for the later containers of the phase; "AddResourceUsage failed for device
+<uuid>: ..." when none is left); `PodFit.mig` holds the reservations, indexed as HAMi's
+`EncodeMigAllocations` indexes them.
 """
 
 from __future__ import annotations
@@ -292,20 +293,12 @@ def _walk(
 ) -> _Picked | FitFailure:
     """HAMi's Fit loop (docs/hami-reference.md 3.5.2): GPUs from the end of `order`, checks in
     HAMi's order, the first failing check counted, stop when enough GPUs passed. `allocated`:
-    the pod's devices in this phase so far, for the quota check. A node with a MIG-mode GPU
-    is walked by `_walk_mig` (`mig`: the placements in use in this phase)."""
-    if node.has_mig:
-        return _walk_mig(
-            node,
-            order,
-            used,
-            used_memory_mib,
-            used_cores,
-            request,
-            context,
-            allocated,
-            MigView(node) if mig is None else mig,
-        )
+    the pod's devices in this phase so far, for the quota check. On a node with a MIG-mode
+    GPU (`mig`: the placements in use in this phase, the node's own when None), check 15 is
+    HAMi's `CustomFilterRule` (`CardMigTopologyInfeasible`) and after a pick on a MIG-mode GPU
+    the same GPU is visited again (device.go:846-848), every check re-run."""
+    if mig is None and node.has_mig:
+        mig = MigView(node)
     devices = node.devices
     cordoned = node.cordoned
     type_allowed = context.type_allowed
@@ -319,7 +312,10 @@ def _walk(
     picked: list[int] = []
     booked: list[int] = []
     counts: dict[FitReason, int] = {}
-    for position in reversed(order):
+    index = len(order)
+    while index:
+        index -= 1
+        position = order[index]
         device = devices[position]
         if not device.healthy:  # 1.
             reason = FitReason.CARD_NOT_HEALTH
@@ -364,20 +360,31 @@ def _walk(
                 and cores == 0
             ):
                 reason = FitReason.CARD_COMPUTE_UNITS_EXHAUSTED
-            else:  # 15. (no MIG GPU here) 16.-17. pick; done when enough GPUs passed
+            elif (  # 15.
+                mig is not None
+                and device.mode == MODE_MIG
+                and not _mig_filter(
+                    device, mig.occupied(position), devices, picked, booked, memory_mib
+                )
+            ):
+                reason = FitReason.CARD_MIG_TOPOLOGY_INFEASIBLE
+            else:  # 16.-17. pick; done when enough GPUs passed
                 picked.append(position)
                 booked.append(memory_mib)
-                if topology:
-                    continue
-                needed -= 1
-                if needed == 0:
-                    return _Picked(
-                        tuple(picked),
-                        tuple(
-                            ContainerDevice(devices[chosen].uuid, NVIDIA_DEVICE_TYPE, mib, cores)
-                            for chosen, mib in zip(picked, booked, strict=True)
-                        ),
-                    )
+                if not topology:
+                    needed -= 1
+                    if needed == 0:
+                        return _Picked(
+                            tuple(picked),
+                            tuple(
+                                ContainerDevice(
+                                    devices[chosen].uuid, NVIDIA_DEVICE_TYPE, mib, cores
+                                )
+                                for chosen, mib in zip(picked, booked, strict=True)
+                            ),
+                        )
+                if mig is not None and device.mode == MODE_MIG:
+                    index += 1  # the same MIG GPU again
                 continue
         counts[reason] = counts.get(reason, 0) + 1
     return _walk_end(node, picked, booked, counts, request, context, cores, len(order))
@@ -453,104 +460,6 @@ def _mig_filter(
             return False
         occupied.append(candidate[1])
     return select_mig_candidate(profiles, occupied, memory_mib) is not None
-
-
-def _walk_mig(
-    node: NodeUsage,
-    order: Sequence[int],
-    used: Sequence[int],
-    used_memory_mib: Sequence[int],
-    used_cores: Sequence[int],
-    request: ContainerRequest,
-    context: FitContext,
-    allocated: Sequence[ContainerDevices],
-    mig: MigView,
-) -> _Picked | FitFailure:
-    """HAMi v2.10's Fit loop (device.go:714-875) on a node with a MIG-mode GPU: `_walk`'s
-    checks, then check 15, `CustomFilterRule` (`CardMigTopologyInfeasible`), and after a pick
-    on a MIG-mode GPU the same GPU is visited again (device.go:846-848), every check re-run."""
-    devices = node.devices
-    cordoned = node.cordoned
-    type_allowed = context.type_allowed
-    use_uuids, nouse_uuids = context.use_uuids, context.nouse_uuids
-    numa_bind, mutex = context.numa_bind, context.mutex
-    topology = context.topology
-    quota = context.quota
-    cores = min(request.cores_percent, 100)  # 8.
-    needed = request.count
-    previous_numa = -1
-    picked: list[int] = []
-    booked: list[int] = []
-    counts: dict[FitReason, int] = {}
-    index = len(order) - 1
-    while index >= 0:
-        position = order[index]
-        index -= 1
-        device = devices[position]
-        if not device.healthy:  # 1.
-            reason = FitReason.CARD_NOT_HEALTH
-        elif device.uuid in cordoned:  # 2.
-            reason = FitReason.CARD_CORDONED
-        elif not type_allowed(device):  # 3.
-            reason = FitReason.CARD_TYPE_MISMATCH
-        else:
-            if numa_bind and device.numa_node != previous_numa:  # 4.
-                if picked and not topology:
-                    so_far = counts.get(FitReason.NUMA_NOT_FIT, 0)
-                    counts[FitReason.NUMA_NOT_FIT] = so_far + len(picked)
-                needed = request.count
-                previous_numa = device.numa_node
-                picked, booked = [], []
-            in_use = used[position]
-            memory_mib = request.memory_on(device.memory_mib)  # 9.
-            if (  # 5.
-                use_uuids is not None and device.uuid not in use_uuids
-            ) or device.uuid in nouse_uuids:
-                reason = FitReason.CARD_UUID_MISMATCH
-            elif device.split_count <= in_use:  # 6.
-                reason = FitReason.CARD_TIME_SLICING_EXHAUSTED
-            elif mutex and in_use > 0:  # 7.
-                reason = FitReason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-            elif quota is not None and not _quota_fits(  # 10.
-                quota, allocated, devices, picked, booked, position, memory_mib, cores, context
-            ):
-                reason = FitReason.RESOURCE_QUOTA_NOT_FIT
-            elif device.memory_mib - used_memory_mib[position] < memory_mib:  # 11.
-                reason = FitReason.CARD_INSUFFICIENT_MEMORY
-            elif device.cores_percent - used_cores[position] < cores:  # 12.
-                reason = FitReason.CARD_INSUFFICIENT_CORE
-            elif device.cores_percent == 100 and cores == 100 and in_use > 0:  # 13.
-                reason = FitReason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-            elif (  # 14.
-                device.cores_percent != 0
-                and used_cores[position] == device.cores_percent
-                and cores == 0
-            ):
-                reason = FitReason.CARD_COMPUTE_UNITS_EXHAUSTED
-            elif device.mode == MODE_MIG and not _mig_filter(  # 15.
-                device, mig.occupied(position), devices, picked, booked, memory_mib
-            ):
-                reason = FitReason.CARD_MIG_TOPOLOGY_INFEASIBLE
-            else:  # 16.-17.
-                picked.append(position)
-                booked.append(memory_mib)
-                if not topology:
-                    needed -= 1
-                    if needed == 0:
-                        return _Picked(
-                            tuple(picked),
-                            tuple(
-                                ContainerDevice(
-                                    devices[chosen].uuid, NVIDIA_DEVICE_TYPE, mib, cores
-                                )
-                                for chosen, mib in zip(picked, booked, strict=True)
-                            ),
-                        )
-                if device.mode == MODE_MIG:
-                    index += 1  # the same MIG GPU again
-                continue
-        counts[reason] = counts.get(reason, 0) + 1
-    return _walk_end(node, picked, booked, counts, request, context, cores, len(order))
 
 
 def _add_mig_usage(

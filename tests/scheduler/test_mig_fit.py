@@ -35,7 +35,6 @@ from hami_plugin.scheduler.fit import (
     PodFit,
     _mig_filter,
     _walk,
-    _walk_mig,
     fit_container,
     fit_pod,
     render_failure,
@@ -566,8 +565,8 @@ def test_screening_gives_the_literal_walk_answer_on_mig_nodes(
 def test_mig_walk_is_the_plain_walk_without_mig_gpus(
     count: int, memory: list[int], request: tuple[int, int], numa_bind: bool, mutex: bool
 ) -> None:
-    """Non-MIG behaviour unchanged: on GPUs none of which is in MIG mode HAMi's MIG walk
-    (`_walk_mig`) and the plain walk (`_walk`) agree exactly."""
+    """Non-MIG behaviour unchanged: on GPUs none of which is in MIG mode the walk with a MIG
+    view (HAMi's MIG rules on) and without one agree exactly."""
     devices = [gpu(f"G{i}", i, numa=i % 2, memory=40960) for i in range(count)]
     used = [1 if m else 0 for m in memory[:count]] + [0] * (count - len(memory))
     mem = (memory + [0] * count)[:count]
@@ -579,7 +578,7 @@ def test_mig_walk_is_the_plain_walk_without_mig_gpus(
         target, target.used, target.used_memory_mib, target.used_cores, req, ctx
     )
     args = (target, order, target.used, target.used_memory_mib, target.used_cores, req, ctx)
-    assert _walk_mig(*args, (), MigView(target)) == _walk(*args)
+    assert _walk(*args, (), MigView(target)) == _walk(*args)
 
 
 # --- trust: only signed reservations count ----------------------------------------------------
