@@ -119,6 +119,18 @@ def build_cdi_spec(
         if parent is None:
             continue
         nodes = mig_device_nodes(device, parent, mig_minors or {})
+        if len(nodes) < 3:
+            # HAMi refuses such a device at start (rm/nvml_devices.go:147-155); here it is said.
+            logger.warning(
+                "MIG device %s: missing MIG GPU instance capability path (gi%d/ci%d of "
+                "/dev/nvidia%s not in %s): its CDI device holds only %s",
+                device.uuid,
+                device.gpu_instance_id,
+                device.compute_instance_id,
+                nodes[0].removeprefix("/dev/nvidia"),
+                MIG_MINORS_PATH,
+                ", ".join(nodes),
+            )
         edits = {"deviceNodes": [{"path": path} for path in nodes]}
         for name in (device.uuid, f"{device.parent_index}:{device.mig_index}"):
             devices.append({"name": name, "containerEdits": edits})

@@ -46,12 +46,24 @@ if TYPE_CHECKING:
     from hami_plugin.deviceplugin.nvml import NvmlBackend
     from hami_plugin.deviceplugin.settings import DevicePluginSettings
 
-__all__ = ["RECONCILE_SECONDS", "DynamicMig"]
+__all__ = ["RECONCILE_SECONDS", "DynamicMig", "mig_allocation_container_name"]
 
 logger = logging.getLogger(__name__)
 
 RECONCILE_SECONDS = 5.0
 """HAMi's `runMigAnnotationReconciler(5 * time.Second)` (server.go:345)."""
+
+
+def mig_allocation_container_name(pod: PodInfo, container_index: int) -> str | None:
+    """The name of the container a MIG allocation's `containerIndex` counts to: init containers
+    first, then the app containers; None when out of range (HAMi `migAllocationContainerName`,
+    cmd/vGPUmonitor/metrics.go:573-585)."""
+    if container_index < 0:
+        return None
+    containers = (*pod.init_containers, *pod.containers)
+    if container_index >= len(containers):
+        return None
+    return containers[container_index].name
 
 
 class DynamicMig:
@@ -91,6 +103,8 @@ class DynamicMig:
         self._thread: threading.Thread | None = None
         self._skipped: set[str] = set()
         """GPUs logged once as registering no profile."""
+        self._told: set[str] = set()
+        """`device_info` problems already logged (HAMi logs them at every scrape)."""
         self.step = MigAllocateStep(
             self.manager,
             self.gpu_index_of,
@@ -187,14 +201,23 @@ class DynamicMig:
         """`hami_mig_device_info` rows (HAMi cmd/vGPUmonitor/metrics.go:526-571): one per
         realised reservation of a live signed pod, with the runtime identity this manager
         tracks (NVML's, not the pod's unsigned copy of it); the container named by its index,
-        init containers first (metrics.go:574-587)."""
+        init containers first (metrics.go:573-585). A reservation that does not decode or
+        names no container is left out, logged with HAMi's words (metrics.go:538-551) once."""
         rows: list[MigDeviceInfo] = []
         live = live_reservations(self._list_pods(), self._node_name, self._booking_keys())
+        for line in live.problems:
+            self._tell(f"failed to {line}")
         for pod, allocations in live.pods:
-            containers = (*pod.init_containers, *pod.containers)
             for allocation in allocations:
+                container = mig_allocation_container_name(pod, allocation.container_index)
+                if container is None:
+                    self._tell(
+                        f"MIG allocation container index {allocation.container_index} out of "
+                        f"range for Pod {pod.namespace}/{pod.name}"
+                    )
+                    continue
                 index = self.gpu_index_of(allocation.gpu_uuid)
-                if index is None or allocation.container_index >= len(containers):
+                if index is None:
                     continue
                 instance = self.manager.runtime_info(
                     index, allocation.profile, allocation.placement
@@ -205,7 +228,7 @@ class DynamicMig:
                     MigDeviceInfo(
                         namespace=pod.namespace,
                         pod=pod.name,
-                        container=containers[allocation.container_index].name,
+                        container=container,
                         vdevice_index=allocation.device_index,
                         device_uuid=allocation.gpu_uuid,
                         mig_uuid=instance.mig_uuid,
@@ -215,6 +238,13 @@ class DynamicMig:
                     )
                 )
         return rows
+
+    def _tell(self, message: str) -> None:
+        with self._lock:
+            if message in self._told:
+                return
+            self._told.add(message)
+        logger.error("hami_mig_device_info: %s", message)
 
     # --- lifecycle --------------------------------------------------------------------------
 
