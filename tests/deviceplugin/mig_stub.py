@@ -1,6 +1,6 @@
 """A small in-memory `MigNvml` for the dynamic MIG tests: A100-SXM4-80GB profiles (NVML's
-placements in memory slices), instance creation that refuses overlaps as NVML does, and a log
-of every create and destroy."""
+placements in memory slices), instance creation that refuses overlaps as NVML does, per-MIG-device
+processes (`running`), and a log of every create and destroy."""
 
 from __future__ import annotations
 
@@ -63,6 +63,8 @@ class StubMigNvml:
         self.destroyed: list[tuple[int, MigPlacement]] = []
         self.fail_create: list[str] = []
         self.set_mode_calls = 0
+        self.running: set[str] = set()
+        """MIG UUIDs a process runs on (destroying one fails with NVML's "In use")."""
 
     def mig_mode(self, gpu_index: int) -> MigModeState:
         gpu = self.gpus[gpu_index]
@@ -112,6 +114,8 @@ class StubMigNvml:
         gpu = self.gpus[gpu_index]
         for device in list(gpu.devices):
             if device.gpu_instance_id == gpu_instance_id:
+                if device.uuid in self.running:
+                    raise NvmlError(f"destroy CI {compute_instance_id} on gpu {gpu_index}: In use")
                 gpu.devices.remove(device)
                 self.destroyed.append((gpu_index, device.placement))
 
@@ -121,4 +125,12 @@ class StubMigNvml:
             self.destroy_instance(gpu_index, device.gpu_instance_id, device.compute_instance_id)
 
     def has_processes(self, gpu_index: int) -> bool:
-        return self.gpus[gpu_index].busy
+        gpu = self.gpus[gpu_index]
+        return gpu.busy or any(d.uuid in self.running for d in gpu.devices)
+
+    def mig_device_has_processes(self, gpu_index: int, mig_index: int) -> bool:
+        gpu = self.gpus[gpu_index]
+        device = next((d for d in gpu.devices if d.mig_index == mig_index), None)
+        if device is None:
+            raise NvmlError(f"get MIG device {mig_index} of gpu {gpu_index}: Not Found")
+        return device.uuid in self.running

@@ -101,9 +101,28 @@ def test_plan_ensure_reuses_adopts_creates_or_refuses_as_hami() -> None:
     tracked = {key(6, 1): MigInstance("1g.10gb", P(6, 1), 3, 0, "MIG-3")}
     assert plan_ensure(tracked, key(6, 1), A100_80GB, ()) == Reuse(tracked[key(6, 1)])
     live = (live_device(5, 1, gi=7),)
-    assert plan_ensure({}, key(5, 1), A100_80GB, live) == Adopt(
+    # An idle untracked instance no one else claims is as good as a new one.
+    assert plan_ensure({}, key(5, 1), A100_80GB, live, busy={"MIG-other"}) == Adopt(
         MigInstance("1g.10gb", P(5, 1), 7, 0, "MIG-7")
     )
+    # One that runs processes is a gone pod's: never handed over.
+    assert plan_ensure({}, key(5, 1), A100_80GB, live, busy={"MIG-7"}) == Invalid(
+        "MIG instance MIG-7 at placement {Start:5 Size:1} on GPU 0 still runs processes of a "
+        "pod that is gone"
+    )
+    # One another live reservation names at exactly this key, or another tracked key holds.
+    claimed = Invalid(
+        "MIG instance MIG-7 at placement {Start:5 Size:1} on GPU 0 is claimed by another live "
+        "reservation"
+    )
+    assert plan_ensure({}, key(5, 1), A100_80GB, live, claims={"MIG-7": key(5, 1)}) == claimed
+    other = {key(5, 1, "1g.20gb"): MigInstance("1g.20gb", P(5, 1), 7, 0, "MIG-7")}
+    assert plan_ensure(other, key(5, 1), A100_80GB, live) == claimed
+    # A claim naming the UUID at another placement or GPU (tenant-written) counts for nothing.
+    for elsewhere in (key(4, 1), key(5, 1, gpu=1)):
+        assert isinstance(
+            plan_ensure({}, key(5, 1), A100_80GB, live, claims={"MIG-7": elsewhere}), Adopt
+        )
     # A live instance of another size at that start is not this reservation.
     assert plan_ensure({}, key(4, 4, "3g.40gb"), A100_80GB, (live_device(4, 1, 2),)) == Create(
         "3g.40gb", P(4, 4)
@@ -252,11 +271,66 @@ def test_ensure_creates_once_and_a_new_manager_adopts_instead_of_creating() -> N
     assert made.created and nvml.created == [(0, P(6, 1))]
     again = first.ensure(0, "1g.10gb", P(6, 1))
     assert (again.created, again.mig_uuid) == (False, made.mig_uuid)
-    restarted = MigInstanceManager(nvml)  # the daemon restarted: its map is empty
+    # The daemon restarted (its map is empty) with the instance idle: a half-finished
+    # Allocate of the same pod, adopted rather than failing on NVML's "in use".
+    restarted = MigInstanceManager(nvml)
     adopted = restarted.ensure(0, "1g.10gb", P(6, 1))
     assert (adopted.created, adopted.mig_uuid) == (False, made.mig_uuid)
     assert nvml.created == [(0, P(6, 1))]
     assert restarted.runtime_info(0, "1g.10gb", P(6, 1)) == made.instance
+
+
+def test_a_new_manager_never_hands_over_an_instance_that_runs_processes() -> None:
+    nvml = StubMigNvml()
+    gone = MigInstanceManager(nvml).ensure(0, "1g.10gb", P(6, 1))
+    nvml.running.add(gone.mig_uuid)  # the gone pod's process still runs in it
+    restarted = MigInstanceManager(nvml)
+    message = (
+        f"MIG instance {gone.mig_uuid} at placement {{Start:6 Size:1}} on GPU 0 still runs "
+        "processes of a pod that is gone"
+    )
+    with pytest.raises(MigError) as caught:
+        restarted.ensure(0, "1g.10gb", P(6, 1))
+    assert str(caught.value) == message
+    assert restarted.tracked() == {} and nvml.created == [(0, P(6, 1))]
+    # Nor does a claim by another live reservation let it through, nor adopt_live.
+    with pytest.raises(MigError, match="is claimed by another live reservation"):
+        restarted.ensure(0, "1g.10gb", P(6, 1), claims={gone.mig_uuid: key(6, 1)})
+    with pytest.raises(MigError, match="still runs processes of a pod that is gone"):
+        restarted.adopt_live(0, "1g.10gb", P(6, 1))
+    # The sweep leaves it while it runs, destroys it once idle; then a fresh one is created.
+    assert restarted.sweep([0], {}) == ()
+    nvml.running.clear()
+    assert restarted.sweep([0], {}) == (gone.mig_uuid,)
+    fresh = restarted.ensure(0, "1g.10gb", P(6, 1))
+    assert fresh.created and fresh.mig_uuid != gone.mig_uuid
+
+
+def test_the_sweep_keeps_what_is_tracked_or_claimed_at_its_own_placement() -> None:
+    nvml = StubMigNvml(count=2)
+    earlier = MigInstanceManager(nvml)
+    kept = earlier.ensure(0, "1g.10gb", P(6, 1)).instance
+    claimed = earlier.ensure(0, "1g.10gb", P(5, 1)).instance
+    misclaimed = earlier.ensure(0, "1g.10gb", P(4, 1)).instance
+    other_gpu = earlier.ensure(1, "1g.10gb", P(0, 1)).instance
+    manager = MigInstanceManager(nvml)
+    manager.adopt(0, "1g.10gb", kept.mig_uuid, P(6, 1), kept.gpu_instance_id, 0)
+    claims = {claimed.mig_uuid: key(5, 1), misclaimed.mig_uuid: key(3, 1)}
+    assert manager.sweep([0], claims) == (misclaimed.mig_uuid,)
+    assert [d.uuid for d in nvml.mig_devices(0)] == [kept.mig_uuid, claimed.mig_uuid]
+    assert [d.uuid for d in nvml.mig_devices(1)] == [other_gpu.mig_uuid]  # not swept
+    # A process query that fails counts as busy: nothing in doubt is destroyed.
+    original = nvml.mig_device_has_processes
+
+    def failing(gpu: int, mig: int) -> bool:
+        from hami_plugin.deviceplugin.nvml import NvmlError
+
+        raise NvmlError("get MIG device 0 of gpu 1: Unknown Error")
+
+    nvml.mig_device_has_processes = failing  # type: ignore[method-assign,assignment]
+    assert manager.sweep([1], {}) == ()
+    nvml.mig_device_has_processes = original  # type: ignore[method-assign]
+    assert manager.sweep([1], {}) == (other_gpu.mig_uuid,)
 
 
 def test_ensure_failures_carry_hamis_messages() -> None:
@@ -428,11 +502,43 @@ def test_startup_resets_idle_gpus_and_adopts_signed_reservations_only() -> None:
     assert (reset, in_use) == ([1], frozenset({0}))
     assert nvml.mig_devices(1) == ()
     assert manager.tracked() == {key(6, 1): signed, key(4, 1): unrecorded}
-    # The forged pod's instance is left on the GPU, never tracked (so never handed out).
-    assert forged in [
-        MigInstance("1g.10gb", d.placement, d.gpu_instance_id, 0, d.uuid)
-        for d in nvml.mig_devices(0)
-    ]
+    # The forged pod's instance is never tracked (so never handed out): no signed reservation
+    # claims it and it runs no process, so the start destroys it though GPU 0 is in use.
+    assert [d.uuid for d in nvml.mig_devices(0)] == [signed.mig_uuid, unrecorded.mig_uuid]
+    assert forged.mig_uuid not in [d.uuid for d in nvml.mig_devices(0)]
+
+
+def test_startup_destroys_a_gone_pods_idle_instance_on_a_gpu_in_use_and_leaves_a_busy_one() -> None:
+    nvml = StubMigNvml()
+    earlier = MigInstanceManager(nvml)
+    live = earlier.ensure(0, "1g.10gb", P(6, 1)).instance
+    idle = earlier.ensure(0, "1g.10gb", P(5, 1)).instance
+    busy = earlier.ensure(0, "1g.10gb", P(4, 1)).instance
+    nvml.running.update({live.mig_uuid, busy.mig_uuid})
+    # Only the pod at slice 6 is still there; the pods at 5 and 4 were deleted meanwhile.
+    pods = [mig_pod("live", [alloc(6).with_runtime(live.mig_uuid, live.gpu_instance_id, 0)])]
+    manager = MigInstanceManager(nvml)
+    reset, in_use = start_dynamic_mig(manager, nvml, 1, lambda: pods, NODE, KEYS, index_of)
+    assert (reset, in_use) == ([], frozenset({0}))
+    assert [d.uuid for d in nvml.mig_devices(0)] == [live.mig_uuid, busy.mig_uuid]
+    assert idle.mig_uuid not in [d.uuid for d in nvml.mig_devices(0)]
+    assert list(manager.tracked()) == [key(6, 1)]
+    # A new pod booked onto the busy slice is not given it (a no-runtime reservation claims
+    # nothing), and the reconciler's sweep destroys it once its processes end.
+    with pytest.raises(MigError, match="still runs processes of a pod that is gone"):
+        manager.ensure(0, "1g.10gb", P(4, 1))
+    nvml.running.discard(busy.mig_uuid)
+    assert manager.sweep([0], {}) == (busy.mig_uuid,)
+
+
+def test_startup_sweeps_nothing_when_a_reservation_cannot_be_read() -> None:
+    nvml = StubMigNvml()
+    MigInstanceManager(nvml).ensure(0, "1g.10gb", P(5, 1))
+    held = mig_pod("held", [alloc(6)])
+    bad = replace(held, annotations={**held.annotations, ANNOTATION_VGPU_MIG_ALLOCATIONS: "[{"})
+    nvml.gpus[0].busy = True  # so the GPU is not reset
+    start_dynamic_mig(MigInstanceManager(nvml), nvml, 1, lambda: [bad], NODE, None, index_of)
+    assert len(nvml.mig_devices(0)) == 1
 
 
 def test_startup_keeps_every_gpu_when_the_pods_cannot_be_listed() -> None:
@@ -449,8 +555,8 @@ def test_startup_keeps_every_gpu_when_the_pods_cannot_be_listed() -> None:
 
 def test_startup_keeps_a_gpu_nvml_shows_processes_on() -> None:
     nvml = StubMigNvml(count=2)
-    MigInstanceManager(nvml).ensure(1, "1g.10gb", P(0, 1))
-    nvml.gpus[1].busy = True
+    busy = MigInstanceManager(nvml).ensure(1, "1g.10gb", P(0, 1))
+    nvml.running.add(busy.mig_uuid)  # a process no pod accounts for
     reset, _ = start_dynamic_mig(MigInstanceManager(nvml), nvml, 2, list, NODE, KEYS, index_of)
     assert reset == [0] and len(nvml.mig_devices(1)) == 1
 
@@ -621,3 +727,38 @@ def test_the_start_resets_only_when_the_allowlist_names_every_gpu(
     stop.set()
     mig.start(stop)
     assert (nvml.mig_devices(0) == ()) is reset
+    # Without the start nothing on the node is known to be ours: the rounds sweep nothing.
+    mig.reconcile()
+    assert (nvml.mig_devices(0) == ()) is reset
+
+
+def test_allocate_never_adopts_an_instance_another_live_pod_holds_but_its_own_pod_may() -> None:
+    nvml = StubMigNvml()
+    earlier = MigInstanceManager(nvml).ensure(0, "1g.10gb", P(6, 1)).instance
+    listing = Listing()
+    gpu = PhysicalGpu(GPU0, 0, CARD, 81920, -1, True, "0000:10:00.0", 0)
+    mig = DynamicMig(
+        nvml, node_name=NODE, kube=listing, gpus=lambda: [gpu], device_list=DeviceListConfig(),
+        keys=lambda: KEYS,
+    )  # fmt: skip
+    holder = mig_pod(
+        "holder",
+        [alloc(6).with_runtime(earlier.mig_uuid, earlier.gpu_instance_id, 0)],
+        devices=[[GPU0]],
+    )
+    intruder = mig_pod("intruder", [alloc(6)], devices=[[GPU0]])  # booked onto the same slice
+    listing.pods = [holder, intruder]
+    with pytest.raises(AllocateFailure) as caught:
+        mig.step.realise(intruder, _decision(intruder))
+    assert str(caught.value) == (
+        f"resolve allocated NVIDIA devices: MIG instance {earlier.mig_uuid} at placement "
+        "{Start:6 Size:1} on GPU 0 is claimed by another live reservation"
+    )
+    assert [d.uuid for d in nvml.mig_devices(0)] == [earlier.mig_uuid]  # kept: it is claimed
+    assert mig.manager.tracked() == {}
+    # The pod that holds it (an Allocate of it retried after a restart) gets it back.
+    listing.pods = [holder]
+    realised = mig.step.realise(holder, _decision(holder))
+    (container,) = realised.decision.containers
+    assert container.envs == {"NVIDIA_VISIBLE_DEVICES": earlier.mig_uuid}
+    assert realised.created == () and nvml.created == [(0, P(6, 1))]

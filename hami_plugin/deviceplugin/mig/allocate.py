@@ -46,7 +46,7 @@ from hami_plugin.deviceplugin.device_list import (
     device_list_answer,
 )
 from hami_plugin.deviceplugin.mig.manager import MigError, MigInstanceManager
-from hami_plugin.deviceplugin.mig.plan import AllocationKey, allocation_key
+from hami_plugin.deviceplugin.mig.plan import AllocationKey, Claims, allocation_key
 from hami_plugin.protocol.mig import (
     MigAllocation,
     MigAllocationError,
@@ -147,6 +147,8 @@ class MigAllocateStep:
     created, as HAMi). `on_realised` is told the pod UID and the keys about to be realised for
     it. `guard` is held from the reconciliation to the last instance (the daemon's reconciler
     holds it too, so it never sees an instance between its creation and its owner's record).
+    `claims` gives, for the pod's UID, the instances other live reservations hold (as of that
+    reconciliation), which `ensure` never adopts for this pod.
     """
 
     def __init__(
@@ -159,6 +161,7 @@ class MigAllocateStep:
         on_realised: Callable[[str, Sequence[AllocationKey]], None] | None = None,
         new_response_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         guard: contextlib.AbstractContextManager[object] | None = None,
+        claims: Callable[[str], Claims] | None = None,
     ) -> None:
         self._guard = guard if guard is not None else contextlib.nullcontext()
         self._manager = manager
@@ -167,6 +170,7 @@ class MigAllocateStep:
         self._reconcile = reconcile
         self._on_realised = on_realised
         self._new_response_id = new_response_id
+        self._claims = claims
 
     def realise(self, pod: PodInfo, decision: AllocationDecision) -> MigRealised:
         """Ensure the instances of every container of `decision`; raises AllocateFailure
@@ -214,6 +218,7 @@ class MigAllocateStep:
                 raise _failure(
                     f"{_RESOLVE}reconcile MIG allocations before allocation: {error}"
                 ) from error
+        claims = self._claims(pod.uid) if self._claims is not None else None
         created: list[str] = []
         containers: list[ContainerAllocation] = []
         try:
@@ -221,7 +226,9 @@ class MigAllocateStep:
                 uuids = []
                 for reservation in reservations:
                     index = indexes[reservation.gpu_uuid]
-                    result = self._manager.ensure(index, reservation.profile, reservation.placement)
+                    result = self._manager.ensure(
+                        index, reservation.profile, reservation.placement, claims=claims
+                    )
                     if result.created:
                         created.append(result.mig_uuid)
                     uuids.append(result.mig_uuid)

@@ -98,3 +98,10 @@ class MigNvml(Protocol):
     def has_processes(self, gpu_index: int) -> bool:
         """Whether any compute process runs on the GPU or one of its MIG devices."""
         ...
+
+    def mig_device_has_processes(self, gpu_index: int, mig_index: int) -> bool:
+        """Whether a compute or graphics process runs on the GPU's MIG device `mig_index`
+        (`MigDevice.mig_index`); a failed process query counts as busy, as HAMi's
+        `deviceHasProcesses` (mig_startup.go:173-186). Raises `NvmlError` when the MIG device
+        handle cannot be had."""
+        ...

@@ -11,6 +11,13 @@ may not have delivered a pod that Allocate just served from an API listing, so a
 realised at Allocate stays protected until a listing shows its pod once; after that, the pod
 missing from a listing means it is gone. Reconciliation fails closed: a listing that fails or
 a reservation that does not decode destroys nothing that round (server.go:494-497).
+
+Each round then sweeps the node's GPUs (`MigInstanceManager.sweep`, our addition, as the start
+does): an untracked instance no live signed reservation claims is a gone pod's; it is destroyed
+once it runs no process. Not when the start was skipped (the allowlist does not name every GPU):
+then nothing on the node is known to be this plugin's. Allocate refuses such an instance at its
+placement while it runs processes, and adopts it when idle only if no other live reservation
+claims it (`mig_claims`, from the round Allocate runs first).
 """
 
 from __future__ import annotations
@@ -26,11 +33,13 @@ from hami_plugin.deviceplugin.metrics import MigDeviceInfo
 from hami_plugin.deviceplugin.mig.allocate import MigAllocateStep
 from hami_plugin.deviceplugin.mig.devices import MigNvml
 from hami_plugin.deviceplugin.mig.manager import MigInstanceManager
-from hami_plugin.deviceplugin.mig.plan import AllocationKey
+from hami_plugin.deviceplugin.mig.plan import AllocationKey, Claims
 from hami_plugin.deviceplugin.mig.profiles import contains_model, mig_register_device
 from hami_plugin.deviceplugin.mig.startup import (
+    LiveReservations,
     active_allocation_keys,
     live_reservations,
+    mig_claims,
     start_dynamic_mig,
 )
 from hami_plugin.deviceplugin.nodecache import CacheNotListedError, NodeCache
@@ -101,6 +110,10 @@ class DynamicMig:
         self._unseen: dict[AllocationKey, str] = {}
         """Keys realised at Allocate whose pod (UID) no listing has shown yet."""
         self._thread: threading.Thread | None = None
+        self._sweeping = False
+        """Whether the rounds sweep unclaimed instances (the start ran)."""
+        self._live = LiveReservations()
+        """The counted reservations of the last round (for `claims`)."""
         self._skipped: set[str] = set()
         """GPUs logged once as registering no profile."""
         self._told: set[str] = set()
@@ -112,6 +125,7 @@ class DynamicMig:
             reconcile=self.reconcile,
             on_realised=self._realised,
             guard=self._rounds,
+            claims=self.claims,
         )
 
     @classmethod
@@ -265,6 +279,7 @@ class DynamicMig:
                 self._booking_keys(),
                 self.gpu_index_of,
             )
+            self._sweeping = True
         else:
             logger.warning(
                 "mig init skipped: no GPU reset or adopted, as %s the MIG profile allowlist "
@@ -307,4 +322,17 @@ class DynamicMig:
                     del self._unseen[key]
                 else:
                     active.add(key)
-        return self.manager.reconcile(active)
+            self._live = live
+        released = self.manager.reconcile(active)
+        if self._sweeping:
+            self.manager.sweep(
+                [gpu.index for gpu in self._gpus()], mig_claims(live, self.gpu_index_of)
+            )
+        return released
+
+    def claims(self, uid: str) -> Claims:
+        """The instances the live reservations of pods other than `uid` hold, as of the last
+        round (`startup.mig_claims`)."""
+        with self._lock:
+            live = self._live
+        return mig_claims(live, self.gpu_index_of, except_uid=uid)

@@ -14,23 +14,28 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from hami_plugin.deviceplugin.mig.devices import MigNvml
+from hami_plugin.deviceplugin.mig.devices import MigDevice, MigNvml
 from hami_plugin.deviceplugin.mig.plan import (
     GI_PROFILE_IDS,
     Adopt,
     AllocationKey,
+    Claims,
     Create,
     Invalid,
     MigInstance,
     Reuse,
     adoption_error,
     allocation_key,
+    busy_instance_error,
+    claim_holds,
+    claimed_instance_error,
     find_live_instance,
     plan_ensure,
     plan_reconcile,
+    plan_sweep,
     profile_slice_key,
     verify_adoption,
 )
@@ -68,6 +73,8 @@ class MigInstanceManager:
         self._gpu_locks: dict[int, threading.Lock] = {}
         self._by_allocation: dict[AllocationKey, MigInstance] = {}
         self._by_mig_uuid: dict[str, AllocationKey] = {}
+        self._left: set[str] = set()
+        """What the sweep logged as left (MIG UUIDs, GPUs), so each is logged once."""
 
     # --- state ------------------------------------------------------------------------------
 
@@ -133,10 +140,45 @@ class MigInstanceManager:
 
     # --- operations -------------------------------------------------------------------------
 
-    def ensure(self, gpu_index: int, profile: str, placement: MigPlacement) -> EnsureResult:
+    def _busy(self, gpu_index: int, device: MigDevice) -> bool:
+        """Whether a process runs on `device`; a query that fails counts as busy (as HAMi's
+        `deviceHasProcesses`, mig_startup.go:173-186), so nothing in doubt is handed out or
+        destroyed."""
+        try:
+            return self._nvml.mig_device_has_processes(gpu_index, device.mig_index)
+        except NvmlError as error:
+            logger.warning(
+                "MIG instance %s on gpu %d: process query failed, counted as busy: %s",
+                device.uuid,
+                gpu_index,
+                error,
+            )
+            return True
+
+    def _untracked_busy(
+        self, gpu_index: int, live: Sequence[MigDevice], profile: str, placement: MigPlacement
+    ) -> frozenset[str]:
+        """The MIG UUID of the untracked instance at `placement` when it runs processes."""
+        device = find_live_instance(live, profile, placement)
+        if device is None:
+            return frozenset()
+        with self._mu:
+            if device.uuid in self._by_mig_uuid:
+                return frozenset()
+        return frozenset({device.uuid}) if self._busy(gpu_index, device) else frozenset()
+
+    def ensure(
+        self,
+        gpu_index: int,
+        profile: str,
+        placement: MigPlacement,
+        *,
+        claims: Claims | None = None,
+    ) -> EnsureResult:
         """HAMi's `EnsureAllocation` (migmgr.go:332-418): realise exactly this reservation, or
-        reuse the instance already realising it (tracked, or listed by NVML at that exact
-        placement). Never another placement. Raises MigError."""
+        reuse the instance already realising it (tracked, or an untracked one NVML lists at
+        that exact placement that runs no process and that no other live reservation claims,
+        `claims`: `plan.plan_ensure`). Never another placement. Raises MigError."""
         key = allocation_key(gpu_index, profile, placement)
         with self._gpu_lock(gpu_index):
             with self._mu:
@@ -149,7 +191,8 @@ class MigInstanceManager:
                 live = self._nvml.mig_devices(gpu_index)
             except NvmlError as error:
                 raise MigError(str(error)) from error
-            step = plan_ensure(self.tracked(), key, profiles, live)
+            busy = self._untracked_busy(gpu_index, live, profile, placement)
+            step = plan_ensure(self.tracked(), key, profiles, live, busy=busy, claims=claims)
             if isinstance(step, Invalid):
                 raise MigError(step.message)
             if isinstance(step, Reuse):
@@ -225,11 +268,18 @@ class MigInstanceManager:
             return instance
 
     def adopt_live(
-        self, gpu_index: int, profile: str, placement: MigPlacement
+        self,
+        gpu_index: int,
+        profile: str,
+        placement: MigPlacement,
+        *,
+        claims: Claims | None = None,
     ) -> MigInstance | None:
         """Track the instance NVML lists at exactly this profile and placement, if any (for
-        a reservation whose runtime identity never reached the pod). Creates nothing; raises
-        MigError when NVML cannot list."""
+        a reservation whose runtime identity never reached the pod), under the rule of
+        `ensure`: not one that runs processes (a gone pod's) or that another tracked key or
+        another live reservation (`claims`) holds (raises MigError with the reason). Creates
+        nothing; raises MigError when NVML cannot list."""
         key = allocation_key(gpu_index, profile, placement)
         with self._gpu_lock(gpu_index):
             try:
@@ -239,6 +289,12 @@ class MigInstanceManager:
             device = find_live_instance(live, profile, placement)
             if device is None:
                 return None
+            with self._mu:
+                held = device.uuid in self._by_mig_uuid
+            if held or claim_holds(claims, device):
+                raise MigError(claimed_instance_error(gpu_index, device.uuid, placement))
+            if self._busy(gpu_index, device):
+                raise MigError(busy_instance_error(gpu_index, device.uuid, placement))
             instance = MigInstance(
                 profile=profile,
                 placement=placement,
@@ -301,6 +357,62 @@ class MigInstanceManager:
             )
             released.append(key)
         return tuple(released)
+
+    def sweep(self, gpu_indexes: Iterable[int], claims: Claims) -> tuple[str, ...]:
+        """Destroy each untracked instance on these GPUs that no live reservation claims
+        (`claims`) and that runs no process (`plan.plan_sweep`): a pod's that is gone,
+        left on a GPU that was not reset (our addition, module `plan`). One that runs
+        processes, or whose destruction fails, is logged (once) and left for the next round.
+        Returns the MIG UUIDs destroyed; never raises."""
+        destroyed: list[str] = []
+        for gpu_index in gpu_indexes:
+            with self._gpu_lock(gpu_index):
+                try:
+                    live = self._nvml.mig_devices(gpu_index)
+                except NvmlError as error:
+                    self._tell_left(f"gpu {gpu_index}", f"cannot list MIG devices: {error}")
+                    continue
+                for device in plan_sweep(self.tracked(), live, claims):
+                    if self._busy(gpu_index, device):
+                        self._tell_left(
+                            device.uuid,
+                            f"left MIG instance {device.uuid} on gpu {gpu_index} "
+                            f"(placement {device.placement.start}+{device.placement.size}): no "
+                            "live reservation claims it, but it still runs processes",
+                        )
+                        continue
+                    try:
+                        self._nvml.destroy_instance(
+                            gpu_index, device.gpu_instance_id, device.compute_instance_id
+                        )
+                    except NvmlError as error:
+                        self._tell_left(
+                            device.uuid,
+                            f"failed to destroy unclaimed MIG instance {device.uuid} on gpu "
+                            f"{gpu_index}: {error}",
+                        )
+                        continue
+                    with self._mu:
+                        self._left.discard(device.uuid)
+                    logger.info(
+                        "destroyed MIG instance %s on gpu %d (profile %s placement %d+%d): "
+                        "no live reservation claims it and it runs no process",
+                        device.uuid,
+                        gpu_index,
+                        device.profile,
+                        device.placement.start,
+                        device.placement.size,
+                    )
+                    destroyed.append(device.uuid)
+        return tuple(destroyed)
+
+    def _tell_left(self, what: str, message: str) -> None:
+        """Log `message` once per `what` (the sweep runs every reconciliation round)."""
+        with self._mu:
+            if what in self._left:
+                return
+            self._left.add(what)
+        logger.warning("%s", message)
 
     def reset_idle_gpus(self, device_count: int, in_use: Collection[int]) -> list[int]:
         """HAMi's `ResetIdleGPUs` (migmgr.go:119-159): every GPU not `in_use` gets MIG mode on

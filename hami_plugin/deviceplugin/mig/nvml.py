@@ -582,3 +582,13 @@ class NvmlMig:
             if mig is not None and self._device_has_processes(mig):
                 return True
         return False
+
+    def mig_device_has_processes(self, gpu_index: int, mig_index: int) -> bool:
+        """`deviceHasProcesses` (mig_startup.go:173-186) on one MIG device, found as HAMi walks
+        them (`GetMigDeviceHandleByIndex`, mig_startup.go:159-164)."""
+        handle = self._handle(gpu_index)
+        mig = self._call(
+            lambda r: f"get MIG device {mig_index} of gpu {gpu_index}: {r}",
+            lambda: self._nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, mig_index),
+        )
+        return self._device_has_processes(mig)

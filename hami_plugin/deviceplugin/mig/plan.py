@@ -6,13 +6,19 @@ migmgr.go) keeps one map from the scheduler-reserved key (GPU index, profile, pl
 and size; migmgr.go:43-48) to the live GPU instance + compute instance realising it. The
 choices it makes are here, so they are property-tested apart from NVML:
 
-* `plan_ensure`: a key already tracked is reused (migmgr.go:338-343); an instance NVML lists at
-  exactly that profile and placement is adopted rather than created again (our addition: HAMi
-  would fail on NVML's "in use" after losing its map, e.g. a restart before the runtime identity
-  reached the pod); otherwise the placement must be one NVML offers for the profile
+* `plan_ensure`: a key already tracked is reused (migmgr.go:338-343); an untracked instance NVML
+  lists at exactly that profile and placement is adopted rather than created again only when it
+  runs no process and no other live reservation claims it (our addition: HAMi never adopts here
+  and fails on NVML's "in use", for good, after losing its map, e.g. a restart before the
+  runtime identity reached the pod; an empty instance is as good as a new one). One that runs
+  processes is a gone pod's and is never handed over: the Allocate fails, and the sweep
+  destroys it once idle. Otherwise the placement must be one NVML offers for the profile
   (migmgr.go:366-379, "scheduler selected invalid placement ...") and is created.
 * `plan_reconcile`: every tracked key outside the active set is destroyed, no active one ever
   (ReconcileActiveAllocations, migmgr.go:493-523).
+* `plan_sweep`: the untracked instances no live reservation claims, which the start and every
+  reconciliation round destroy when they run no process (our addition: HAMi leaves a gone
+  pod's instance on a GPU another pod uses, mig_startup.go:48-68, and books over it).
 * `verify_adoption`: an annotated runtime identity is adopted only when NVML shows a live
   instance with that GPU instance id, placement, MIG UUID and compute instance id
   (AdoptAllocation, migmgr.go:437-491).
@@ -30,6 +36,7 @@ __all__ = [
     "GI_PROFILE_IDS",
     "Adopt",
     "AllocationKey",
+    "Claims",
     "Create",
     "EnsureStep",
     "Invalid",
@@ -37,10 +44,14 @@ __all__ = [
     "Reuse",
     "adoption_error",
     "allocation_key",
+    "busy_instance_error",
+    "claim_holds",
+    "claimed_instance_error",
     "find_live_instance",
     "gi_profile_for",
     "plan_ensure",
     "plan_reconcile",
+    "plan_sweep",
     "profile_slice_key",
     "verify_adoption",
 ]
@@ -167,14 +178,56 @@ def _go_placement(placement: MigPlacement) -> str:
     return f"{{Start:{placement.start} Size:{placement.size}}}"
 
 
+Claims = Mapping[str, AllocationKey]
+"""MIG UUID -> the key of the live reservation whose (unsigned) runtime identity names it."""
+
+
+def claim_holds(claims: Claims | None, device: MigDevice) -> bool:
+    """Whether a live reservation claims `device`: its runtime identity names the device's MIG
+    UUID and its (signed) key is the device's GPU, placement and slice group. The identity is
+    tenant input, so a claim of an instance at another placement counts for nothing."""
+    key = None if claims is None else claims.get(device.uuid)
+    return (
+        key is not None
+        and key.gpu_index == device.parent_index
+        and key.placement == device.placement
+        and _same_profile(device, key.profile)
+    )
+
+
+def busy_instance_error(gpu_index: int, mig_uuid: str, placement: MigPlacement) -> str:
+    """Why an Allocate is refused the untracked instance at its placement: it runs processes."""
+    return (
+        f"MIG instance {mig_uuid} at placement {_go_placement(placement)} on GPU {gpu_index} "
+        "still runs processes of a pod that is gone"
+    )
+
+
+def claimed_instance_error(gpu_index: int, mig_uuid: str, placement: MigPlacement) -> str:
+    """Why an Allocate is refused the untracked instance at its placement: another live
+    reservation (or another tracked key) holds it."""
+    return (
+        f"MIG instance {mig_uuid} at placement {_go_placement(placement)} on GPU {gpu_index} "
+        "is claimed by another live reservation"
+    )
+
+
 def plan_ensure(
     tracked: Mapping[AllocationKey, MigInstance],
     key: AllocationKey,
     profiles: Sequence[MigProfileInfo],
     live: Sequence[MigDevice],
+    *,
+    busy: Collection[str] = (),
+    claims: Claims | None = None,
 ) -> EnsureStep:
     """What `EnsureAllocation` (migmgr.go:332-418) does for `key` on a GPU offering `profiles`
-    with the MIG devices `live`. It never picks another placement."""
+    with the MIG devices `live`. It never picks another placement.
+
+    `busy`: the MIG UUIDs NVML shows running processes on (or whose query failed); `claims`:
+    those other live reservations name (`claim_holds`). The untracked instance at the placement
+    is adopted only when it is neither busy, claimed nor held by another tracked key (module
+    docstring)."""
     instance = tracked.get(key)
     if instance is not None:
         return Reuse(instance)
@@ -182,6 +235,11 @@ def plan_ensure(
         return Invalid(f'unsupported MIG profile "{key.profile}"')
     existing = find_live_instance(live, key.profile, key.placement)
     if existing is not None:
+        held = {held.mig_uuid for held in tracked.values()}
+        if existing.uuid in held or claim_holds(claims, existing):
+            return Invalid(claimed_instance_error(key.gpu_index, existing.uuid, key.placement))
+        if existing.uuid in busy:
+            return Invalid(busy_instance_error(key.gpu_index, existing.uuid, key.placement))
         return Adopt(_instance_of(existing, key.profile))
     info = gi_profile_for(profiles, key.profile)
     if info is None:
@@ -199,6 +257,18 @@ def plan_reconcile(
 ) -> tuple[AllocationKey, ...]:
     """The tracked keys `ReconcileActiveAllocations` destroys: those not active, in key order."""
     return tuple(sorted(key for key in tracked if key not in active))
+
+
+def plan_sweep(
+    tracked: Mapping[AllocationKey, MigInstance],
+    live: Iterable[MigDevice],
+    claims: Claims | None,
+) -> tuple[MigDevice, ...]:
+    """The MIG devices of `live` that no tracked key holds and no live reservation claims
+    (`claim_holds`), in NVML's order: left by a pod that is gone. The caller destroys each that
+    runs no process."""
+    held = {instance.mig_uuid for instance in tracked.values()}
+    return tuple(d for d in live if d.uuid not in held and not claim_holds(claims, d))
 
 
 def verify_adoption(

@@ -13,7 +13,15 @@ NVML shows running processes on (mig_startup.go:48-68); if the pods cannot be li
 is kept (server.go:292-301). The idle GPUs are reset (MIG mode on, every instance destroyed),
 then each live reservation's instance is adopted: by its annotated runtime identity, or, when
 that was never written (the daemon stopped between creating it and patching the pod), by the
-instance NVML lists at exactly its placement. One that cannot be adopted is logged and left.
+instance NVML lists at exactly its placement, if that one runs no process and no other
+reservation claims it (`manager.MigInstanceManager.adopt_live`). One that cannot be adopted is
+logged and left.
+
+Then (our addition) the GPUs kept are swept (`manager.MigInstanceManager.sweep`): an untracked
+instance no live signed reservation claims (`mig_claims`) is a gone pod's, left because
+another pod holds its GPU; it is destroyed when it runs no process, else logged and left for
+the reconciler's next rounds. HAMi leaves it, and its scheduler then books over it. The sweep
+fails closed: it runs only when the pods were listed and every counted reservation was read.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ __all__ = [
     "active_allocation_keys",
     "in_use_gpus",
     "live_reservations",
+    "mig_claims",
     "pod_is_live",
     "start_dynamic_mig",
 ]
@@ -129,6 +138,27 @@ def in_use_gpus(live: LiveReservations, gpu_index_of: GpuIndexOf) -> frozenset[i
     return frozenset(out)
 
 
+def mig_claims(
+    live: LiveReservations, gpu_index_of: GpuIndexOf, *, except_uid: str | None = None
+) -> dict[str, AllocationKey]:
+    """MIG UUID -> reservation key, for each counted reservation with a runtime identity (of a
+    pod other than `except_uid`) whose GPU is on the node: the instances live pods hold
+    (`plan.claim_holds` checks each against what NVML shows)."""
+    claims: dict[str, AllocationKey] = {}
+    for pod, allocations in live.pods:
+        if pod.uid == except_uid:
+            continue
+        for allocation in allocations:
+            if not allocation.runtime_ready:
+                continue
+            index = gpu_index_of(allocation.gpu_uuid)
+            if index is not None:
+                claims[allocation.mig_uuid] = allocation_key(
+                    index, allocation.profile, allocation.placement
+                )
+    return claims
+
+
 def _busy_gpus(nvml: MigNvml, device_count: int) -> frozenset[int]:
     """HAMi's `nvmlBusyGPUs` (mig_startup.go:131-171): a GPU whose process query fails counts
     as busy, so it is never reset."""
@@ -143,7 +173,12 @@ def _busy_gpus(nvml: MigNvml, device_count: int) -> frozenset[int]:
 
 
 def _adopt(
-    manager: MigInstanceManager, pod: PodInfo, allocation: MigAllocation, index: int
+    manager: MigInstanceManager,
+    pod: PodInfo,
+    allocation: MigAllocation,
+    index: int,
+    live: LiveReservations,
+    gpu_index_of: GpuIndexOf,
 ) -> None:
     if allocation.runtime_ready:
         assert allocation.gpu_instance_id is not None
@@ -158,7 +193,8 @@ def _adopt(
         )
         return
     # Created but never recorded on the pod: the instance NVML lists at that placement.
-    if manager.adopt_live(index, allocation.profile, allocation.placement) is None:
+    claims = mig_claims(live, gpu_index_of, except_uid=pod.uid)
+    if manager.adopt_live(index, allocation.profile, allocation.placement, claims=claims) is None:
         raise MigError(f"active pod {pod.key} MIG allocation lacks runtime identity")
 
 
@@ -176,9 +212,11 @@ def start_dynamic_mig(
     line: a GPU that cannot be reset stays as it is, a reservation not adopted stays on it)."""
     in_use: frozenset[int]
     live = LiveReservations()
+    known = False
     try:
         live = live_reservations(list_pods(), node_name, keys)
         in_use = in_use_gpus(live, gpu_index_of)
+        known = not live.problems
     except Exception as error:
         # Reset is destructive: without the allocation state, keep every GPU.
         logger.warning("mig init: allocation detection failed; preserving all GPUs: %s", error)
@@ -212,9 +250,14 @@ def start_dynamic_mig(
                 )
                 continue
             try:
-                _adopt(manager, pod, allocation, index)
+                _adopt(manager, pod, allocation, index, live, gpu_index_of)
             except MigError as error:
                 logger.warning(
                     "mig init: failed to adopt pod %s MIG allocation: %s", pod.key, error
                 )
+    if known:
+        kept = sorted(set(range(device_count)) - set(reset))
+        manager.sweep(kept, mig_claims(live, gpu_index_of))
+    else:
+        logger.warning("mig init: reservations not all read; no leftover MIG instance destroyed")
     return reset, in_use
