@@ -150,8 +150,7 @@ def test_device_config_mig_profile_allowlist_is_validated_at_start(tmp_path: Pat
     with pytest.raises(ConfigError) as caught:
         resolve_config(parse("--device-config-file", str(path)), {})
     assert str(caught.value) == (
-        f"--device-config-file {path}: invalid MIG profile allowlist: "
-        'invalid MIG profile "big"'
+        f'--device-config-file {path}: invalid MIG profile allowlist: invalid MIG profile "big"'
     )
     path.write_text("nvidia:\n  migProfileAllowlist:\n  - models: [A100]\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="must define models and profiles"):

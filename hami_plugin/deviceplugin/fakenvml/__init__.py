@@ -5,6 +5,7 @@
 * `gpufile`: the fake GPU file's format, parsed and validated (`FakeGpuSpec`);
 * `errors`: NVML's error classes and codes, as pynvml has them;
 * `values`: what the calls return (handles, memory, utilisation, PCI info, events);
-* `migtables`, `migstate`, `migcalls`: MIG: the modelled GPUs' profiles and placements, the
-  instances and NVML's rules for them (kept in `<file>.mig-state.json`), the pynvml MIG calls.
+* `migtables`, `migstate`, `migcalls`, `migvalues`: MIG: the modelled GPUs' profiles and
+  placements, the instances and NVML's rules for them (kept in `<file>.mig-state.json`), the
+  pynvml MIG calls and what they return.
 """

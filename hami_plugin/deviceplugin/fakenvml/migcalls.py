@@ -19,20 +19,15 @@ id or MIG device index with nothing behind it; the creation and destruction rule
 """
 
 # pynvml's names (c_nvmlGpuInstance_t, nvmlDeviceGetMigMode ...), so that the fake is a drop-in.
-# ruff: noqa: N801, N803, N816
+# ruff: noqa: N803
 
 from __future__ import annotations
 
 import threading
 from ctypes import (
-    POINTER,
     Structure,
-    c_char,
-    c_uint,
-    c_ulonglong,
     pointer,
 )
-from dataclasses import dataclass
 from typing import Any
 
 from hami_plugin.deviceplugin.fakenvml import mignames as naming
@@ -54,142 +49,31 @@ from hami_plugin.deviceplugin.fakenvml.migstate import (
     FakeMigStore,
 )
 from hami_plugin.deviceplugin.fakenvml.migtables import MAX_MIG_DEVICES, profile_display_name
+from hami_plugin.deviceplugin.fakenvml.migvalues import (
+    NVML_DEVICE_NAME_V2_BUFFER_SIZE,
+    FakeComputeInstanceInfo,
+    FakeGpuInstanceInfo,
+    FakeMigDeviceHandle,
+    FakeProcessInfo,
+    c_nvmlComputeInstance_t,
+    c_nvmlComputeInstancePlacement_t,
+    c_nvmlComputeInstanceProfileInfo_t,
+    c_nvmlComputeInstanceProfileInfo_v2_t,
+    c_nvmlGpuInstance_t,
+    c_nvmlGpuInstancePlacement_t,
+    c_nvmlGpuInstanceProfileInfo_t,
+    c_nvmlGpuInstanceProfileInfo_v2_t,
+    nvmlComputeInstanceProfileInfo_v2,
+    nvmlGpuInstanceProfileInfo_v2,
+    struct_c_nvmlComputeInstance_t,
+    struct_c_nvmlGpuInstance_t,
+)
 from hami_plugin.deviceplugin.fakenvml.values import (
     NVML_DEVICE_MIG_DISABLE,
     NVML_DEVICE_MIG_ENABLE,
     FakeDeviceHandle,
     FakeMemoryInfo,
 )
-
-NVML_DEVICE_NAME_V2_BUFFER_SIZE = 96
-nvmlGpuInstanceProfileInfo_v2 = 0x02000098
-nvmlComputeInstanceProfileInfo_v2 = 0x02000088
-_MIB = 1024 * 1024
-
-
-class c_nvmlGpuInstancePlacement_t(Structure):
-    _fields_ = [("start", c_uint), ("size", c_uint)]
-
-
-class c_nvmlGpuInstanceProfileInfo_t(Structure):
-    _fields_ = [
-        ("id", c_uint),
-        ("isP2pSupported", c_uint),
-        ("sliceCount", c_uint),
-        ("instanceCount", c_uint),
-        ("multiprocessorCount", c_uint),
-        ("copyEngineCount", c_uint),
-        ("decoderCount", c_uint),
-        ("encoderCount", c_uint),
-        ("jpegCount", c_uint),
-        ("ofaCount", c_uint),
-        ("memorySizeMB", c_ulonglong),
-    ]
-
-
-class c_nvmlGpuInstanceProfileInfo_v2_t(Structure):
-    _fields_ = [
-        ("version", c_uint),
-        ("id", c_uint),
-        ("isP2pSupported", c_uint),
-        ("sliceCount", c_uint),
-        ("instanceCount", c_uint),
-        ("multiprocessorCount", c_uint),
-        ("copyEngineCount", c_uint),
-        ("decoderCount", c_uint),
-        ("encoderCount", c_uint),
-        ("jpegCount", c_uint),
-        ("ofaCount", c_uint),
-        ("memorySizeMB", c_ulonglong),
-        ("name", c_char * NVML_DEVICE_NAME_V2_BUFFER_SIZE),
-    ]
-
-
-class c_nvmlComputeInstancePlacement_t(Structure):
-    _fields_ = [("start", c_uint), ("size", c_uint)]
-
-
-class c_nvmlComputeInstanceProfileInfo_t(Structure):
-    _fields_ = [
-        ("id", c_uint),
-        ("sliceCount", c_uint),
-        ("instanceCount", c_uint),
-        ("multiprocessorCount", c_uint),
-        ("sharedCopyEngineCount", c_uint),
-        ("sharedDecoderCount", c_uint),
-        ("sharedEncoderCount", c_uint),
-        ("sharedJpegCount", c_uint),
-        ("sharedOfaCount", c_uint),
-    ]
-
-
-class c_nvmlComputeInstanceProfileInfo_v2_t(Structure):
-    _fields_ = [
-        ("version", c_uint),
-        ("id", c_uint),
-        ("sliceCount", c_uint),
-        ("instanceCount", c_uint),
-        ("multiprocessorCount", c_uint),
-        ("sharedCopyEngineCount", c_uint),
-        ("sharedDecoderCount", c_uint),
-        ("sharedEncoderCount", c_uint),
-        ("sharedJpegCount", c_uint),
-        ("sharedOfaCount", c_uint),
-        ("name", c_char * NVML_DEVICE_NAME_V2_BUFFER_SIZE),
-    ]
-
-
-class struct_c_nvmlGpuInstance_t(Structure):
-    """Opaque in pynvml; here it carries the fake's token for the instance."""
-
-    _fields_ = [("token", c_ulonglong)]
-
-
-class struct_c_nvmlComputeInstance_t(Structure):
-    _fields_ = [("token", c_ulonglong)]
-
-
-c_nvmlGpuInstance_t = POINTER(struct_c_nvmlGpuInstance_t)
-c_nvmlComputeInstance_t = POINTER(struct_c_nvmlComputeInstance_t)
-
-
-@dataclass(frozen=True, slots=True)
-class FakeMigDeviceHandle:
-    """What `nvmlDeviceGetMigDeviceHandleByIndex` returns: a MIG device, by its UUID."""
-
-    uuid: str
-
-
-@dataclass(frozen=True, slots=True)
-class FakeGpuInstanceInfo:
-    """Shaped like pynvml's c_nvmlGpuInstanceInfo_t."""
-
-    device: FakeDeviceHandle
-    id: int
-    profileId: int
-    placement: c_nvmlGpuInstancePlacement_t
-
-
-@dataclass(frozen=True, slots=True)
-class FakeComputeInstanceInfo:
-    """Shaped like pynvml's c_nvmlComputeInstanceInfo_t."""
-
-    device: FakeDeviceHandle
-    gpuInstance: Any
-    id: int
-    profileId: int
-    placement: c_nvmlComputeInstancePlacement_t
-
-
-@dataclass(frozen=True, slots=True)
-class FakeProcessInfo:
-    """Shaped like the objects pynvml's nvmlDeviceGetComputeRunningProcesses returns."""
-
-    pid: int
-    usedGpuMemory: int | None
-    gpuInstanceId: int
-    computeInstanceId: int
-
 
 _NOT_AVAILABLE = 0xFFFFFFFF
 
@@ -215,6 +99,9 @@ def _token(handle: Any, kind: type[Structure]) -> int:
     if not isinstance(contents, kind):
         raise NVMLError_InvalidArgument()
     return int(contents.token)
+
+
+_MIB = 1024 * 1024
 
 
 class MigCalls:

@@ -66,7 +66,8 @@ from hami_plugin.deviceplugin.fakenvml.gpufile import (
     FakeGpuSpec,
     parse_fake_gpus,
 )
-from hami_plugin.deviceplugin.fakenvml.migcalls import FakeMigDeviceHandle, MigCalls
+from hami_plugin.deviceplugin.fakenvml.migcalls import MigCalls
+from hami_plugin.deviceplugin.fakenvml.migvalues import FakeMigDeviceHandle
 from hami_plugin.deviceplugin.fakenvml.topology import (
     NVML_FEATURE_DISABLED,
     NVML_FEATURE_ENABLED,

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hami_plugin.deviceplugin.fakenvml import errors, migcalls
+from hami_plugin.deviceplugin.fakenvml import errors, migvalues
 from hami_plugin.deviceplugin.fakenvml.gpufile import FakeGpuFileError, parse_fake_gpus
 from hami_plugin.deviceplugin.fakenvml.migstate import derived_mig_uuid, state_path
 from hami_plugin.deviceplugin.fakenvml.migtables import model_profiles, profile_display_name
@@ -145,13 +145,13 @@ def test_structures_have_pynvml_field_names() -> None:
         "c_nvmlComputeInstanceProfileInfo_t",
         "c_nvmlComputeInstanceProfileInfo_v2_t",
     ):
-        fake = [field[0] for field in getattr(migcalls, name)._fields_]
+        fake = [field[0] for field in getattr(migvalues, name)._fields_]
         real = [field[0] for field in getattr(pynvml, name)._fields_]
         assert fake == real, name
     real_gi_info = [field[0] for field in pynvml.c_nvmlGpuInstanceInfo_t._fields_]
-    assert real_gi_info == list(migcalls.FakeGpuInstanceInfo.__dataclass_fields__)
+    assert real_gi_info == list(migvalues.FakeGpuInstanceInfo.__dataclass_fields__)
     real_ci_info = [field[0] for field in pynvml.c_nvmlComputeInstanceInfo_t._fields_]
-    assert real_ci_info == list(migcalls.FakeComputeInstanceInfo.__dataclass_fields__)
+    assert real_ci_info == list(migvalues.FakeComputeInstanceInfo.__dataclass_fields__)
     for constant in (
         "NVML_GPU_INSTANCE_PROFILE_1_SLICE",
         "NVML_GPU_INSTANCE_PROFILE_7_SLICE",
