@@ -33,6 +33,7 @@ from hami_plugin.deviceplugin.mig.plan import (
     claim_holds,
     claimed_instance_error,
     find_live_instance,
+    instance_of,
     plan_ensure,
     plan_reconcile,
     plan_sweep,
@@ -213,13 +214,7 @@ class MigInstanceManager:
                 device = self._nvml.create_instance(gpu_index, step.profile, step.placement)
             except NvmlError as error:
                 raise MigError(str(error)) from error
-            instance = MigInstance(
-                profile=profile,
-                placement=placement,
-                gpu_instance_id=device.gpu_instance_id,
-                compute_instance_id=device.compute_instance_id,
-                mig_uuid=device.uuid,
-            )
+            instance = instance_of(device, profile)
             self._track(key, instance)
         logger.info(
             "created scheduler-reserved MIG allocation %s on gpu %d: profile %s start %d size %d "
@@ -295,13 +290,7 @@ class MigInstanceManager:
                 raise MigError(claimed_instance_error(gpu_index, device.uuid, placement))
             if self._busy(gpu_index, device):
                 raise MigError(busy_instance_error(gpu_index, device.uuid, placement))
-            instance = MigInstance(
-                profile=profile,
-                placement=placement,
-                gpu_instance_id=device.gpu_instance_id,
-                compute_instance_id=device.compute_instance_id,
-                mig_uuid=device.uuid,
-            )
+            instance = instance_of(device, profile)
             self._track(key, instance)
             return instance
 

@@ -49,6 +49,7 @@ __all__ = [
     "claimed_instance_error",
     "find_live_instance",
     "gi_profile_for",
+    "instance_of",
     "plan_ensure",
     "plan_reconcile",
     "plan_sweep",
@@ -131,7 +132,8 @@ def find_live_instance(
     return None
 
 
-def _instance_of(device: MigDevice, profile: str) -> MigInstance:
+def instance_of(device: MigDevice, profile: str) -> MigInstance:
+    """The tracked record of the live MIG device `device`, realising `profile`."""
     return MigInstance(
         profile=profile,
         placement=device.placement,
@@ -240,7 +242,7 @@ def plan_ensure(
             return Invalid(claimed_instance_error(key.gpu_index, existing.uuid, key.placement))
         if existing.uuid in busy:
             return Invalid(busy_instance_error(key.gpu_index, existing.uuid, key.placement))
-        return Adopt(_instance_of(existing, key.profile))
+        return Adopt(instance_of(existing, key.profile))
     info = gi_profile_for(profiles, key.profile)
     if info is None:
         return Invalid(f"get GI profile {key.profile}: Not Supported")
@@ -289,7 +291,7 @@ def verify_adoption(
             and device.compute_instance_id == compute_instance_id
             and _same_profile(device, profile)
         ):
-            return _instance_of(device, profile)
+            return instance_of(device, profile)
     return None
 
 
