@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.deployment.exercise import device_plugin_settings
-from tests.deployment.manifests import helm_template, plain_manifests
+from tests.deployment.manifests import container, helm_template, plain_manifests, workload_running
 
 
 def test_the_default_is_none(tmp_path: Path) -> None:
@@ -49,3 +49,17 @@ def test_the_device_config_ships_hamis_mig_profile_allowlist(tmp_path: Path, sou
     assert [
         (entry.models, entry.profiles) for entry in settings.mig_profile_allowlist
     ] == _hami_allowlist()
+
+
+def test_the_device_plugin_runs_unprivileged_unless_dynamic_mig_asks_for_it() -> None:
+    """MIG management (creating GPU instances) needs CAP_SYS_ADMIN and the MIG capability
+    devices: `devicePlugin.securityContext` (HAMi's key) replaces our least-privilege default."""
+    default = container(workload_running(helm_template(), "device-plugin"), "device-plugin")
+    assert default["securityContext"]["privileged"] is False
+    assert default["securityContext"]["capabilities"] == {
+        "drop": ["ALL"],
+        "add": ["DAC_OVERRIDE"],
+    }
+    objects = helm_template("devicePlugin.securityContext.privileged=true")
+    privileged = container(workload_running(objects, "device-plugin"), "device-plugin")
+    assert privileged["securityContext"]["privileged"] is True

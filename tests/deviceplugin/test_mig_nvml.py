@@ -189,6 +189,29 @@ def test_a_compute_instance_failure_rolls_the_gpu_instance_back(fake: FakeNvml) 
     assert NvmlMig(fake).create_instance(0, "2g.20gb", MigPlacement(2, 2)).profile == "2g.20gb"
 
 
+class _Unprivileged:
+    """The fake NVML as an unprivileged container sees it: MIG changes are refused."""
+
+    def __init__(self, inner: FakeNvml) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, *args: Any) -> Any:
+        raise nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
+
+
+def test_missing_permissions_say_what_to_change(fake: FakeNvml) -> None:
+    with pytest.raises(MigNvmlError) as caught:
+        NvmlMig(_Unprivileged(fake)).create_instance(0, "2g.20gb", MigPlacement(2, 2))
+    assert caught.value.code == pynvml.NVML_ERROR_NO_PERMISSION
+    assert str(caught.value).endswith(
+        "Insufficient Permissions (MIG management needs CAP_SYS_ADMIN and the MIG capability "
+        "devices: run the device plugin privileged, chart value devicePlugin.securityContext)"
+    )
+
+
 def test_destroy_is_idempotent(mig: NvmlMig) -> None:
     created = mig.create_instance(0, "1g.10gb", MigPlacement(1, 1))
     mig.destroy_instance(0, created.gpu_instance_id, created.compute_instance_id)

@@ -67,11 +67,24 @@ _HAMI_GI_ORDER = (
 the values of its `profileNameToGIProfileID`."""
 
 
+NVML_ERROR_NO_PERMISSION = 4
+
+NO_PERMISSION_HINT = (
+    " (MIG management needs CAP_SYS_ADMIN and the MIG capability devices: run the device "
+    "plugin privileged, chart value devicePlugin.securityContext)"
+)
+"""Added to an NVML `Insufficient Permissions` answer: the usual cause is the chart's
+unprivileged default on a dynamic-MIG node (docs/device-plugin.md, "Dynamic MIG")."""
+
+
 class MigNvmlError(NvmlError):
     """A MIG NVML call failed. `code` is NVML's return code (None: refused before NVML was
-    asked, e.g. an unsupported profile name or a placement NVML does not offer)."""
+    asked, e.g. an unsupported profile name or a placement NVML does not offer). A refusal for
+    missing permissions says what to change (`NO_PERMISSION_HINT`)."""
 
     def __init__(self, message: str, code: int | None = None) -> None:
+        if code == NVML_ERROR_NO_PERMISSION:
+            message += NO_PERMISSION_HINT
         super().__init__(message)
         self.code = code
 
