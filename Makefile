@@ -1,15 +1,27 @@
-# Set-up is automatic: every target creates .venv and installs the project on first use.
+# Set-up is automatic: every target creates .venv and installs the project on first use, at
+# the versions of the two locks (pip constraints), so a fresh clone gets what the suite last
+# passed with whatever was released since. `make lock` moves the locks on, on purpose.
+# PIP_CONSTRAINT= (empty) installs the newest releases instead.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+LOCKS := daemonset/requirements.lock tests/dev-requirements.lock
+export PIP_CONSTRAINT ?= $(addprefix $(CURDIR)/,$(LOCKS))
 
-.PHONY: test lint demo bench proto clean tools image
+.PHONY: test lint demo bench proto clean tools image lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCKS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# The newest releases pyproject.toml allows, installed without the locks, then written into
+# them; run `make test` after and commit the locks with what it took to pass.
+lock: $(STAMP)
+	PIP_CONSTRAINT= $(BIN)/python -m pip install --quiet --upgrade --upgrade-strategy eager -e '.[dev]'
+	$(BIN)/python -m tests.deployment.lockfile
 	touch $(STAMP)
 
 lint: $(STAMP)

@@ -131,3 +131,47 @@ def test_make_clean_removes_every_cache_the_targets_write(workdir: Path) -> None
         "pyproject.toml",
         "tests",
     ]
+
+
+def fake_python(workdir: Path) -> None:
+    """A `python3` on PATH whose `-m venv DIR` makes `DIR/bin/python`, which logs its
+    arguments and the PIP_CONSTRAINT it sees, as the venv's pip would be run."""
+    log = workdir / "calls.log"
+    venv_python = (
+        f'#!/bin/sh\necho "python $* | PIP_CONSTRAINT=${{PIP_CONSTRAINT-unset}}" >> "{log}"\n'
+    )
+    script = workdir / "bin" / "python3"
+    script.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin"; '
+        f"cat > \"$3/bin/python\" <<'PY'\n{venv_python}PY\n"
+        'chmod +x "$3/bin/python"; fi\n'
+    )
+    script.chmod(0o755)
+    for tool in ("touch", "mkdir", "cat", "chmod"):
+        found = shutil.which(tool)
+        assert found is not None
+        (workdir / "bin" / tool).symlink_to(found)
+    for lock in ("daemonset/requirements.lock", "tests/dev-requirements.lock"):
+        (workdir / lock).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / lock, workdir / lock)
+
+
+def test_make_installs_the_locked_versions_unless_told_otherwise(workdir: Path) -> None:
+    fake_python(workdir)
+    result = make(workdir, ".venv/.installed-stamp")
+    assert result.returncode == 0, result.stderr
+    locks = f"{workdir}/daemonset/requirements.lock {workdir}/tests/dev-requirements.lock"
+    assert calls(workdir) == [
+        f"python -m pip install --quiet --upgrade pip | PIP_CONSTRAINT={locks}",
+        f"python -m pip install --quiet -e .[dev] | PIP_CONSTRAINT={locks}",
+    ]
+    # `make lock` upgrades without constraints, then writes the locks
+    (workdir / "calls.log").unlink()
+    result = make(workdir, "lock")
+    assert result.returncode == 0, result.stderr
+    assert calls(workdir) == [
+        "python -m pip install --quiet --upgrade --upgrade-strategy eager -e .[dev] "
+        "| PIP_CONSTRAINT=",
+        f"python -m tests.deployment.lockfile | PIP_CONSTRAINT={locks}",
+    ]

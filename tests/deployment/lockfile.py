@@ -1,12 +1,17 @@
-"""daemonset/requirements.lock: the exact versions of hami-plugin's runtime dependencies that
-the test suite ran with, which the image installs.
+"""The two locks `make` installs with, as pip constraints, so that a fresh clone gets the
+versions the suite last passed with, whatever was released since:
 
-The lock is the closure of `[project] dependencies` over the installed distributions' own
+* `daemonset/requirements.lock`: the runtime dependencies, which the image installs (and
+  nothing else: the Dockerfile installs it with `--no-deps`);
+* `tests/dev-requirements.lock`: what the dev extras add on top (pytest, mypy, ruff, ... and
+  their own dependencies).
+
+Each lock is the closure of pyproject's requirements over the installed distributions' own
 requirements (markers evaluated for this interpreter: the image runs the same Python minor
-version on Linux), pinned to the installed versions. `.ci/run` installs the suite's
-environment with the lock as pip constraints, so CI tests exactly what the image ships.
+version on Linux), pinned to the installed versions.
 
-Regenerate after changing a dependency: `.venv/bin/python -m tests.deployment.lockfile`.
+Refresh both on purpose with `make lock` (it upgrades .venv without constraints, then runs
+`.venv/bin/python -m tests.deployment.lockfile`).
 """
 
 from __future__ import annotations
@@ -18,11 +23,18 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-LOCK = Path(__file__).resolve().parents[2] / "daemonset" / "requirements.lock"
+ROOT = Path(__file__).resolve().parents[2]
+LOCK = ROOT / "daemonset" / "requirements.lock"
+DEV_LOCK = ROOT / "tests" / "dev-requirements.lock"
 HEADER = """\
 # Runtime dependencies of hami-plugin, pinned to the versions its test suite ran with.
-# The Dockerfile installs exactly these; .ci/run tests with them (PIP_CONSTRAINT).
-# Regenerate: .venv/bin/python -m tests.deployment.lockfile
+# The Dockerfile installs exactly these; `make` installs with them as constraints.
+# Refresh: make lock
+"""
+DEV_HEADER = """\
+# What hami-plugin's dev extras add to daemonset/requirements.lock, pinned to the versions
+# its test suite ran with; `make` installs with both locks as constraints.
+# Refresh: make lock
 """
 
 
@@ -30,14 +42,9 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def runtime_closure(project: str = "hami-plugin") -> dict[str, str]:
-    """{canonical name: installed version} of every distribution `project` needs at run time."""
+def _closure(requirements: list[Requirement]) -> dict[str, str]:
     pinned: dict[str, str] = {}
-    pending = [
-        Requirement(text)
-        for text in metadata.requires(project) or []
-        if Requirement(text).marker is None or Requirement(text).marker.evaluate({"extra": ""})  # type: ignore[union-attr]
-    ]
+    pending = list(requirements)
     while pending:
         requirement = pending.pop()
         name = canonical(requirement.name)
@@ -52,8 +59,29 @@ def runtime_closure(project: str = "hami-plugin") -> dict[str, str]:
     return dict(sorted(pinned.items()))
 
 
-def render(pins: dict[str, str]) -> str:
-    return HEADER + "".join(f"{name}=={version}\n" for name, version in pins.items())
+def _requirements(project: str, extra: str) -> list[Requirement]:
+    found = []
+    for text in metadata.requires(project) or []:
+        requirement = Requirement(text)
+        if requirement.marker is None or requirement.marker.evaluate({"extra": extra}):
+            found.append(requirement)
+    return found
+
+
+def runtime_closure(project: str = "hami-plugin") -> dict[str, str]:
+    """{canonical name: installed version} of every distribution `project` needs at run time."""
+    return _closure(_requirements(project, ""))
+
+
+def dev_closure(project: str = "hami-plugin") -> dict[str, str]:
+    """{canonical name: installed version} of what the `dev` extra adds to the runtime ones."""
+    runtime = runtime_closure(project)
+    everything = _closure(_requirements(project, "dev"))
+    return {name: version for name, version in everything.items() if name not in runtime}
+
+
+def render(pins: dict[str, str], header: str = HEADER) -> str:
+    return header + "".join(f"{name}=={version}\n" for name, version in pins.items())
 
 
 def read_lock(path: Path = LOCK) -> dict[str, str]:
@@ -68,4 +96,5 @@ def read_lock(path: Path = LOCK) -> dict[str, str]:
 
 if __name__ == "__main__":
     LOCK.write_text(render(runtime_closure()))
-    sys.stdout.write(f"wrote {LOCK}\n")
+    DEV_LOCK.write_text(render(dev_closure(), DEV_HEADER))
+    sys.stdout.write(f"wrote {LOCK} and {DEV_LOCK}\n")

@@ -13,7 +13,16 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from tests.deployment.lockfile import LOCK, canonical, read_lock, render, runtime_closure
+from tests.deployment.lockfile import (
+    DEV_HEADER,
+    DEV_LOCK,
+    LOCK,
+    canonical,
+    dev_closure,
+    read_lock,
+    render,
+    runtime_closure,
+)
 from tests.deployment.manifests import (
     REPO,
     container,
@@ -108,11 +117,17 @@ def test_the_image_installs_the_lock_and_nothing_else() -> None:
 def test_the_lock_pins_the_versions_this_suite_runs_with() -> None:
     expected = runtime_closure()
     assert read_lock() == expected, (
-        f"{LOCK} differs from the installed runtime dependencies; regenerate it with "
-        "`.venv/bin/python -m tests.deployment.lockfile` (CI installs with the lock as "
-        "constraints, so there they are always equal)"
+        f"{LOCK} differs from the installed runtime dependencies; `make lock` refreshes it "
+        "(`make` installs with the locks as constraints, so there they are always equal)"
     )
     assert LOCK.read_text() == render(expected)
+
+
+def test_the_dev_lock_pins_the_rest_of_this_suite() -> None:
+    expected = dev_closure()
+    assert read_lock(DEV_LOCK) == expected, f"{DEV_LOCK} is stale: `make lock` refreshes it"
+    assert DEV_LOCK.read_text() == render(expected, DEV_HEADER)
+    assert not set(expected) & set(read_lock()), "a package in both locks"
 
 
 def test_the_lock_satisfies_pyproject() -> None:
