@@ -188,7 +188,7 @@ def cluster(apiserver: FakeApiServer, tmp_path: Path) -> Iterator[Cluster]:
                 in (apiserver.get_node(NODE) or {})["metadata"].get("annotations", {})
             ),
             "the daemon writes the register annotation",
-            timeout=5.0,
+            timeout=30.0,
         )
         core = k8s.CoreV1Api(api_client)
         yield Cluster(apiserver, kubelet, core, extender, listed, hook, vgpulock)

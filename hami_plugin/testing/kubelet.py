@@ -221,7 +221,7 @@ class FakeKubelet:
         with self._condition:
             return list(self._errors)
 
-    def wait_for_registrations(self, count: int, timeout: float = 5.0) -> list[PluginConnection]:
+    def wait_for_registrations(self, count: int, timeout: float = 30.0) -> list[PluginConnection]:
         """Block until `count` registrations succeeded in total; raises AssertionError if not."""
         with self._condition:
             if not self._condition.wait_for(lambda: len(self._connections) >= count, timeout):
@@ -234,7 +234,7 @@ class FakeKubelet:
     def wait_for_list(
         self,
         predicate: Callable[[tuple[DeviceState, ...]], bool],
-        timeout: float = 5.0,
+        timeout: float = 30.0,
         connection: PluginConnection | None = None,
     ) -> tuple[DeviceState, ...]:
         """Block until the latest (or given) connection's newest list satisfies `predicate`."""

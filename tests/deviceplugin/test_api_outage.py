@@ -82,7 +82,7 @@ def running(
         plugin, url = start_plugin(tmp_path, sock_dir, apiserver, *key_file_args(tmp_path))
         try:
             kubelet.wait_for_registrations(1, timeout=15)
-            kubelet.wait_for_list(lambda states: len(states) == len(GPUS) * SPLIT, timeout=5)
+            kubelet.wait_for_list(lambda states: len(states) == len(GPUS) * SPLIT, timeout=30.0)
             plugin.wait_for_log(rf"informer: node {NODE}: listed 1 objects")
             yield Node(apiserver, kube, kubelet, plugin, url)
             apiserver.clear_faults()  # the plugin's shutdown withdraws its annotation

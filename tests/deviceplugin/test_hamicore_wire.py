@@ -10,7 +10,6 @@ import grpc
 import pytest
 
 from hami_plugin.deviceplugin.hamicore import HAMI_CORE_VERSION
-from hami_plugin.protocol import codec
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_NODE_LOCK,
@@ -24,7 +23,7 @@ from tests.deviceplugin.test_daemon import (
     NODE,
     bind_as_the_scheduler_would,
     healthy_ids,
-    register_value,
+    registered_health,
 )
 from tests.deviceplugin.test_metrics_daemon import (
     SPLIT,
@@ -38,10 +37,6 @@ from tests.processes import wait_until
 READY = "hami_device_plugin_hamicore_ready"
 
 
-def registered_health(apiserver: FakeApiServer) -> list[bool]:
-    return [d.healthy for d in codec.decode_node_devices(register_value(apiserver) or "[]")]
-
-
 def ready_metric(plugin: RunningPlugin) -> float | None:
     return value(scrape(plugin.url), READY, node=NODE)
 
@@ -53,7 +48,7 @@ def test_a_node_without_hami_core_serves_no_vgpu_until_it_is_installed(
         kubelet, library = plugin.kubelet, f"{plugin.hook}/vgpu/libvgpu.so"
         # The scheduler is told (every GPU unhealthy), /metrics says why; kubelet keeps
         # NVML's health, so a pod bound meanwhile gets our message rather than kubelet's.
-        wait_until(lambda: registered_health(apiserver) == [False, False], timeout=5.0)
+        wait_until(lambda: registered_health(apiserver) == [False, False], timeout=30.0)
         assert ready_metric(plugin) == 0
         kubelet.wait_for_list(lambda states: len(healthy_ids(states)) == 2 * SPLIT)
         warnings = [r.getMessage() for r in caplog.records if "HAMi-core" in r.getMessage()]
@@ -82,7 +77,7 @@ def test_a_node_without_hami_core_serves_no_vgpu_until_it_is_installed(
 
         install_fake_hamicore(plugin.hook, version=HAMI_CORE_VERSION)
         # The next register round looks again (every 0.3 s here): healthy, and ready.
-        wait_until(lambda: registered_health(apiserver) == [True, True], timeout=5.0)
+        wait_until(lambda: registered_health(apiserver) == [True, True], timeout=30.0)
         assert ready_metric(plugin) == 1
         bind_as_the_scheduler_would(
             apiserver, "later", ((ContainerDevice(GPU_1, "NVIDIA", 1000, 10),),)
@@ -100,10 +95,10 @@ def test_a_preload_that_goes_missing_stops_the_node_again(
     tmp_path: Path, apiserver: FakeApiServer
 ) -> None:
     with running_device_plugin(tmp_path, apiserver) as plugin:
-        wait_until(lambda: registered_health(apiserver) == [True, True], timeout=5.0)
+        wait_until(lambda: registered_health(apiserver) == [True, True], timeout=30.0)
         assert ready_metric(plugin) == 1
         (plugin.hook / "vgpu" / "ld.so.preload").unlink()
-        wait_until(lambda: registered_health(apiserver) == [False, False], timeout=5.0)
+        wait_until(lambda: registered_health(apiserver) == [False, False], timeout=30.0)
         assert ready_metric(plugin) == 0
         bind_as_the_scheduler_would(
             apiserver, "unlimited", ((ContainerDevice(GPU_0, "NVIDIA", 1000, 10),),)

@@ -150,7 +150,7 @@ def node_protocol(node: Node) -> str | None:
 
 
 def wait_for_protocol(node: Node, protocol: str) -> None:
-    wait_until(lambda: node_protocol(node) == protocol, f"the node says {protocol}", timeout=5)
+    wait_until(lambda: node_protocol(node) == protocol, f"the node says {protocol}", timeout=30.0)
 
 
 def admitter(node: Node, seed: int) -> PodAdmitter:
@@ -452,7 +452,7 @@ def test_kubelet_admission_survives_api_server_faults(node: Node) -> None:
             scheduler.bind(spec)
         kubelet.wait_for([s.key for s in specs], timeout=30)
         # The status patch answered 503 once is sent again.
-        wait_until(lambda: phase(node.apiserver, "f0") == "Running", "f0 Running", timeout=5)
+        wait_until(lambda: phase(node.apiserver, "f0") == "Running", "f0 Running", timeout=30.0)
     assert_each_container_got_its_own_booking(node, kubelet, specs)
 
 

@@ -102,7 +102,7 @@ def test_first_registration(kubelet: FakeKubelet, registrar: KubeletRegistrar) -
     assert connection.options.get_preferred_allocation_available
     listed = kubelet.wait_for_list(all_healthy)
     assert [s.id for s in listed] == [f"{GPU}-{i}" for i in range(3)]
-    assert registrar.wait_registered(1, timeout=5)
+    assert registrar.wait_registered(1, timeout=30.0)
 
 
 def test_registration_waits_for_kubelet(kubelet: FakeKubelet, registrar: KubeletRegistrar) -> None:
@@ -155,7 +155,7 @@ def test_a_burst_of_signals_is_one_re_registration(
         kubelet.wait_for_registrations(1)
         for n in range(5):
             registrar.signal.trigger(f"event {n}")
-        assert registrar.wait_registered(2, timeout=5)
+        assert registrar.wait_registered(2, timeout=30.0)
         # The old server's stream end is ours (re-serve), not kubelet's: no third round.
         assert not registrar.wait_registered(3, timeout=0.5)
         assert len(kubelet.connections) == 2
@@ -186,7 +186,7 @@ def test_kubelet_refuses_a_bad_resource_name(
     kubelet.start()
     with caplog.at_level(logging.WARNING, logger="hami_plugin.deviceplugin.kubelet"):
         registrar.start()
-        wait_until(lambda: len(kubelet.errors) >= 2, "a retried registration", timeout=5)
+        wait_until(lambda: len(kubelet.errors) >= 2, "a retried registration", timeout=30.0)
         registrar.stop()
     assert kubelet.errors[0] == 'the ResourceName "kubernetes.io/gpu" is invalid'
     assert len(kubelet.errors) >= 2  # retried

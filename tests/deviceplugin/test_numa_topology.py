@@ -63,6 +63,6 @@ def test_kubelet_sees_the_numa_nodes_when_the_device_config_enables_them(
     )
     with serving(daemon, sock_dir) as kubelet:
         kubelet.wait_for_registrations(1, timeout=10)
-        devices = kubelet.wait_for_list(lambda states: len(states) == 4, timeout=5)
+        devices = kubelet.wait_for_list(lambda states: len(states) == 4, timeout=30.0)
     seen = {device.id.rsplit("-", 1)[0]: device.numa_nodes for device in devices}
     assert {gpu: nodes for gpu, nodes in seen.items() if nodes} == numa

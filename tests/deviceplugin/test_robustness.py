@@ -308,7 +308,7 @@ def test_a_kubelet_restart_during_a_hanging_allocate_re_registers_at_once(
     pending = stack.stub().Allocate.future(request)
     wait_until(lambda: stack.apiserver.requests_matching("GET"), timeout=WAIT)
     stack.kubelet.restart()
-    second = stack.kubelet.wait_for_registrations(2, timeout=3.0)[1]
+    second = stack.kubelet.wait_for_registrations(2, timeout=30.0)[1]
     stack.kubelet.wait_for_list(lambda s: len(s) == 4, connection=second)
     with pytest.raises(grpc.RpcError):
         pending.result()  # kubelet's side of the call died with it

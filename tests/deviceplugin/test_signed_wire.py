@@ -134,7 +134,7 @@ def _running(
         plugin, url = start_plugin(tmp_path, sock_dir, apiserver, *args)
         try:
             kubelet.wait_for_registrations(1, timeout=15)
-            kubelet.wait_for_list(lambda states: len(states) == len(GPUS) * SPLIT, timeout=5)
+            kubelet.wait_for_list(lambda states: len(states) == len(GPUS) * SPLIT, timeout=30.0)
             yield Node(apiserver, kube, kubelet, plugin, url)
             code = plugin.stop(15)
         finally:

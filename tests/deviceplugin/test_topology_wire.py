@@ -56,7 +56,9 @@ def test_hgx_node_publishes_pair_scores(
     )
     daemon = DevicePluginDaemon(settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"))
     with serving(daemon, sock_dir):
-        wait_until(lambda: ANNOTATION_ALLOCATE_PROTOCOL in node_annotations(apiserver), timeout=5.0)
+        wait_until(
+            lambda: ANNOTATION_ALLOCATE_PROTOCOL in node_annotations(apiserver), timeout=30.0
+        )
         value = node_annotations(apiserver).get(NODE_NVIDIA_SCORE_ANNOTATION)
     if not enabled:
         assert value is None
