@@ -50,10 +50,6 @@ class JobResult:
     secrets_written: tuple[str, ...]
     webhook_patched: bool
 
-    @property
-    def wrote_nothing(self) -> bool:
-        return not self.secrets_written and not self.webhook_patched
-
 
 class CertsJob:
     """One run of `hami certs` against `api`, at `clock.now()`."""

@@ -176,7 +176,6 @@ class KubeletRegistrar:
         kubelet_poll_seconds: float = 0.1,
     ) -> None:
         self._service = service
-        self._plugin_dir = plugin_dir
         self._socket_name = socket_name
         self._resource_name = resource_name
         self._kubelet_path = os.path.join(plugin_dir, KUBELET_SOCKET_NAME)

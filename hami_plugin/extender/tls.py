@@ -51,10 +51,6 @@ class TlsFiles:
         self._context = self._load()
         self._checked = self._clock.monotonic()
 
-    @property
-    def requires_client_certificate(self) -> bool:
-        return bool(self.client_ca_file)
-
     def _paths(self) -> tuple[str, ...]:
         paths = (self.cert_file, self.key_file)
         return (*paths, self.client_ca_file) if self.client_ca_file else paths

@@ -160,7 +160,6 @@ class PodAdmitter:
         self._device_ids: dict[tuple[str, str, str], tuple[str, ...]] = {}
         self._failures: dict[tuple[str, str], str] = {}
         self._batches: list[list[tuple[str, str]]] = []
-        self._polls = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -238,12 +237,6 @@ class PodAdmitter:
                 for entry in managed
             ]
 
-    @property
-    def polls(self) -> int:
-        """Completed polls (successful lists)."""
-        with self._condition:
-            return self._polls
-
     def wait_for(self, keys: Iterable[tuple[str, str]], timeout: float = 10.0) -> None:
         """Block until every (namespace, name) was admitted or failed; AssertionError if not."""
         wanted = set(keys)
@@ -255,13 +248,6 @@ class PodAdmitter:
             if not self._condition.wait_for(done, timeout):
                 missing = wanted - set(self._admitted) - set(self._failures)
                 raise AssertionError(f"not admitted within {timeout} s: {sorted(missing)}")
-
-    def wait_for_polls(self, count: int, timeout: float = 10.0) -> None:
-        """Block until `count` more polls have completed (the API server is readable again)."""
-        with self._condition:
-            target = self._polls + count
-            if not self._condition.wait_for(lambda: self._polls >= target, timeout):
-                raise AssertionError(f"fewer than {count} polls within {timeout} s")
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -300,8 +286,6 @@ class PodAdmitter:
         live = {p.uid for p in pods if p.phase not in ("Failed", "Succeeded")}
         listed = {p.uid for p in pods}
         with self._condition:
-            self._polls += 1
-            self._condition.notify_all()
             for uid in list(self._held):
                 if uid not in live:  # deleted or finished: its devices are free again
                     del self._held[uid]

@@ -13,8 +13,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from hami_plugin.testing.apiserver import client
 from hami_plugin.testing.apiserver.http import HttpServer
 from hami_plugin.testing.apiserver.objects import JsonObject, make_node, make_pod
@@ -243,11 +241,6 @@ class FakeApiServer:
         if isinstance(pod, str):
             pod = make_pod(pod, namespace, **kwargs)
         return self.add_object(pod)
-
-    def load_yaml(self, path: str | Path) -> list[JsonObject]:
-        """Store every object of a (multi-document) YAML file, e.g. from tests/fixtures/."""
-        text = Path(path).read_text(encoding="utf-8")
-        return [self.add_object(doc) for doc in yaml.safe_load_all(text) if doc]
 
     def get_node(self, name: str) -> JsonObject | None:
         return self.get_object("nodes", "", name)
