@@ -51,7 +51,6 @@ from hami_plugin.deviceplugin.settings import (
 )
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol import codec
-from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE
 from hami_plugin.protocol.mig import MigAllocation, decode_mig_allocations, encode_mig_allocations
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
@@ -61,9 +60,11 @@ from hami_plugin.protocol.model import (
     ANNOTATION_VGPU_MIG_ALLOCATIONS,
     MigPlacement,
 )
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE
 from hami_plugin.testing.apiserver import FakeApiServer, make_container, make_pod
 from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import FakeKubelet
+from tests.bookings import verify_pod
 from tests.extender.cluster import FAST_RETRY, Scheduler, running_scheduler
 from tests.extender.helpers import gpu_pod
 from tests.extender.signing import KEYS, write_key_file
@@ -322,7 +323,7 @@ def check_realised(
     assert cluster.reservation(name) == (
         booked.with_runtime(instance.uuid, instance.gpu_instance_id, instance.compute_instance_id),
     )
-    assert KEYS.verify_pod(cluster.pod(name)["metadata"]["uid"], annotations)
+    assert verify_pod(KEYS, cluster.pod(name)["metadata"]["uid"], annotations)
     memory, cores, _ = PROFILES[booked.profile]  # booked at the profile's memory and cores
     assert (
         annotations[ANNOTATION_DEVICES_ALLOCATED] == f"{booked.gpu_uuid},NVIDIA,{memory},{cores}:;"
@@ -499,7 +500,7 @@ def test_a_reservation_a_tenant_moved_or_forged_gets_no_instance(cluster: Cluste
         annotations = cluster.annotations("victim")
         assert annotations[ANNOTATION_BIND_PHASE] == "failed"
         assert ANNOTATION_BOOKING_SIGNATURE in annotations  # the scheduler's, for the old value
-        assert not KEYS.verify_pod(cluster.pod("victim")["metadata"]["uid"], annotations)
+        assert not verify_pod(KEYS, cluster.pod("victim")["metadata"]["uid"], annotations)
         (event,) = [
             e
             for e in cluster.apiserver.events(NAMESPACE)

@@ -1,5 +1,5 @@
 """The booking key file `hami certs` keeps in its Secret (`keys`): one key per line, the
-signing key first (`hami_plugin.protocol.booking.parse_booking_keys` reads it). A new key is
+signing key first (`hami_plugin.protocol.signature.parse_booking_keys` reads it). A new key is
 32 random bytes in standard base64, one line of 44 characters. Pure apart from the randomness.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import secrets
 
-from hami_plugin.protocol.booking import parse_booking_keys
+from hami_plugin.protocol.signature import parse_booking_keys
 
 __all__ = [
     "KEY_BYTES",

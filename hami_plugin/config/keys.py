@@ -1,6 +1,6 @@
 """`--booking-key-file`: the booking keys both daemons share, re-read when the file changes.
 
-The file holds one key per line (`hami_plugin.protocol.booking.parse_booking_keys`); it is
+The file holds one key per line (`hami_plugin.protocol.signature.parse_booking_keys`); it is
 normally a Secret mounted as a volume, which kubelet updates in place when the Secret changes,
 so a rotated key is picked up without a restart. The file is checked at most once per
 `recheck_seconds`; a new version that cannot be read or holds no valid key is logged once and
@@ -15,7 +15,7 @@ import threading
 
 from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.config.values import ConfigError
-from hami_plugin.protocol.booking import BookingKeys, parse_booking_keys
+from hami_plugin.protocol.signature import BookingKeys, parse_booking_keys
 
 __all__ = ["BookingKeyFile", "load_booking_keys"]
 

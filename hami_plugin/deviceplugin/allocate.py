@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from hami_plugin.deviceplugin.device_list import (
     VOLUME_MOUNTS_HOST_PATH,
@@ -30,6 +30,7 @@ from hami_plugin.deviceplugin.device_list import (
 )
 from hami_plugin.deviceplugin.inventory import physical_uuid_of
 from hami_plugin.protocol import codec, govalues, hostpaths
+from hami_plugin.protocol.booking import PodBooking
 from hami_plugin.protocol.model import (
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_DEVICES_TO_ALLOCATE,
@@ -190,20 +191,17 @@ def check_device_ids(requests: Sequence[Sequence[str]], advertised: Collection[s
             seen.add(device_id)
 
 
-def decode_to_allocate(pod: PodInfo) -> PodDevices:
-    """Decode the pod's `hami.io/vgpu-devices-to-allocate` (missing → no entries).
+def entries_to_allocate(pod: PodInfo) -> PodDevices:
+    """The pod's to-allocate entries, as its booking reads them (none when absent).
 
     Raises AllocateFailure(MALFORMED_ANNOTATION) naming the key and the bad part, also for a
     negative memory or cores value.
     """
-    value = pod.annotations.get(ANNOTATION_DEVICES_TO_ALLOCATE)
-    if value is None:
-        return ()
     try:
-        entries = codec.decode_pod_devices(value, ANNOTATION_DEVICES_TO_ALLOCATE)
+        entries = pod.booking.to_allocate if pod.booking is not None else None
     except ValueError as error:
         raise AllocateFailure(FailureReason.MALFORMED_ANNOTATION, str(error)) from error
-    for index, entry in enumerate(entries):
+    for index, entry in enumerate(entries or ()):
         for device in entry:
             # HAMi-core would get "-3000m" as a memory limit: no scheduler writes that.
             if device.used_mem_mib < 0 or device.used_cores < 0:
@@ -212,36 +210,32 @@ def decode_to_allocate(pod: PodInfo) -> PodDevices:
                     f"{ANNOTATION_DEVICES_TO_ALLOCATE}: entry {index} device {device.uuid}: "
                     f"negative memory ({device.used_mem_mib}) or cores ({device.used_cores})",
                 )
-    return entries
+    return entries or ()
 
 
 def _entry_text(entry: ContainerDevices) -> str:
     return codec.encode_container_devices(entry, ANNOTATION_DEVICES_TO_ALLOCATE) or "(none)"
 
 
-def to_allocate_problem(pod: PodInfo) -> str | None:
-    """Why the pod's `hami.io/vgpu-devices-to-allocate` is not its booking with some entries
-    consumed; None when it is. For a pod whose booking signature verified.
+def to_allocate_problem(booking: PodBooking) -> str | None:
+    """Why the booking's to-allocate is not its booked devices with some entries consumed; None
+    when it is. For a booking whose signature verified: the signature proves the booking
+    (`-allocated`), not what was written into to-allocate since.
 
-    The booking is `hami.io/vgpu-devices-allocated` (what the scheduler signed; nothing changes
-    it after the bind). Our Allocate only ever empties entries of to-allocate, so each entry
-    must equal the booked one or be empty. Empty entries past the end on either side do not
-    count: `decode_pod_devices("A:;")` has two entries and its re-encoding `";;"` three, so every
-    Allocate's write adds a trailing empty one. A missing or unreadable to-allocate is no
-    problem here: nothing can be served from it (`decide_allocation` says why).
+    Our Allocate only ever empties entries, so each must equal the booked one or be empty.
+    Empty entries past the end on either side do not count (every Allocate's write re-encodes
+    the list with a trailing empty entry). A missing or unreadable to-allocate is no problem
+    here: nothing can be served from it (`decide_allocation` says why).
     """
-    text = pod.annotations.get(ANNOTATION_DEVICES_TO_ALLOCATE)
-    if text is None:
-        return None
     try:
-        current = codec.decode_pod_devices(text, ANNOTATION_DEVICES_TO_ALLOCATE)
+        current = booking.to_allocate
     except ValueError:
+        return None
+    if current is None:
         return None
     mismatch = f"{ANNOTATION_DEVICES_TO_ALLOCATE} does not match the signed booking"
     try:
-        booked = codec.decode_pod_devices(
-            pod.annotations.get(ANNOTATION_DEVICES_ALLOCATED, ""), ANNOTATION_DEVICES_ALLOCATED
-        )
+        booked = booking.allocated or ()
     except ValueError as error:
         return f"{mismatch}: the booking does not decode: {error}"
     for index in range(max(len(current), len(booked))):
@@ -256,31 +250,24 @@ def to_allocate_problem(pod: PodInfo) -> str | None:
 
 
 def with_entries_consumed(pod: PodInfo, served: Collection[int]) -> PodInfo:
-    """`pod` with the `hami.io/vgpu-devices-to-allocate` entries at the indexes `served`
-    empty, whatever the annotation says; the pod itself when none of them is left there.
+    """`pod` read with the to-allocate entries at the indexes `served` consumed, whatever the
+    annotation says; the pod itself when none of them is offered there.
 
     For entries this process has served already (`allocator.ServedEntries`): the author of a
     signed pod can write a consumed entry back (it still equals the booking, so
     `to_allocate_problem` sees nothing wrong), and a later container would get its GPUs again.
     A missing or unreadable to-allocate is left as it is (nothing is served from it).
     """
-    text = pod.annotations.get(ANNOTATION_DEVICES_TO_ALLOCATE)
-    if text is None or not served:
+    booking = pod.booking
+    if booking is None or not served:
         return pod
+    consumed = booking.consumed(served)
     try:
-        entries = codec.decode_pod_devices(text, ANNOTATION_DEVICES_TO_ALLOCATE)
+        if consumed.to_allocate == booking.to_allocate:
+            return pod
     except ValueError:
         return pod
-    if not any(entry and index in served for index, entry in enumerate(entries)):
-        return pod
-    consumed = tuple(() if index in served else entry for index, entry in enumerate(entries))
-    return replace(
-        pod,
-        annotations={
-            **pod.annotations,
-            ANNOTATION_DEVICES_TO_ALLOCATE: codec.encode_pod_devices(consumed),
-        },
-    )
+    return pod.with_booking(consumed)
 
 
 def _container_at(pod: PodInfo, index: int) -> ContainerSpec:
@@ -465,7 +452,7 @@ def decide_allocation(
             FailureReason.INVALID_POD,
             f"pod {pod.namespace}/{pod.name} has no uid: cannot name its host directory",
         )
-    entries = list(decode_to_allocate(pod))
+    entries = list(entries_to_allocate(pod))
     node_gpus = None if advertised is None else {physical_uuid_of(i) for i in advertised}
     answers = []
     next_index = 0

@@ -67,7 +67,6 @@ from hami_plugin.deviceplugin.writebehind import WriteBehind, release_node_lock
 from hami_plugin.kube.api import AllocateApi
 from hami_plugin.kube.errors import Retryable
 from hami_plugin.protocol import hostpaths
-from hami_plugin.protocol.booking import BookingKeys
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_DEVICES_TO_ALLOCATE,
@@ -76,6 +75,7 @@ from hami_plugin.protocol.model import (
     BindPhase,
 )
 from hami_plugin.protocol.objects import NodeInfo, PodInfo
+from hami_plugin.protocol.signature import BookingKeys
 
 logger = logging.getLogger(__name__)
 

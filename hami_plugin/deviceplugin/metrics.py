@@ -64,10 +64,9 @@ from hami_plugin.metrics.server import (
     guarded_registry,
     start_metrics_server,
 )
-from hami_plugin.protocol.booking import BookingKeys
-from hami_plugin.protocol.codec import AnnotationError, decode_pod_devices
+from hami_plugin.protocol.codec import AnnotationError
 from hami_plugin.protocol.hostpaths import containers_dir
-from hami_plugin.protocol.model import ANNOTATION_DEVICES_ALLOCATED, ANNOTATION_VGPU_NODE
+from hami_plugin.protocol.signature import BookingKeys
 from hami_plugin.scheduler.usage import collapse_pod_devices
 
 if TYPE_CHECKING:
@@ -191,18 +190,19 @@ def booked_slots(
     """
     slots: dict[str, int] = {}
     for pod in pods:
-        value = pod.annotations.get(ANNOTATION_DEVICES_ALLOCATED)
+        booking = pod.booking
         if (
-            value is None
-            or pod.annotations.get(ANNOTATION_VGPU_NODE) != node_name
+            booking is None
+            or booking.allocated_text is None
+            or booking.node != node_name
             or pod.phase in _FINISHED_PHASES
         ):
             continue
-        if keys is not None and not keys.verify_pod(pod.uid, pod.annotations):
+        if keys is not None and not booking.verifies(keys, pod.uid):
             logger.debug("pod %s/%s left out of the slot count: unsigned", pod.namespace, pod.name)
             continue
         try:
-            devices = decode_pod_devices(value, ANNOTATION_DEVICES_ALLOCATED)
+            devices = booking.allocated or ()
         except AnnotationError as error:
             logger.debug("pod %s/%s left out of the slot count: %s", pod.namespace, pod.name, error)
             continue

@@ -35,17 +35,11 @@ from dataclasses import dataclass
 
 from hami_plugin.deviceplugin.allocate import AllocateFailure, FailureReason, to_allocate_problem
 from hami_plugin.protocol import inflight, nodelock
-from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE, BookingKeys
 from hami_plugin.protocol.codec import AnnotationError
-from hami_plugin.protocol.model import (
-    ANNOTATION_BIND_PHASE,
-    ANNOTATION_BIND_TIME,
-    ANNOTATION_VGPU_NODE,
-    RESOURCE_GPU,
-    BindPhase,
-)
+from hami_plugin.protocol.model import RESOURCE_GPU
 from hami_plugin.protocol.objects import POD_PENDING, ContainerSpec, PodInfo
 from hami_plugin.protocol.quantity import QuantityError, parse_quantity
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingKeys
 
 BOOKING_NOT_SIGNED = "booking not signed by the scheduler"
 """How a refused booking's message starts (the Allocate error and the pod's Warning event)."""
@@ -68,21 +62,22 @@ def booking_refusal(pod: PodInfo, keys: BookingKeys | None) -> str | None:
 
     With `keys` a booking is served only when `hami-plugin.io/booking-signature` verifies for
     the pod's UID, `hami.io/vgpu-node`, `hami.io/vgpu-devices-allocated` and `hami.io/bind-time`
-    (`protocol.booking`), and its to-allocate is that booking with some entries consumed
+    (`protocol.signature`), and its to-allocate is that booking with some entries consumed
     (`allocate.to_allocate_problem`): a signature proves the booking, not what its author
     wrote into to-allocate afterwards.
     """
     if keys is None:
         return None
-    if not keys.verify_pod(pod.uid, pod.annotations):
-        if ANNOTATION_BOOKING_SIGNATURE not in pod.annotations:
+    booking = pod.booking
+    if booking is None or not booking.verifies(keys, pod.uid):
+        if booking is None or booking.signature is None:
             return f"{BOOKING_NOT_SIGNED}: the pod has no {ANNOTATION_BOOKING_SIGNATURE}"
         return (
             f"{BOOKING_NOT_SIGNED}: {ANNOTATION_BOOKING_SIGNATURE} does not verify for this "
             "pod's UID, node, booked devices and bind-time (copied from another pod, changed "
             "after the bind, or signed with a key this node does not have)"
         )
-    return to_allocate_problem(pod)
+    return to_allocate_problem(booking)
 
 
 def _asks_for(container: ContainerSpec, resource_name: str) -> bool:
@@ -115,12 +110,11 @@ def requests_resource(pod: PodInfo, resource_name: str) -> bool:
 
 
 def _bind_time_key(pod: PodInfo) -> tuple[int, int, str, str]:
-    text = pod.annotations.get(ANNOTATION_BIND_TIME, "")
-    try:
-        return (0, int(text), pod.namespace, pod.name)
-    except ValueError:
-        # An unreadable bind-time sorts after every readable one.
+    seconds = pod.booking.bind_seconds if pod.booking is not None else None
+    # An unreadable bind-time sorts after every readable one.
+    if seconds is None:
         return (1, 0, pod.namespace, pod.name)
+    return (0, seconds, pod.namespace, pod.name)
 
 
 def is_pending_on(pod: PodInfo, node_name: str) -> bool:
@@ -132,13 +126,14 @@ def is_pending_on(pod: PodInfo, node_name: str) -> bool:
     its deletionTimestamp is set (HandlePodAdditions only skips pods its pod workers already
     terminate), so an Allocate may still be for it.
     """
-    annotations = pod.annotations
+    booking = pod.booking
     return (
         pod.phase == POD_PENDING
         and pod.node_name == node_name
-        and ANNOTATION_BIND_TIME in annotations
-        and annotations.get(ANNOTATION_BIND_PHASE) == BindPhase.ALLOCATING
-        and annotations.get(ANNOTATION_VGPU_NODE) == node_name
+        and booking is not None
+        and booking.bind_time is not None
+        and booking.allocating
+        and booking.node == node_name
     )
 
 
@@ -164,9 +159,7 @@ def _choose_in_flight(
     views = []
     unusable: list[PodInfo] = []
     for pod in candidates:
-        view = inflight.in_flight_pod(
-            pod.namespace, pod.name, pod.creation_timestamp, pod.annotations
-        )
+        view = inflight.in_flight_pod(pod)
         if view is None or view.finished or (pod.namespace, pod.name) in refused:
             unusable.append(pod)
         else:
@@ -196,7 +189,7 @@ def _choose_in_flight(
 def _asks_next(pod: PodInfo, device_count: int) -> bool:
     """True unless the pod's next to-allocate entry is readable and asks another count (an
     unreadable or used-up booking is left to fail the pod, as without the rule)."""
-    view = inflight.in_flight_pod(pod.namespace, pod.name, pod.creation_timestamp, pod.annotations)
+    view = inflight.in_flight_pod(pod)
     if view is None or view.finished:
         return True
     return view.remaining_counts[0] == device_count

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hami_plugin.deviceplugin.allocate import AllocateFailure, decode_to_allocate
+from hami_plugin.deviceplugin.allocate import AllocateFailure, entries_to_allocate
 from hami_plugin.deviceplugin.inventory import physical_uuid_of
 from hami_plugin.protocol.model import ContainerDevices
 from hami_plugin.protocol.objects import PodInfo
@@ -37,7 +37,7 @@ def pending_entries(pod: PodInfo | None) -> tuple[ContainerDevices, ...]:
     if pod is None:
         return ()
     try:
-        return tuple(entry for entry in decode_to_allocate(pod) if entry)
+        return tuple(entry for entry in entries_to_allocate(pod) if entry)
     except AllocateFailure:
         return ()
 

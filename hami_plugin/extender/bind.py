@@ -24,7 +24,7 @@ Steps for `ExtenderBindingArgs{PodName, PodNamespace, PodUID, Node}`:
 4. ONE pod merge patch with the pod's resourceVersion as precondition: `hami.io/vgpu-node`,
    `hami.io/vgpu-time`, `hami.io/vgpu-devices-to-allocate`, `hami.io/vgpu-devices-allocated`,
    `hami.io/bind-phase: allocating`, `hami.io/bind-time`, with a booking key
-   `hami-plugin.io/booking-signature` (`protocol.booking`), and the label `hami.io/vgpu-node`
+   `hami-plugin.io/booking-signature` (`protocol.signature`), and the label `hami.io/vgpu-node`
    (a Conflict re-reads the pod and tries once more). The device plugin finds all of it before
    kubelet can call Allocate, which only happens after step 5.
 5. The Binding (`pods/<name>/binding`, with the pod's UID as precondition).
@@ -57,7 +57,6 @@ from hami_plugin.extender.lockqueue import LockTicket, NodeLockQueue
 from hami_plugin.extender.state import SchedulerState
 from hami_plugin.kube.api import BindApi
 from hami_plugin.kube.errors import Conflict, KubeError, NotFound
-from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE
 from hami_plugin.protocol.govalues import go_quote
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
@@ -81,6 +80,7 @@ from hami_plugin.protocol.nodelock import (
     releasable_by,
 )
 from hami_plugin.protocol.objects import ObjectError, PodInfo, read_pod
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE
 from hami_plugin.scheduler.fit import render_failure
 
 __all__ = ["Binder", "binding_args_problem", "refusal_message", "release_node_lock"]

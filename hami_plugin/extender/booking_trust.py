@@ -27,11 +27,6 @@ import logging
 from collections.abc import Callable, Mapping
 
 from hami_plugin.extender.inflight_tracker import same_pod
-from hami_plugin.protocol.booking import (
-    ANNOTATION_BOOKING_SIGNATURE,
-    BookingFields,
-    BookingKeys,
-)
 from hami_plugin.protocol.mig import signed_mig_part
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_TIME,
@@ -39,6 +34,11 @@ from hami_plugin.protocol.model import (
     ANNOTATION_VGPU_MIG_ALLOCATIONS,
 )
 from hami_plugin.protocol.objects import PodInfo
+from hami_plugin.protocol.signature import (
+    ANNOTATION_BOOKING_SIGNATURE,
+    BookingFields,
+    BookingKeys,
+)
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.trust import (
     BookingSeal,

@@ -22,7 +22,6 @@ from collections.abc import Callable, ItemsView
 from dataclasses import dataclass
 
 from hami_plugin.protocol import inflight
-from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE
 from hami_plugin.protocol.codec import AnnotationError
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
@@ -32,6 +31,7 @@ from hami_plugin.protocol.model import (
     BindPhase,
 )
 from hami_plugin.protocol.objects import PodInfo
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE
 from hami_plugin.scheduler.filter import FilterResult
 from hami_plugin.scheduler.fit import FitFailure
 

@@ -153,11 +153,9 @@ class InFlightTracker:
         )
         entry = None
         if allocating:
-            entry = inflight.in_flight_pod(
-                info.namespace, info.name, info.creation_timestamp, info.annotations
-            )
-            if entry is not None:
-                entry = replace(entry, uid=info.uid, shape=shape(info) if shape else None)
+            entry = inflight.in_flight_pod(info)
+            if entry is not None and shape is not None:
+                entry = replace(entry, shape=shape(info))
             if entry is None:
                 logger.warning(
                     "pod %s allocating on node %s has no readable %s: no other pod is bound "

@@ -62,7 +62,6 @@ from hami_plugin.extender.inflight_tracker import (
 from hami_plugin.extender.nodes import LockRelease, NodeRegistry
 from hami_plugin.extender.observer import NullObserver, SchedulerObserver
 from hami_plugin.protocol import inflight
-from hami_plugin.protocol.booking import BookingKeys
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -71,6 +70,7 @@ from hami_plugin.protocol.model import (
     BindPhase,
 )
 from hami_plugin.protocol.objects import POD_PENDING, NodeInfo, PodInfo
+from hami_plugin.protocol.signature import BookingKeys
 from hami_plugin.scheduler.filter import FitCache, assume, decide, pod_shape
 from hami_plugin.scheduler.health import NodeHealthTracker
 from hami_plugin.scheduler.ledger import Ledger, TrackedPod
@@ -629,14 +629,16 @@ class SchedulerState:
             protocol = self._nodes.allocate_protocol_level(node) > 0
             entry = None
             if protocol:
-                entry = inflight.in_flight_pod(
+                devices = booking.result.devices
+                entry = inflight.InFlightPod(
                     pod.namespace,
                     pod.name,
-                    pod.creation_timestamp,
-                    {**pod.annotations, **annotations},
+                    inflight.created_seconds_of(pod.creation_timestamp),
+                    devices,
+                    devices,
+                    uid=uid,
+                    shape=booking.result.shape,
                 )
-                if entry is not None:
-                    entry = replace(entry, uid=uid, shape=booking.result.shape)
             app_gpu = any(r is not None for r in booking.result.requests.app_requests)
         return BindPlan(
             pod=pod,

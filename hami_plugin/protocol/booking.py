@@ -1,161 +1,193 @@
-"""The booking signature: proof that a pod's GPU booking was written by our scheduler.
+"""A pod's HAMi booking, as its annotations state it: ONE typed view both daemons read.
 
-HAMi's annotations (`hami.io/vgpu-node`, `hami.io/vgpu-devices-to-allocate`,
-`hami.io/bind-phase`, ...) are plain pod metadata: anyone who may create or update a pod can
-write them. With a booking key shared by the scheduler and the device plugins, the scheduler
-adds `hami-plugin.io/booking-signature` when it binds, and both daemons act only on bookings
-whose signature verifies (docs/design.md 8).
-
-What is signed (`BookingFields`): the pod's UID (chosen by the API server, so a signature
-cannot be copied to another pod), the node the booking names (`hami.io/vgpu-node`), the devices
-as booked (the value written to both `hami.io/vgpu-devices-to-allocate` and
-`hami.io/vgpu-devices-allocated` at bind) and `hami.io/bind-time`, and for a dynamic-MIG
-booking the scheduler's part of `hami.io/vgpu-mig-allocations` (`protocol.mig.signed_mig_part`:
-GPU, profile, placement and indexes, not the runtime identity the device plugin adds later).
-The message is the JSON array `["v1", uid, node, devices, bind_time]`, with the MIG part as a
-sixth element when the annotation is there (unambiguous however the fields are spelt, and
-adding or removing the annotation changes it), the MAC HMAC-SHA256, the annotation
-`v1:<standard base64 of the 32-byte MAC>`.
-
-Keys (`BookingKeys`): one or more; the first signs, any verifies, so a key is rotated by adding
-the new one second, then moving it first, then removing the old one. Pure, no I/O.
+A bind writes the booking on the pod in one patch (`BOOKING_ANNOTATIONS`, plus the label
+`hami.io/vgpu-node`); the device plugin empties one `hami.io/vgpu-devices-to-allocate` entry
+per Allocate and sets `hami.io/bind-phase`. Every reader takes `PodInfo.booking`, read once
+when the pod is read: the raw values are kept (the signature covers the text as written), the
+device lists and MIG reservations are decoded on first use and kept with the view, so one pod
+event or one Allocate decodes each annotation once, however many rules read it. Pure, no I/O.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import hmac
-import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
-from hami_plugin.protocol.mig import signed_mig_part
+from hami_plugin.protocol.codec import decode_pod_devices
+from hami_plugin.protocol.mig import MigAllocation, decode_mig_allocations, signed_mig_part
 from hami_plugin.protocol.model import (
+    ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,
+    ANNOTATION_DEVICES_TO_ALLOCATE,
     ANNOTATION_VGPU_MIG_ALLOCATIONS,
     ANNOTATION_VGPU_NODE,
+    ANNOTATION_VGPU_TIME,
+    LABEL_VGPU_NODE,
+    BindPhase,
+    PodDevices,
 )
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingFields, BookingKeys
 
 __all__ = [
-    "ANNOTATION_BOOKING_SIGNATURE",
-    "MIN_KEY_BYTES",
-    "SIGNATURE_VERSION",
-    "BookingFields",
-    "BookingKeys",
-    "booking_fields",
-    "parse_booking_keys",
+    "BOOKING_ANNOTATIONS",
+    "BOOKING_LABELS",
+    "PodBooking",
+    "read_booking",
 ]
 
-ANNOTATION_BOOKING_SIGNATURE = "hami-plugin.io/booking-signature"
-SIGNATURE_VERSION = "v1"
-MIN_KEY_BYTES = 16
-"""The shortest key accepted (`hami certs` writes 32 random bytes, base64: 44 characters)."""
+BOOKING_ANNOTATIONS = (
+    ANNOTATION_DEVICES_TO_ALLOCATE,
+    ANNOTATION_DEVICES_ALLOCATED,
+    ANNOTATION_VGPU_NODE,
+    ANNOTATION_VGPU_TIME,
+    ANNOTATION_BIND_PHASE,
+    ANNOTATION_BIND_TIME,
+    ANNOTATION_VGPU_MIG_ALLOCATIONS,
+    ANNOTATION_BOOKING_SIGNATURE,
+)
+"""The pod annotations a bind writes, in this order: what the webhook strips at creation, a
+failed bind reverts, and an untrusted booking is read without."""
+
+BOOKING_LABELS = (LABEL_VGPU_NODE,)
+"""The pod label a bind writes (HAMi's monitor lists pods by it)."""
+
+_KEYS = frozenset(BOOKING_ANNOTATIONS)
 
 
 @dataclass(frozen=True, slots=True)
-class BookingFields:
-    """What a booking signature covers."""
+class PodBooking:
+    """The booking annotations of one pod; a `None` field is an absent annotation.
 
-    uid: str
-    node: str
-    devices: str
-    bind_time: str
-    mig: str | None = None
-    """The scheduler's part of `hami.io/vgpu-mig-allocations` (None: no such annotation)."""
-
-    def message(self) -> bytes:
-        fields = [SIGNATURE_VERSION, self.uid, self.node, self.devices, self.bind_time]
-        if self.mig is not None:
-            fields.append(self.mig)
-        return json.dumps(
-            fields,
-            ensure_ascii=True,
-            separators=(",", ":"),
-        ).encode("ascii")
-
-
-def booking_fields(uid: str, annotations: Mapping[str, str]) -> BookingFields | None:
-    """The signed fields of a pod as it stands (None when one is missing: nothing to verify).
-
-    The devices are read from `hami.io/vgpu-devices-allocated`, which nothing changes after
-    the bind (the device plugin consumes `-to-allocate` entry by entry).
+    `served` are to-allocate entries known to be consumed whatever the annotation says
+    (`consumed`). The decoded lists are cached on first use, errors included.
     """
-    node = annotations.get(ANNOTATION_VGPU_NODE)
-    devices = annotations.get(ANNOTATION_DEVICES_ALLOCATED)
-    bind_time = annotations.get(ANNOTATION_BIND_TIME)
-    if not uid or not node or devices is None or bind_time is None:
-        return None
-    return BookingFields(
-        uid=uid,
-        node=node,
-        devices=devices,
-        bind_time=bind_time,
-        mig=signed_mig_part(annotations.get(ANNOTATION_VGPU_MIG_ALLOCATIONS)),
-    )
 
+    node: str = ""
+    """`hami.io/vgpu-node` ("" when absent)."""
+    vgpu_time: str | None = None
+    phase: str | None = None
+    """`hami.io/bind-phase` as written (compare with `BindPhase`)."""
+    bind_time: str | None = None
+    allocated_text: str | None = None
+    """`hami.io/vgpu-devices-allocated`: the booking as signed; nothing changes it after bind."""
+    to_allocate_text: str | None = None
+    mig_text: str | None = None
+    signature: str | None = None
+    served: frozenset[int] = frozenset()
+    _decoded: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
-@dataclass(frozen=True, slots=True)
-class BookingKeys:
-    """The booking keys, the signing one first. Never empty."""
+    # --- decoded on first use --------------------------------------------------------------
 
-    keys: tuple[bytes, ...]
+    @property
+    def allocated(self) -> PodDevices | None:
+        """The booked devices; None when absent. Raises AnnotationError when unreadable."""
+        return self._devices("allocated", self.allocated_text, ANNOTATION_DEVICES_ALLOCATED)
 
-    def __post_init__(self) -> None:
-        if not self.keys:
-            raise ValueError("no booking key")
-        for index, key in enumerate(self.keys, 1):
-            if len(key) < MIN_KEY_BYTES:
-                raise ValueError(
-                    f"booking key {index} has {len(key)} bytes, fewer than {MIN_KEY_BYTES}"
-                )
+    @property
+    def to_allocate(self) -> PodDevices | None:
+        """What is left to allocate, `served` entries empty; None when absent. Raises
+        AnnotationError when unreadable."""
+        devices = self._devices(
+            "to_allocate", self.to_allocate_text, ANNOTATION_DEVICES_TO_ALLOCATE
+        )
+        if devices is None or not self.served:
+            return devices
+        return tuple(() if index in self.served else entry for index, entry in enumerate(devices))
 
-    def __repr__(self) -> str:  # never print key material
-        return f"BookingKeys({len(self.keys)} key(s))"
+    @property
+    def mig(self) -> tuple[MigAllocation, ...] | None:
+        """The MIG reservations; None when absent. Raises MigAllocationError when unreadable."""
+        if self.mig_text is None:
+            return None
+        return self._cached("mig", lambda: decode_mig_allocations(self.mig_text or ""))
 
-    def sign(self, fields: BookingFields) -> str:
-        """The annotation value for `fields`, signed with the first key."""
-        mac = hmac.new(self.keys[0], fields.message(), hashlib.sha256).digest()
-        return f"{SIGNATURE_VERSION}:{base64.b64encode(mac).decode('ascii')}"
+    def _devices(self, slot: str, text: str | None, key: str) -> PodDevices | None:
+        if text is None:
+            return None
+        return self._cached(slot, lambda: decode_pod_devices(text, key))
 
-    def verify(self, value: str | None, fields: BookingFields | None) -> bool:
-        """Whether `value` is a signature of `fields` by any key (constant time per key)."""
-        if value is None or fields is None:
-            return False
-        version, sep, encoded = value.partition(":")
-        if version != SIGNATURE_VERSION or not sep:
-            return False
+    def _cached(self, slot: str, decode: Callable[[], _T]) -> _T:
+        found = self._decoded.get(slot, _MISSING)
+        if found is _MISSING:
+            try:
+                found = decode()
+            except ValueError as error:
+                found = _Failed(error)
+            self._decoded[slot] = found
+        if isinstance(found, _Failed):
+            raise found.error.with_traceback(None)
+        return found  # type: ignore[return-value]
+
+    # --- questions ---------------------------------------------------------------------------
+
+    @property
+    def allocating(self) -> bool:
+        return self.phase == BindPhase.ALLOCATING
+
+    @property
+    def failed(self) -> bool:
+        return self.phase == BindPhase.FAILED
+
+    @property
+    def bind_seconds(self) -> int | None:
+        """`hami.io/bind-time` as Unix seconds; None when absent or not a whole number."""
+        if not self.bind_time:
+            return None
         try:
-            mac = base64.b64decode(encoded.encode("ascii"), validate=True)
-        except (binascii.Error, UnicodeEncodeError):
-            return False
-        if len(mac) != hashlib.sha256().digest_size:
-            return False
-        message = fields.message()
-        matched = False
-        for key in self.keys:
-            expected = hmac.new(key, message, hashlib.sha256).digest()
-            matched |= hmac.compare_digest(expected, mac)
-        return matched
+            return int(self.bind_time)
+        except ValueError:
+            return None
 
-    def verify_pod(self, uid: str, annotations: Mapping[str, str]) -> bool:
-        """Whether the pod's own annotations carry a valid signature of its booking."""
-        return self.verify(
-            annotations.get(ANNOTATION_BOOKING_SIGNATURE), booking_fields(uid, annotations)
+    def signed_fields(self, uid: str) -> BookingFields | None:
+        """What the signature covers for the pod `uid`; None when a covered part is missing."""
+        if not uid or not self.node or self.allocated_text is None or self.bind_time is None:
+            return None
+        return BookingFields(
+            uid=uid,
+            node=self.node,
+            devices=self.allocated_text,
+            bind_time=self.bind_time,
+            mig=signed_mig_part(self.mig_text),
         )
 
+    def verifies(self, keys: BookingKeys, uid: str) -> bool:
+        """The signature is one of `keys`' over this booking of the pod `uid`."""
+        return keys.verify(self.signature, self.signed_fields(uid))
 
-def parse_booking_keys(lines: Sequence[str]) -> BookingKeys:
-    """Keys from the lines of a key file: one key per line (its UTF-8 bytes, surrounding
-    blanks stripped); blank lines and lines starting with `#` are skipped. Raises ValueError
-    with the reason when no key is left or one is shorter than `MIN_KEY_BYTES`."""
-    keys = tuple(
-        line.strip().encode("utf-8")
-        for line in lines
-        if line.strip() and not line.strip().startswith("#")
+    def consumed(self, indexes: Collection[int]) -> PodBooking:
+        """This booking with the to-allocate entries at `indexes` read as consumed."""
+        served = self.served.union(indexes)
+        if served == self.served:
+            return self
+        # the texts are the same: what is decoded already is shared
+        return replace(self, served=served, _decoded=dict(self._decoded))
+
+
+def read_booking(annotations: Mapping[str, str]) -> PodBooking | None:
+    """The booking the annotations carry; None when they carry none of `BOOKING_ANNOTATIONS`."""
+    if _KEYS.isdisjoint(annotations):
+        return None
+    get = annotations.get
+    return PodBooking(
+        node=get(ANNOTATION_VGPU_NODE) or "",
+        vgpu_time=get(ANNOTATION_VGPU_TIME),
+        phase=get(ANNOTATION_BIND_PHASE),
+        bind_time=get(ANNOTATION_BIND_TIME),
+        allocated_text=get(ANNOTATION_DEVICES_ALLOCATED),
+        to_allocate_text=get(ANNOTATION_DEVICES_TO_ALLOCATE),
+        mig_text=get(ANNOTATION_VGPU_MIG_ALLOCATIONS),
+        signature=get(ANNOTATION_BOOKING_SIGNATURE),
     )
-    if not keys:
-        raise ValueError("no booking key in the file (one key per line)")
-    return BookingKeys(keys)
+
+
+class _Failed:
+    __slots__ = ("error",)
+
+    def __init__(self, error: ValueError) -> None:
+        self.error = error
+
+
+_MISSING = object()
+_T = TypeVar("_T")

@@ -35,17 +35,12 @@ and a pod force-deleted after kubelet received it; see docs/scheduler.md
 from __future__ import annotations
 
 import calendar
-from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from hami_plugin.protocol import codec
-from hami_plugin.protocol.model import (
-    ANNOTATION_DEVICES_ALLOCATED,
-    ANNOTATION_DEVICES_TO_ALLOCATE,
-    ContainerDevices,
-    PodDevices,
-)
+from hami_plugin.protocol.model import ContainerDevices, PodDevices
+from hami_plugin.protocol.objects import PodInfo
 
 ANNOTATION_ALLOCATE_PROTOCOL = "hami-plugin.io/allocate-protocol"
 """Node annotation: the device plugin here tells in-flight pods apart (`ALLOCATE_PROTOCOL`)."""
@@ -130,42 +125,35 @@ def created_seconds_of(created: datetime | None) -> int:
     return calendar.timegm(created.utctimetuple())
 
 
-def in_flight_pod(
-    namespace: str,
-    name: str,
-    created: datetime | None,
-    annotations: Mapping[str, str],
-    *,
-    bound: bool = True,
-) -> InFlightPod | None:
-    """The in-flight view of a pod from its booking annotations.
+def in_flight_pod(pod: PodInfo, *, bound: bool = True) -> InFlightPod | None:
+    """The in-flight view of a pod from its booking (`PodInfo.booking`).
 
     None when `hami.io/vgpu-devices-to-allocate` is missing or unreadable: such a pod can never
     be allocated, and callers must treat it as one that could be any Allocate (the device plugin
     does). A missing or unreadable `-devices-allocated` is read as equal to to-allocate (the pod
     then counts as not started).
     """
-    to_allocate_text = annotations.get(ANNOTATION_DEVICES_TO_ALLOCATE)
-    if to_allocate_text is None:
+    booking = pod.booking
+    if booking is None:
         return None
     try:
-        to_allocate = codec.decode_pod_devices(to_allocate_text, ANNOTATION_DEVICES_TO_ALLOCATE)
+        to_allocate = booking.to_allocate
     except ValueError:
         return None
-    allocated = to_allocate
-    allocated_text = annotations.get(ANNOTATION_DEVICES_ALLOCATED)
-    if allocated_text is not None:
-        try:
-            allocated = codec.decode_pod_devices(allocated_text, ANNOTATION_DEVICES_ALLOCATED)
-        except ValueError:
-            allocated = to_allocate
+    if to_allocate is None:
+        return None
+    try:
+        allocated = booking.allocated
+    except ValueError:
+        allocated = None
     return InFlightPod(
-        namespace=namespace,
-        name=name,
-        created_seconds=created_seconds_of(created),
-        allocated=allocated,
+        namespace=pod.namespace,
+        name=pod.name,
+        created_seconds=created_seconds_of(pod.creation_timestamp),
+        allocated=to_allocate if allocated is None else allocated,
         to_allocate=to_allocate,
         bound=bound,
+        uid=pod.uid,
     )
 
 

@@ -15,9 +15,11 @@ than the mutation needs.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
+
+from hami_plugin.protocol.booking import PodBooking, read_booking
 
 __all__ = [
     "POD_FAILED",
@@ -88,6 +90,18 @@ class PodInfo:
     scheduler_name: str = ""
     scheduled: PodCondition | None = None
     """The `PodScheduled` condition; None while the pod has none (never tried)."""
+    booking: PodBooking | None = field(init=False, default=None, compare=False, repr=False)
+    """The HAMi booking its annotations carry (`protocol.booking`), read with the pod."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "booking", read_booking(self.annotations))
+
+    def with_booking(self, booking: PodBooking | None) -> PodInfo:
+        """This pod read with `booking` instead of the one its annotations carry (the device
+        plugin reads entries it served already as consumed, `PodBooking.consumed`)."""
+        pod = replace(self)
+        object.__setattr__(pod, "booking", booking)
+        return pod
 
     @property
     def key(self) -> str:

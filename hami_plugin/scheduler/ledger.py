@@ -28,19 +28,13 @@ from bisect import bisect_left, insort
 from collections.abc import Iterator, KeysView, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from hami_plugin.protocol.codec import (
-    AnnotationError,
-    decode_node_devices,
-    decode_pod_devices,
-    parse_device_cordon,
-)
-from hami_plugin.protocol.mig import MigAllocation, MigAllocationError, decode_mig_allocations
+from hami_plugin.protocol.booking import PodBooking
+from hami_plugin.protocol.codec import AnnotationError, decode_node_devices, parse_device_cordon
+from hami_plugin.protocol.mig import MigAllocation, MigAllocationError
 from hami_plugin.protocol.model import (
     ANNOTATION_DEVICE_CORDON,
-    ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_NODE_REGISTER,
     ANNOTATION_VGPU_MIG_ALLOCATIONS,
-    ANNOTATION_VGPU_NODE,
     GpuDevice,
 )
 from hami_plugin.protocol.objects import NodeInfo, PodInfo
@@ -198,17 +192,14 @@ class _NodeEntry:
         self.usage = self._snapshot(self.usage.name)
 
 
-def _pod_mig(info: PodInfo) -> tuple[MigAllocation, ...]:
+def _pod_mig(key: str, booking: PodBooking) -> tuple[MigAllocation, ...]:
     """The pod's MIG reservations; none when the annotation is absent or does not decode
     (HAMi getNodesUsage ignores the error, scheduler.go:741-747; a MIG GPU the pod books then
     turns unhealthy)."""
-    raw = info.annotations.get(ANNOTATION_VGPU_MIG_ALLOCATIONS)
-    if raw is None:
-        return ()
     try:
-        return decode_mig_allocations(raw)
+        return booking.mig or ()
     except MigAllocationError as error:
-        logger.warning("pod %s: %s ignored: %s", info.key, ANNOTATION_VGPU_MIG_ALLOCATIONS, error)
+        logger.warning("pod %s: %s ignored: %s", key, ANNOTATION_VGPU_MIG_ALLOCATIONS, error)
         return ()
 
 
@@ -387,13 +378,13 @@ class Ledger:
     def update_pod(self, info: PodInfo) -> None:
         """Apply a pod add/update event (docs/hami-reference.md 3.3). A malformed allocation
         annotation makes the pod untracked (logged)."""
-        node = info.annotations.get(ANNOTATION_VGPU_NODE)
-        value = info.annotations.get(ANNOTATION_DEVICES_ALLOCATED)
-        if not node or value is None or info.finished:
+        booking = info.booking
+        if booking is None or not booking.node or booking.allocated_text is None or info.finished:
             self.untrack(info.key)
             return
+        node = booking.node
         try:
-            devices = decode_pod_devices(value, ANNOTATION_DEVICES_ALLOCATED)
+            devices = booking.allocated or ()
         except AnnotationError as error:
             logger.warning("pod %s not tracked: %s", info.key, error)
             self.untrack(info.key)
@@ -404,7 +395,7 @@ class Ledger:
             previous is not None and previous.node == node and previous.app_only
         )
         tallies = collapse_pod_devices(devices, len(info.init_containers), app_only)
-        self.track(info.key, node, tallies, app_only, _pod_mig(info))
+        self.track(info.key, node, tallies, app_only, _pod_mig(info.key, booking))
 
     def delete_pod(self, pod: PodInfo | str) -> None:
         """Apply a pod delete event (by pod or `<namespace>/<name>` key)."""

@@ -10,7 +10,7 @@ a pod that asks for no GPU and is bound nowhere, carrying `hami.io/vgpu-node` an
 * it is bound to the node its booking names, or not bound yet (between the bind's patch and
   the Binding, of this replica or of another leader; a pod bound elsewhere holds nothing there);
 * its `hami-plugin.io/booking-signature` verifies with the current keys
-  (`hami_plugin.protocol.booking`: over the UID, so a signature copied from another pod fails),
+  (`hami_plugin.protocol.signature`: over the UID, so a signature copied from another pod fails),
   or it is a booking this process signed or verified before (`known`).
 
 A booking that fails is treated as no booking at all: `without_booking` is the pod as the
@@ -21,47 +21,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hami_plugin.protocol.booking import (
-    ANNOTATION_BOOKING_SIGNATURE,
-    BookingFields,
-    BookingKeys,
-    booking_fields,
-)
-from hami_plugin.protocol.model import (
-    ANNOTATION_BIND_PHASE,
-    ANNOTATION_BIND_TIME,
-    ANNOTATION_DEVICES_ALLOCATED,
-    ANNOTATION_DEVICES_TO_ALLOCATE,
-    ANNOTATION_VGPU_MIG_ALLOCATIONS,
-    ANNOTATION_VGPU_NODE,
-    ANNOTATION_VGPU_TIME,
-)
+from hami_plugin.protocol.booking import BOOKING_ANNOTATIONS
+from hami_plugin.protocol.model import ANNOTATION_BIND_TIME, ANNOTATION_DEVICES_ALLOCATED
 from hami_plugin.protocol.objects import PodInfo
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingFields, BookingKeys
 from hami_plugin.scheduler.requests import pod_requests
 from hami_plugin.scheduler.settings import SchedulerSettings
 
 __all__ = [
-    "BOOKING_ANNOTATIONS",
     "BookingSeal",
     "booking_seal",
     "untrusted_booking",
     "without_booking",
 ]
 
-BOOKING_ANNOTATIONS = frozenset(
-    {
-        ANNOTATION_VGPU_NODE,
-        ANNOTATION_VGPU_TIME,
-        ANNOTATION_DEVICES_TO_ALLOCATE,
-        ANNOTATION_DEVICES_ALLOCATED,
-        ANNOTATION_BIND_PHASE,
-        ANNOTATION_BIND_TIME,
-        ANNOTATION_BOOKING_SIGNATURE,
-        ANNOTATION_VGPU_MIG_ALLOCATIONS,
-    }
-)
-"""What a bind writes on a pod: an untrusted pod is read without them (so an untrusted MIG
-reservation neither occupies a placement nor marks a GPU unhealthy)."""
+_BOOKING_KEYS = frozenset(BOOKING_ANNOTATIONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +50,10 @@ class BookingSeal:
 def booking_seal(info: PodInfo) -> BookingSeal | None:
     """The pod's booking and its signature; None when the pod names no node
     (`hami.io/vgpu-node`): then it books nothing that anyone counts."""
-    annotations = info.annotations
-    if not annotations.get(ANNOTATION_VGPU_NODE):
+    booking = info.booking
+    if booking is None or not booking.node:
         return None
-    return BookingSeal(
-        booking_fields(info.uid, annotations), annotations.get(ANNOTATION_BOOKING_SIGNATURE)
-    )
+    return BookingSeal(booking.signed_fields(info.uid), booking.signature)
 
 
 def untrusted_booking(
@@ -100,7 +72,7 @@ def untrusted_booking(
     seal = booking_seal(info)
     if seal is None:
         return None
-    node = info.annotations[ANNOTATION_VGPU_NODE]
+    node = info.booking.node if info.booking is not None else ""
     if info.node_name and info.node_name != node:
         return f"it is bound to node {info.node_name}, not to node {node} its booking names"
     if known is not None and seal == known:
@@ -127,6 +99,6 @@ def without_booking(info: PodInfo) -> PodInfo:
     return replace(
         info,
         annotations={
-            key: value for key, value in info.annotations.items() if key not in BOOKING_ANNOTATIONS
+            key: value for key, value in info.annotations.items() if key not in _BOOKING_KEYS
         },
     )

@@ -32,7 +32,7 @@ MutateAdmission; docs/hami-reference.md 2 and 3.11), in HAMi's order:
    `FitQuota` against what the namespace already uses (`WebhookSettings.quota`).
 
 Differences, on purpose:
-- Scheduler-owned annotations (`SCHEDULER_OWNED_ANNOTATIONS`) and the `hami.io/vgpu-node`
+- The booking annotations (`protocol.booking.BOOKING_ANNOTATIONS`) and the `hami.io/vgpu-node`
   label are removed from every pod that is allowed, GPU or not, other scheduler or not: only
   the scheduler writes them (at bind), and the device plugin hands GPUs out by them, so a pod
   created with them could claim GPUs it was never given. HAMi keeps them.
@@ -60,17 +60,7 @@ from dataclasses import dataclass, field
 from decimal import ROUND_UP
 from typing import Any
 
-from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE
-from hami_plugin.protocol.model import (
-    ANNOTATION_BIND_PHASE,
-    ANNOTATION_BIND_TIME,
-    ANNOTATION_DEVICES_ALLOCATED,
-    ANNOTATION_DEVICES_TO_ALLOCATE,
-    ANNOTATION_VGPU_MIG_ALLOCATIONS,
-    ANNOTATION_VGPU_NODE,
-    ANNOTATION_VGPU_TIME,
-    LABEL_VGPU_NODE,
-)
+from hami_plugin.protocol.booking import BOOKING_ANNOTATIONS, BOOKING_LABELS
 from hami_plugin.protocol.objects import ContainerSpec
 from hami_plugin.protocol.quantity import QuantityError, parse_quantity
 from hami_plugin.scheduler.requests import RequestProblem, container_request
@@ -81,8 +71,6 @@ __all__ = [
     "ENV_CORE_UTILIZATION_POLICY",
     "ENV_NVIDIA_VISIBLE_DEVICES",
     "ENV_TASK_PRIORITY",
-    "SCHEDULER_OWNED_ANNOTATIONS",
-    "SCHEDULER_OWNED_LABELS",
     "AdmissionVerdict",
     "GpuCorePolicy",
     "PodAdmission",
@@ -96,19 +84,6 @@ ENV_TASK_PRIORITY = "CUDA_TASK_PRIORITY"
 ENV_CORE_UTILIZATION_POLICY = "GPU_CORE_UTILIZATION_POLICY"
 ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 
-SCHEDULER_OWNED_ANNOTATIONS = (
-    ANNOTATION_DEVICES_TO_ALLOCATE,
-    ANNOTATION_DEVICES_ALLOCATED,
-    ANNOTATION_VGPU_NODE,
-    ANNOTATION_VGPU_TIME,
-    ANNOTATION_BIND_PHASE,
-    ANNOTATION_BIND_TIME,
-    ANNOTATION_VGPU_MIG_ALLOCATIONS,
-    ANNOTATION_BOOKING_SIGNATURE,
-)
-"""Written only by the scheduler (and the device plugin after it): removed at admission."""
-SCHEDULER_OWNED_LABELS = (LABEL_VGPU_NODE,)
-"""HAMi's monitor finds a node's GPU pods by this label, set with the booking at bind."""
 
 _INT32_MAX = 2**31 - 1
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -493,8 +468,8 @@ def _pointer_token(name: str) -> str:
 def _strip_operations(view: _PodView) -> list[dict[str, Any]]:
     operations: list[dict[str, Any]] = []
     for where, owned, present in (
-        ("annotations", SCHEDULER_OWNED_ANNOTATIONS, view.annotations),
-        ("labels", SCHEDULER_OWNED_LABELS, view.labels),
+        ("annotations", BOOKING_ANNOTATIONS, view.annotations),
+        ("labels", BOOKING_LABELS, view.labels),
     ):
         for key in owned:
             if key in present:

@@ -21,7 +21,7 @@ from hami_plugin.cli import main
 from hami_plugin.clock import SystemClock
 from hami_plugin.kube.errors import Conflict
 from hami_plugin.kube.fake import FakeKube
-from hami_plugin.protocol.booking import parse_booking_keys
+from hami_plugin.protocol.signature import parse_booking_keys
 from hami_plugin.testing.apiserver import FakeApiServer
 from tests.certs.helpers import (
     BOOKING,

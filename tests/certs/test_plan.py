@@ -25,7 +25,7 @@ from hami_plugin.certs.plan import (
     plan,
 )
 from hami_plugin.certs.settings import CertsSettings
-from hami_plugin.protocol.booking import parse_booking_keys
+from hami_plugin.protocol.signature import parse_booking_keys
 from tests.certs.helpers import BOOKING, CA, CLIENT, SERVING, certificate
 
 NOW = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)

@@ -34,16 +34,16 @@ from hami_plugin.deviceplugin.hamicore import HAMI_CORE_VERSION
 from hami_plugin.deviceplugin.settings import DevicePluginSettings, resolve_settings
 from hami_plugin.extender.settings import SchedulerConfig, resolve_config
 from hami_plugin.kube.client import KubeClient
-from hami_plugin.protocol.booking import (
+from hami_plugin.protocol.model import ANNOTATION_BIND_PHASE, ANNOTATION_NODE_LOCK
+from hami_plugin.protocol.signature import (
     ANNOTATION_BOOKING_SIGNATURE,
     BookingKeys,
-    booking_fields,
     parse_booking_keys,
 )
-from hami_plugin.protocol.model import ANNOTATION_BIND_PHASE, ANNOTATION_NODE_LOCK
 from hami_plugin.testing.apiserver import FakeApiServer, RecordedRequest, make_pod
 from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import FakeKubelet
+from tests.bookings import signed_fields
 from tests.deployment.manifests import (
     Obj,
     config_map_data,
@@ -92,7 +92,7 @@ def sign_pod(api: FakeApiServer, namespace: str, name: str, keys: BookingKeys) -
     """Add the scheduler's signature to a pod's booking, as `hami scheduler` does at bind."""
     pod = api.get_pod(namespace, name)
     assert pod is not None
-    fields = booking_fields(pod["metadata"]["uid"], pod["metadata"]["annotations"])
+    fields = signed_fields(pod["metadata"]["uid"], pod["metadata"]["annotations"])
     assert fields is not None, f"pod {name} has no booking to sign"
     signature = keys.sign(fields)
     api.update_object(

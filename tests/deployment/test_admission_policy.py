@@ -17,8 +17,8 @@ from collections.abc import Callable
 import pytest
 
 from hami_plugin.protocol import model
-from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE
-from hami_plugin.scheduler.webhook import SCHEDULER_OWNED_ANNOTATIONS
+from hami_plugin.protocol.booking import BOOKING_ANNOTATIONS
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE
 from tests.deployment.manifests import (
     Obj,
     admission_policy_manifests,
@@ -201,7 +201,7 @@ def test_only_the_two_service_accounts_may_touch_the_booking_annotations(
         for name in _known_annotations()
         if name in exact or any(name.startswith(p) for p in prefixes)
     }
-    assert guarded == set(SCHEDULER_OWNED_ANNOTATIONS)
+    assert guarded == set(BOOKING_ANNOTATIONS)
     assert model.ANNOTATION_GPU_SCHEDULER_POLICY not in guarded
     # a guarded key counts as changed when it is added, removed or given another value
     assert cel["variables.changed"] == (

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from hami_plugin.deviceplugin.device_list import DeviceListStrategy
-from hami_plugin.protocol.booking import parse_booking_keys
 from hami_plugin.protocol.model import GpuPolicyName, NodePolicy
+from hami_plugin.protocol.signature import parse_booking_keys
 from tests.deployment.exercise import certs_job, device_plugin_settings, scheduler_config
 from tests.deployment.manifests import (
     CHART,

@@ -32,6 +32,7 @@ import yaml
 
 from hami_plugin.config.keys import load_booking_keys
 from hami_plugin.testing.apiserver import FakeApiServer
+from tests.bookings import verify_pod
 from tests.deployment.exercise import certs_job, run_certs, scheduler_config
 from tests.deployment.manifests import (
     Obj,
@@ -233,7 +234,7 @@ def test_every_party_reaches_the_scheduler_with_the_certificates_it_is_given(
         keys = load_booking_keys(installed.device_plugin.local(key_arg.partition("=")[2]))
         bound = api.get_pod("default", "tenant")
         assert bound is not None
-        assert keys.verify_pod(bound["metadata"]["uid"], bound["metadata"]["annotations"])
+        assert verify_pod(keys, bound["metadata"]["uid"], bound["metadata"]["annotations"])
 
         # a client without kube-scheduler's certificate: no answer from the extender port
         anonymous = ssl.create_default_context(cafile=files.local(tls["caFile"]))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE, BookingKeys, booking_fields
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -13,6 +12,8 @@ from hami_plugin.protocol.model import (
     ANNOTATION_VGPU_NODE,
 )
 from hami_plugin.protocol.objects import ContainerSpec, PodInfo
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingKeys
+from tests.bookings import signed_fields
 
 GPU_A = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
 GPU_B = "GPU-ebe7c3f7-303d-558d-435e-99a160631fe4"
@@ -64,7 +65,7 @@ KEYS = BookingKeys((b"device-plugin-test-key-0123456789",))
 
 def signed(pod: PodInfo, keys: BookingKeys = KEYS) -> PodInfo:
     """`pod` with the booking signature the scheduler writes at bind, signed with `keys`."""
-    fields = booking_fields(pod.uid, pod.annotations)
+    fields = signed_fields(pod.uid, pod.annotations)
     assert fields is not None, "the pod lacks a signed field"
     annotations = {**pod.annotations, ANNOTATION_BOOKING_SIGNATURE: keys.sign(fields)}
     return dataclasses.replace(pod, annotations=annotations)

@@ -300,6 +300,11 @@ def booked_pod(to_allocate: str | None, booked: str = BOOKED) -> PodInfo:
     return dataclasses.replace(pod, annotations=annotations)
 
 
+def problem_of(pod: PodInfo) -> str | None:
+    assert pod.booking is not None
+    return to_allocate_problem(pod.booking)
+
+
 @pytest.mark.parametrize(
     "to_allocate",
     [
@@ -313,7 +318,7 @@ def booked_pod(to_allocate: str | None, booked: str = BOOKED) -> PodInfo:
     ],
 )
 def test_a_to_allocate_within_the_booking_is_no_problem(to_allocate: str | None) -> None:
-    assert to_allocate_problem(booked_pod(to_allocate)) is None
+    assert problem_of(booked_pod(to_allocate)) is None
 
 
 @pytest.mark.parametrize(
@@ -329,7 +334,7 @@ def test_a_to_allocate_within_the_booking_is_no_problem(to_allocate: str | None)
     ],
 )
 def test_a_to_allocate_beyond_the_booking_is_named(to_allocate: str, detail: str) -> None:
-    problem = to_allocate_problem(booked_pod(to_allocate))
+    problem = problem_of(booked_pod(to_allocate))
     assert problem is not None
     assert problem.startswith(
         f"{ANNOTATION_DEVICES_TO_ALLOCATE} does not match the signed booking "
@@ -339,7 +344,7 @@ def test_a_to_allocate_beyond_the_booking_is_named(to_allocate: str, detail: str
 
 
 def test_an_unreadable_signed_booking_is_a_problem() -> None:
-    problem = to_allocate_problem(booked_pod(BOOKED, booked="GPU-x,NVIDIA,1:;"))
+    problem = problem_of(booked_pod(BOOKED, booked="GPU-x,NVIDIA,1:;"))
     assert problem is not None
     assert "to-allocate does not match the signed booking: the booking does not decode" in problem
 
@@ -350,13 +355,14 @@ def test_an_unreadable_signed_booking_is_a_problem() -> None:
 def test_served_entries_read_as_consumed_whatever_the_annotation_says() -> None:
     # The author wrote entry 0 back after it was served: it equals the booking again.
     restored = booked_pod(BOOKED)
-    assert to_allocate_problem(restored) is None
+    assert problem_of(restored) is None
     read = with_entries_consumed(restored, {0})
-    assert read.annotations[ANNOTATION_DEVICES_TO_ALLOCATE] == (
+    assert read.booking is not None
+    assert codec.encode_pod_devices(read.booking.to_allocate or ()) == (
         f";{GPU_B},NVIDIA,1000,10:{GPU_C},NVIDIA,1000,10:;;"
     )
-    assert read.annotations[ANNOTATION_DEVICES_ALLOCATED] == BOOKED  # the booking is kept
-    assert to_allocate_problem(read) is None
+    assert read.booking.allocated_text == BOOKED  # the booking is kept
+    assert problem_of(read) is None
     # The next container gets entry 1, not entry 0 a second time.
     decision = decide_allocation(read, [kubelet_ids(GPU_B, GPU_C)], CONFIG, fixed_cache_id)
     assert [c.entry_index for c in decision.containers] == [1]
@@ -424,7 +430,7 @@ def test_every_entry_is_allocated_once_then_complete(pod_devices: PodDevices) ->
         value = decision.remaining_to_allocate
         complete = decision.complete
         # What our own Allocate writes is always the booking with entries consumed.
-        assert to_allocate_problem(booked_pod(value, booked)) is None
+        assert problem_of(booked_pod(value, booked)) is None
     assert seen == wanted
     assert complete
     with pytest.raises(AllocateFailure):
@@ -450,7 +456,7 @@ def test_a_served_entry_is_never_served_again(counts: list[int], served_before: 
     expected = [i for i, entry in enumerate(booked) if entry and i not in served_before]
     for index in expected:
         read = with_entries_consumed(restored, served)
-        assert to_allocate_problem(read) is None
+        assert problem_of(read) is None
         request = [f"{device.uuid}-0" for device in booked[index]]
         (container,) = decide_allocation(read, [request], CONFIG, fixed_cache_id).containers
         assert container.entry_index == index

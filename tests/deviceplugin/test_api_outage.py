@@ -26,7 +26,6 @@ from hami_plugin.deviceplugin.preferred import PreferredRequest
 from hami_plugin.deviceplugin.writebehind import WriteBehind
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol import codec, inflight
-from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE, BookingFields
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -37,6 +36,8 @@ from hami_plugin.protocol.model import (
     LABEL_VGPU_NODE,
     PodDevices,
 )
+from hami_plugin.protocol.objects import PodInfo
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingFields
 from hami_plugin.testing.apiserver import FakeApiServer, JsonObject, make_pod
 from hami_plugin.testing.apiserver.request import RecordedRequest
 from hami_plugin.testing.kubelet import FakeKubelet
@@ -148,7 +149,9 @@ def pod_status(apiserver: FakeApiServer, name: str) -> JsonObject:
 
 
 def all_consumed(apiserver: FakeApiServer, name: str) -> bool:
-    view = inflight.in_flight_pod("default", name, None, annotations_of(apiserver, name))
+    view = inflight.in_flight_pod(
+        PodInfo("default", name, annotations=annotations_of(apiserver, name))
+    )
     return view is not None and view.finished
 
 

@@ -22,12 +22,6 @@ from hami_plugin.deviceplugin.nvml import load_nvml_module
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol import codec
-from hami_plugin.protocol.booking import (
-    ANNOTATION_BOOKING_SIGNATURE,
-    BookingKeys,
-    booking_fields,
-    parse_booking_keys,
-)
 from hami_plugin.protocol.mig import MigAllocation, decode_mig_allocations, encode_mig_allocations
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
@@ -40,9 +34,15 @@ from hami_plugin.protocol.model import (
     ContainerDevice,
     MigPlacement,
 )
+from hami_plugin.protocol.signature import (
+    ANNOTATION_BOOKING_SIGNATURE,
+    BookingKeys,
+    parse_booking_keys,
+)
 from hami_plugin.scheduler.mig import AllowedMigProfiles
 from hami_plugin.testing.apiserver import FakeApiServer, make_container, make_pod
 from hami_plugin.testing.kubelet import FakeKubelet
+from tests.bookings import signed_fields
 from tests.deviceplugin.conftest import FAST_RETRY
 from tests.deviceplugin.daemons import serving
 from tests.deviceplugin.pods import NODE, pod_annotations, set_lock
@@ -146,7 +146,7 @@ def bind_mig_pod(
         ANNOTATION_VGPU_MIG_ALLOCATIONS: encode_mig_allocations(allocations),
     }
     if sign:
-        fields = booking_fields(uid, annotations)
+        fields = signed_fields(uid, annotations)
         assert fields is not None and fields.mig is not None
         annotations[ANNOTATION_BOOKING_SIGNATURE] = KEYS.sign(fields)
     if tamper is not None:

@@ -49,11 +49,6 @@ from hami_plugin.deviceplugin.mig.startup import (
 )
 from hami_plugin.deviceplugin.operating_mode import parse_mig_profile_allowlist
 from hami_plugin.protocol import codec
-from hami_plugin.protocol.booking import (
-    ANNOTATION_BOOKING_SIGNATURE,
-    BookingKeys,
-    booking_fields,
-)
 from hami_plugin.protocol.mig import MigAllocation, decode_mig_allocations, encode_mig_allocations
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_TIME,
@@ -66,7 +61,12 @@ from hami_plugin.protocol.model import (
     MigProfile,
 )
 from hami_plugin.protocol.objects import ContainerSpec, PodInfo
+from hami_plugin.protocol.signature import (
+    ANNOTATION_BOOKING_SIGNATURE,
+    BookingKeys,
+)
 from hami_plugin.scheduler.mig import AllowedMigProfiles
+from tests.bookings import signed_fields
 from tests.deviceplugin.mig_stub import A100_80GB, StubMigNvml, overlaps
 
 NODE = "mig-node"
@@ -428,7 +428,7 @@ def mig_pod(
     uid = f"uid-{name}"
     if keys is not None:
         annotations[ANNOTATION_BOOKING_SIGNATURE] = keys.sign(
-            booking_fields(uid, annotations)  # type: ignore[arg-type]
+            signed_fields(uid, annotations)  # type: ignore[arg-type]
         )
     return PodInfo(
         namespace="default", name=name, uid=uid, annotations=annotations,
@@ -469,8 +469,8 @@ def test_only_signed_reservations_of_live_pods_count() -> None:
 
 def test_an_unreadable_or_foreign_reservation_makes_reconciliation_fail_closed() -> None:
     bad = mig_pod("bad", [alloc(6)], keys=None)
-    bad = PodInfo(**{**{f: getattr(bad, f) for f in bad.__slots__}, "annotations": {
-        **bad.annotations, ANNOTATION_VGPU_MIG_ALLOCATIONS: '[{"containerIndex":0}]'}})  # fmt: skip
+    incomplete = '[{"containerIndex":0}]'
+    bad = replace(bad, annotations={**bad.annotations, ANNOTATION_VGPU_MIG_ALLOCATIONS: incomplete})
     live = live_reservations([bad], NODE, None)
     with pytest.raises(ReservationError, match="MIG allocation 0 is incomplete"):
         active_allocation_keys(live, index_of)

@@ -19,7 +19,6 @@ from hami_plugin.deviceplugin.pending import (
     select_pending_pod,
 )
 from hami_plugin.protocol import codec
-from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE, BookingKeys
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,
@@ -28,6 +27,7 @@ from hami_plugin.protocol.model import (
     ContainerDevice,
 )
 from hami_plugin.protocol.objects import ContainerSpec, PodInfo
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingKeys
 from tests.deviceplugin.records import GPU_A, GPU_B, GPU_C, KEYS, NODE, make_pod, signed
 
 

@@ -17,11 +17,12 @@ from hami_plugin.deviceplugin.allocator import PodAllocationError, PodAllocator,
 from hami_plugin.deviceplugin.preferred import PreferredRequest
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol import codec
-from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE, booking_fields
 from hami_plugin.protocol.model import ANNOTATION_BIND_PHASE, ANNOTATION_DEVICES_TO_ALLOCATE
 from hami_plugin.protocol.objects import PodInfo
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE
 from hami_plugin.testing.apiserver import FakeApiServer, JsonObject
 from hami_plugin.testing.hamicore import install_fake_hamicore
+from tests.bookings import signed_fields
 from tests.deviceplugin.pods import (
     GPU_A,
     GPU_B,
@@ -58,7 +59,7 @@ def add_signed_pod(apiserver: FakeApiServer, name: str) -> str:
     scheduler's bind signs it; returns its UID."""
     pod = add_pending_pod(apiserver, name, raw_value=BOOKING, containers=("a", "b"), lock=None)
     uid = str(pod["metadata"]["uid"])
-    fields = booking_fields(uid, pod["metadata"]["annotations"])
+    fields = signed_fields(uid, pod["metadata"]["annotations"])
     assert fields is not None
     signature = KEYS.sign(fields)
     set_annotations(apiserver, name, {ANNOTATION_BOOKING_SIGNATURE: signature})

@@ -26,7 +26,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol import codec
-from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE, BookingFields, BookingKeys
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -38,6 +37,7 @@ from hami_plugin.protocol.model import (
     ContainerDevice,
     PodDevices,
 )
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingFields, BookingKeys
 from hami_plugin.testing.admission import PodAdmitter
 from hami_plugin.testing.apiserver import FakeApiServer, JsonObject, make_container, make_pod
 from hami_plugin.testing.hamicore import install_fake_hamicore

@@ -7,11 +7,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hami_plugin.protocol.booking import (
-    ANNOTATION_BOOKING_SIGNATURE,
-    BookingKeys,
-    booking_fields,
-)
 from hami_plugin.protocol.codec import encode_pod_devices
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
@@ -22,6 +17,11 @@ from hami_plugin.protocol.model import (
     ANNOTATION_VGPU_TIME,
     ContainerDevice,
 )
+from hami_plugin.protocol.signature import (
+    ANNOTATION_BOOKING_SIGNATURE,
+    BookingKeys,
+)
+from tests.bookings import signed_fields
 
 KEY = "scheduler-test-booking-key-0123456789"
 KEYS = BookingKeys((KEY.encode(),))
@@ -61,7 +61,7 @@ def signed(pod: dict[str, Any], keys: BookingKeys = KEYS, uid: str | None = None
     pod = copy.deepcopy(pod)
     metadata = pod["metadata"]
     annotations = metadata.setdefault("annotations", {})
-    fields = booking_fields(uid or metadata["uid"], annotations)
+    fields = signed_fields(uid or metadata["uid"], annotations)
     assert fields is not None, annotations
     annotations[ANNOTATION_BOOKING_SIGNATURE] = keys.sign(fields)
     return pod

@@ -14,7 +14,6 @@ import pytest
 from hami_plugin.extender.bookings import BookingPhase
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.retry import RetryPolicy
-from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -25,7 +24,9 @@ from hami_plugin.protocol.model import (
     ANNOTATION_VGPU_TIME,
     LABEL_VGPU_NODE,
 )
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE
 from hami_plugin.testing.apiserver import FakeApiServer
+from tests.bookings import verify_pod
 from tests.extender.cluster import Scheduler, running_scheduler
 from tests.extender.helpers import gpu_node, gpu_pod
 from tests.extender.signing import KEYS, write_key_file
@@ -455,4 +456,4 @@ def test_a_signed_bind_that_fails_removes_its_signature(
         assert not set(BOOKING_KEYS) & set(kept)
         apiserver.clear_faults()
         assert scheduler.schedule(pod, ["n1"]) == "n1"
-        assert KEYS.verify_pod(pod["metadata"]["uid"], pod_annotations(apiserver, "a"))
+        assert verify_pod(KEYS, pod["metadata"]["uid"], pod_annotations(apiserver, "a"))

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from hami_plugin.protocol import codec
-from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE
 from hami_plugin.protocol.mig import decode_mig_allocations, encode_mig_allocations
 from hami_plugin.protocol.model import (
     ANNOTATION_NODE_LOCK,
@@ -20,7 +19,9 @@ from hami_plugin.protocol.model import (
     MigPlacement,
     MigProfile,
 )
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE
 from hami_plugin.testing.apiserver import FakeApiServer, make_node
+from tests.bookings import verify_pod
 from tests.extender.cluster import running_scheduler
 from tests.extender.helpers import gpu_node, gpu_pod
 from tests.extender.signing import KEYS, write_key_file
@@ -83,17 +84,17 @@ def test_a_mig_bind_writes_a_signed_hami_reservation(
         notes = annotations_of(apiserver, "small")
         assert notes["hami.io/vgpu-devices-allocated"] == "GPU-n1-0,NVIDIA,10240,28:;"
         uid = first["metadata"]["uid"]
-        assert KEYS.verify_pod(uid, notes)
+        assert verify_pod(KEYS, uid, notes)
         # the device plugin's runtime identity keeps the signature; a moved placement breaks it
         (allocation,) = decode_mig_allocations(raw)
         realised = dict(notes)
         realised[ANNOTATION_VGPU_MIG_ALLOCATIONS] = encode_mig_allocations(
             [allocation.with_runtime("MIG-1", 3, 0)]
         )
-        assert KEYS.verify_pod(uid, realised)
+        assert verify_pod(KEYS, uid, realised)
         moved = copy.deepcopy(notes)
         moved[ANNOTATION_VGPU_MIG_ALLOCATIONS] = raw.replace('"start":0', '"start":2')
-        assert not KEYS.verify_pod(uid, moved)
+        assert not verify_pod(KEYS, uid, moved)
         assert ANNOTATION_BOOKING_SIGNATURE in notes
         # the watch event of the bound pod keeps the reservation booked (its booking verifies)
         scheduler.sees_pod(
@@ -113,7 +114,7 @@ def test_a_mig_bind_writes_a_signed_hami_reservation(
             '{"containerIndex":1,"deviceIndex":0,"gpuUUID":"GPU-n1-0","profile":"1g.5gb",'
             '"placement":{"start":5,"size":1}}]'
         )
-        assert KEYS.verify_pod(second["metadata"]["uid"], annotations_of(apiserver, "tiny"))
+        assert verify_pod(KEYS, second["metadata"]["uid"], annotations_of(apiserver, "tiny"))
 
 
 def test_a_stale_reservation_is_removed_by_a_bind_without_mig(
@@ -139,4 +140,4 @@ def test_a_stale_reservation_is_removed_by_a_bind_without_mig(
         )
         notes = annotations_of(apiserver, "again")
         assert ANNOTATION_VGPU_MIG_ALLOCATIONS not in notes
-        assert KEYS.verify_pod(pod["metadata"]["uid"], notes)
+        assert verify_pod(KEYS, pod["metadata"]["uid"], notes)

@@ -20,11 +20,6 @@ from hypothesis import strategies as st
 from hami_plugin.clock import ManualClock
 from hami_plugin.extender.bookings import BindPlan
 from hami_plugin.extender.state import SchedulerState
-from hami_plugin.protocol.booking import (
-    ANNOTATION_BOOKING_SIGNATURE,
-    BookingFields,
-    BookingKeys,
-)
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -33,8 +28,14 @@ from hami_plugin.protocol.model import (
     ANNOTATION_VGPU_NODE,
 )
 from hami_plugin.protocol.objects import PodInfo, read_node, read_pod
+from hami_plugin.protocol.signature import (
+    ANNOTATION_BOOKING_SIGNATURE,
+    BookingFields,
+    BookingKeys,
+)
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.testing.apiserver import make_container, make_pod
+from tests.bookings import verify_pod
 from tests.extender.helpers import gpu_node, gpu_pod
 from tests.extender.signing import KEYS, OTHER_KEYS, booking, signed
 
@@ -248,7 +249,7 @@ def test_a_bind_signs_its_booking_and_the_pod_counts_throughout(clock: ManualClo
     plan = state.plan_bind(read_pod(pod), "n1")
     assert isinstance(plan, BindPlan)
     signature = plan.annotations[ANNOTATION_BOOKING_SIGNATURE]
-    assert KEYS.verify_pod(pod["metadata"]["uid"], plan.annotations)
+    assert verify_pod(KEYS, pod["metadata"]["uid"], plan.annotations)
     assert signature.startswith("v1:")
     # the patch reaches the watch before the Binding: still counted, the booking retired
     add_pod(state, patched(pod, plan))

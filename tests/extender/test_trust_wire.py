@@ -18,9 +18,10 @@ from hami_plugin.cli import build_parser
 from hami_plugin.clock import ManualClock
 from hami_plugin.config import ConfigError
 from hami_plugin.extender.settings import resolve_config
-from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE, BookingKeys
 from hami_plugin.protocol.model import ANNOTATION_BIND_PHASE, ANNOTATION_VGPU_NODE
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingKeys
 from hami_plugin.testing.apiserver import FakeApiServer, make_pod
+from tests.bookings import verify_pod
 from tests.extender.cluster import running_scheduler
 from tests.extender.helpers import gpu_node, gpu_pod
 from tests.extender.signing import KEY, KEYS, booking, write_key_file
@@ -106,10 +107,10 @@ def test_a_hog_pod_books_nothing_and_binds_are_signed(
         annotations = stored["metadata"]["annotations"]
         assert annotations[ANNOTATION_BIND_PHASE] == "allocating"
         assert ANNOTATION_BOOKING_SIGNATURE in annotations
-        assert KEYS.verify_pod(stored["metadata"]["uid"], annotations)
+        assert verify_pod(KEYS, stored["metadata"]["uid"], annotations)
         hog = apiserver.get_pod("default", "hog")
         assert hog is not None
-        assert not KEYS.verify_pod(hog["metadata"]["uid"], hog["metadata"]["annotations"])
+        assert not verify_pod(KEYS, hog["metadata"]["uid"], hog["metadata"]["annotations"])
         # the GPUs are the trainer's now: the next whole-GPU pod finds none
         late = apiserver.add_object(gpu_pod("late", gpus=1, memory=32768))
         assert _post(f"{url}/filter", {"Pod": late, "NodeNames": ["n1"]})["NodeNames"] is None
@@ -201,6 +202,6 @@ def test_with_a_key_no_warning_and_a_rotated_key_is_picked_up_without_a_restart(
         stored = apiserver.get_pod("default", name)
         assert stored is not None
         signatures[name] = (stored["metadata"]["uid"], stored["metadata"]["annotations"])
-    assert KEYS.verify_pod(*signatures["first"])
-    assert not KEYS.verify_pod(*signatures["second"])
-    assert BookingKeys((new_key.encode(),)).verify_pod(*signatures["second"])
+    assert verify_pod(KEYS, *signatures["first"])
+    assert not verify_pod(KEYS, *signatures["second"])
+    assert verify_pod(BookingKeys((new_key.encode(),)), *signatures["second"])

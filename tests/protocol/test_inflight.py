@@ -93,7 +93,9 @@ def test_in_flight_pod_reads_the_booking_and_what_is_left() -> None:
         ANNOTATION_DEVICES_TO_ALLOCATE: codec.encode_pod_devices(((), (), entry(2))),
     }
     created = datetime(2026, 1, 1, 0, 0, 7, 900_000, tzinfo=UTC)
-    pod = in_flight_pod("ns", "p", created, annotations, bound=False)
+    pod = in_flight_pod(
+        PodInfo("ns", "p", annotations=annotations, creation_timestamp=created), bound=False
+    )
     assert pod is not None
     assert (pod.key, pod.created_seconds, pod.bound) == (("ns", "p"), EPOCH + 7, False)
     assert pod.allocated == codec.decode_pod_devices(annotations[ANNOTATION_DEVICES_ALLOCATED])
@@ -106,7 +108,7 @@ def test_in_flight_pod_reads_the_booking_and_what_is_left() -> None:
 
 def test_a_pod_with_nothing_consumed_has_not_started() -> None:
     value = codec.encode_pod_devices(((), entry(1)))
-    pod = in_flight_pod("ns", "p", None, {ANNOTATION_DEVICES_TO_ALLOCATE: value})
+    pod = in_flight_pod(PodInfo("ns", "p", annotations={ANNOTATION_DEVICES_TO_ALLOCATE: value}))
     assert pod is not None
     assert not pod.started  # no -allocated annotation: read as equal to to-allocate
     assert pod.created_seconds == 0
@@ -116,7 +118,7 @@ def test_a_pod_with_nothing_consumed_has_not_started() -> None:
 @pytest.mark.parametrize("value", [None, "GPU-x,NVIDIA,notanumber,0:;"])
 def test_no_usable_to_allocate_is_no_in_flight_pod(value: str | None) -> None:
     annotations = {} if value is None else {ANNOTATION_DEVICES_TO_ALLOCATE: value}
-    assert in_flight_pod("ns", "p", None, annotations) is None
+    assert in_flight_pod(PodInfo("ns", "p", annotations=annotations)) is None
 
 
 def test_every_entry_consumed_is_finished() -> None:
@@ -309,13 +311,7 @@ class SimPod:
         )
 
     def view(self) -> InFlightPod | None:
-        pod = in_flight_pod(
-            "default",
-            self.name,
-            datetime.fromtimestamp(EPOCH + self.created, UTC),
-            self.annotations,
-            bound=self.stage == "bound",
-        )
+        pod = in_flight_pod(self.record(), bound=self.stage == "bound")
         return None if pod is None else replace(pod, shape=self.shape)
 
     @property

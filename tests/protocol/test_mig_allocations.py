@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hami_plugin.protocol.booking import BookingKeys, booking_fields
 from hami_plugin.protocol.mig import (
     MigAllocation,
     MigAllocationError,
@@ -24,6 +23,8 @@ from hami_plugin.protocol.model import (
     ANNOTATION_VGPU_NODE,
     MigPlacement,
 )
+from hami_plugin.protocol.signature import BookingKeys
+from tests.bookings import signed_fields
 
 _A = MigAllocation(0, 0, "GPU-a", "1g.5gb", MigPlacement(6, 1))
 
@@ -155,7 +156,7 @@ def _booked(mig: str | None) -> dict[str, str]:
 
 def test_signature_covers_the_reservation_but_not_the_runtime_identity() -> None:
     booked = _booked(encode_mig_allocations([_A]))
-    fields = booking_fields("uid-1", booked)
+    fields = signed_fields("uid-1", booked)
     assert fields is not None
     signature = _KEYS.sign(fields)
     # The device plugin fills the runtime identity in: still verifies.
@@ -163,18 +164,18 @@ def test_signature_covers_the_reservation_but_not_the_runtime_identity() -> None
     realised[ANNOTATION_VGPU_MIG_ALLOCATIONS] = encode_mig_allocations(
         [_A.with_runtime("MIG-x", 1, 0)]
     )
-    assert _KEYS.verify(signature, booking_fields("uid-1", realised))
+    assert _KEYS.verify(signature, signed_fields("uid-1", realised))
     # A tenant moves the placement, drops the annotation, or adds one: none verifies.
     moved = dict(booked)
     moved[ANNOTATION_VGPU_MIG_ALLOCATIONS] = encode_mig_allocations(
         [MigAllocation(0, 0, "GPU-a", "1g.5gb", MigPlacement(0, 1))]
     )
-    assert not _KEYS.verify(signature, booking_fields("uid-1", moved))
-    assert not _KEYS.verify(signature, booking_fields("uid-1", _booked(None)))
-    plain = booking_fields("uid-1", _booked(None))
+    assert not _KEYS.verify(signature, signed_fields("uid-1", moved))
+    assert not _KEYS.verify(signature, signed_fields("uid-1", _booked(None)))
+    plain = signed_fields("uid-1", _booked(None))
     assert plain is not None
     plain_signature = _KEYS.sign(plain)
     assert not _KEYS.verify(plain_signature, fields)
     broken = dict(booked)
     broken[ANNOTATION_VGPU_MIG_ALLOCATIONS] = "[not json"
-    assert not _KEYS.verify(signature, booking_fields("uid-1", broken))
+    assert not _KEYS.verify(signature, signed_fields("uid-1", broken))

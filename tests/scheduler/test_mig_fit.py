@@ -17,7 +17,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hami_plugin.protocol.booking import ANNOTATION_BOOKING_SIGNATURE, BookingKeys, booking_fields
 from hami_plugin.protocol.codec import encode_node_devices
 from hami_plugin.protocol.mig import MigAllocation, decode_mig_allocations
 from hami_plugin.protocol.model import (
@@ -27,6 +26,7 @@ from hami_plugin.protocol.model import (
     MigProfile,
 )
 from hami_plugin.protocol.objects import read_node, read_pod
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingKeys
 from hami_plugin.scheduler.filter import assume, decide
 from hami_plugin.scheduler.fit import (
     FitContext,
@@ -46,6 +46,7 @@ from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.trust import untrusted_booking, without_booking
 from hami_plugin.scheduler.usage import NodeUsage, make_node_usage
 from hami_plugin.testing.apiserver import make_container, make_pod
+from tests.bookings import signed_fields
 
 from .helpers import context, gpu, node
 
@@ -597,7 +598,7 @@ def test_an_untrusted_reservation_counts_nowhere() -> None:
         "hami.io/vgpu-mig-allocations": raw,
     }
     item = pod_object("pod-1", "node1", notes["hami.io/vgpu-devices-allocated"], raw)
-    fields = booking_fields("uid-pod-1", notes)
+    fields = signed_fields("uid-pod-1", notes)
     assert fields is not None
     item["metadata"]["annotations"].update(
         {"hami.io/bind-time": "1767268800", ANNOTATION_BOOKING_SIGNATURE: keys.sign(fields)}

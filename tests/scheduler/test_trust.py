@@ -7,11 +7,7 @@ from typing import Any
 
 import pytest
 
-from hami_plugin.protocol.booking import (
-    ANNOTATION_BOOKING_SIGNATURE,
-    BookingFields,
-    BookingKeys,
-)
+from hami_plugin.protocol.booking import BOOKING_ANNOTATIONS
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -22,9 +18,13 @@ from hami_plugin.protocol.model import (
     ANNOTATION_VGPU_TIME,
 )
 from hami_plugin.protocol.objects import PodInfo, read_pod
+from hami_plugin.protocol.signature import (
+    ANNOTATION_BOOKING_SIGNATURE,
+    BookingFields,
+    BookingKeys,
+)
 from hami_plugin.scheduler.settings import ResourceNames, SchedulerSettings
 from hami_plugin.scheduler.trust import (
-    BOOKING_ANNOTATIONS,
     BookingSeal,
     booking_seal,
     untrusted_booking,
@@ -167,7 +167,7 @@ def test_without_booking_keeps_every_other_annotation() -> None:
     info = booked(extra={"team": "ml", ANNOTATION_DEVICE_SCORING_WEIGHTS: "1,1,1"})
     stripped = without_booking(info)
     assert dict(stripped.annotations) == {"team": "ml", ANNOTATION_DEVICE_SCORING_WEIGHTS: "1,1,1"}
-    assert not set(stripped.annotations) & BOOKING_ANNOTATIONS
+    assert not set(stripped.annotations) & set(BOOKING_ANNOTATIONS)
     assert booking_seal(stripped) is None
     assert (stripped.uid, stripped.node_name, stripped.containers) == (
         info.uid,

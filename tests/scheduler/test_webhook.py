@@ -21,6 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hami_plugin.extender.wire import HttpReply, admission_reply
+from hami_plugin.protocol.booking import BOOKING_ANNOTATIONS, BOOKING_LABELS
 from hami_plugin.scheduler.admission_review import (
     ADMISSION_V1,
     ADMISSION_V1BETA1,
@@ -31,8 +32,6 @@ from hami_plugin.scheduler.admission_review import (
 )
 from hami_plugin.scheduler.settings import ResourceNames
 from hami_plugin.scheduler.webhook import (
-    SCHEDULER_OWNED_ANNOTATIONS,
-    SCHEDULER_OWNED_LABELS,
     AdmissionVerdict,
     GpuCorePolicy,
     PodAdmission,
@@ -494,12 +493,12 @@ FORGED = {
     ],
 )  # fmt: skip
 def test_scheduler_owned_annotations_and_label_are_removed(original: dict[str, Any]) -> None:
-    assert set(FORGED) == set(SCHEDULER_OWNED_ANNOTATIONS)
+    assert set(FORGED) == set(BOOKING_ANNOTATIONS)
     admission = admit_pod(original, DEFAULTS)
     assert admission.allowed
     assert [op for op in admission.patch if op["path"].startswith("/metadata")] == [
         {"op": "remove", "path": "/metadata/annotations/" + key.replace("/", "~1")}
-        for key in SCHEDULER_OWNED_ANNOTATIONS
+        for key in BOOKING_ANNOTATIONS
     ] + [{"op": "remove", "path": "/metadata/labels/hami.io~1vgpu-node"}]
     result = mutated(original)
     assert result["metadata"]["annotations"] == {"keep": "me"}
@@ -653,7 +652,7 @@ _quantities = st.sampled_from(["1", "0", "2", "100", "50", "101", "-1", "0.5", "
 _resource_names = st.sampled_from([GPU, MEM, PCT, CORES, PRIORITY, "cpu"])
 _resource_lists = st.dictionaries(_resource_names, _quantities, max_size=3)
 _string_maps = st.dictionaries(
-    st.sampled_from([*SCHEDULER_OWNED_ANNOTATIONS, "keep", "app"]), st.just("v"), max_size=4
+    st.sampled_from([*BOOKING_ANNOTATIONS, "keep", "app"]), st.just("v"), max_size=4
 )
 _scheduler_names = st.sampled_from(["", "default-scheduler", "hami-scheduler", "other"])
 
@@ -735,8 +734,8 @@ def _check_review(original: Any, settings: WebhookSettings, api_version: str) ->
         ), op
     result = json_patch(original, operations)  # applies cleanly to the pod as it arrived
     metadata = result.get("metadata") or {}
-    assert not set(metadata.get("annotations") or {}) & set(SCHEDULER_OWNED_ANNOTATIONS)
-    assert not set(metadata.get("labels") or {}) & set(SCHEDULER_OWNED_LABELS)
+    assert not set(metadata.get("annotations") or {}) & set(BOOKING_ANNOTATIONS)
+    assert not set(metadata.get("labels") or {}) & set(BOOKING_LABELS)
     return result
 
 

@@ -50,7 +50,6 @@ from hami_plugin.deviceplugin.mig.plan import AllocationKey, Claims, allocation_
 from hami_plugin.protocol.mig import (
     MigAllocation,
     MigAllocationError,
-    decode_mig_allocations,
     encode_mig_allocations,
 )
 from hami_plugin.protocol.model import ANNOTATION_VGPU_MIG_ALLOCATIONS, ContainerDevices
@@ -73,7 +72,7 @@ def _failure(message: str) -> AllocateFailure:
 def decode_reservations(pod: PodInfo) -> tuple[MigAllocation, ...]:
     """The pod's MIG allocations; raises AllocateFailure as HAMi (util.go:320-323)."""
     try:
-        return decode_mig_allocations(pod.annotations.get(ANNOTATION_VGPU_MIG_ALLOCATIONS, ""))
+        return (pod.booking.mig if pod.booking is not None else None) or ()
     except MigAllocationError as error:
         raise _failure(f"{_RESOLVE}decode scheduler MIG allocations: {error}") from error
 

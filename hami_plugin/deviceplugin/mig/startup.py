@@ -3,7 +3,7 @@
 
 The pods are tenant input, so a reservation counts only when the scheduler signed it: with
 booking keys, a pod's `hami.io/vgpu-mig-allocations` is read only when its booking signature
-verifies (the signature covers the annotation's scheduler part, `protocol.booking`) and names
+verifies (the signature covers the annotation's scheduler part, `protocol.signature`) and names
 this node; without keys every annotation is trusted, as HAMi trusts it. The runtime identity
 (`migUUID`, instance ids) is not signed: it is adopted only when NVML shows exactly that
 instance (`manager.MigInstanceManager.adopt`).
@@ -34,10 +34,9 @@ from hami_plugin.deviceplugin.mig.devices import MigNvml
 from hami_plugin.deviceplugin.mig.manager import MigError, MigInstanceManager
 from hami_plugin.deviceplugin.mig.plan import AllocationKey, allocation_key
 from hami_plugin.deviceplugin.nvml import NvmlError
-from hami_plugin.protocol.booking import BookingKeys
-from hami_plugin.protocol.mig import MigAllocation, MigAllocationError, decode_mig_allocations
-from hami_plugin.protocol.model import ANNOTATION_VGPU_MIG_ALLOCATIONS, ANNOTATION_VGPU_NODE
+from hami_plugin.protocol.mig import MigAllocation, MigAllocationError
 from hami_plugin.protocol.objects import PodInfo
+from hami_plugin.protocol.signature import BookingKeys
 
 __all__ = [
     "LiveReservations",
@@ -79,17 +78,14 @@ def live_reservations(
     problems: list[str] = []
     unsigned: list[str] = []
     for pod in pods:
-        raw = pod.annotations.get(ANNOTATION_VGPU_MIG_ALLOCATIONS)
-        if raw is None or not pod_is_live(pod):
+        booking = pod.booking
+        if booking is None or booking.mig_text is None or not pod_is_live(pod):
             continue
-        if keys is not None and (
-            pod.annotations.get(ANNOTATION_VGPU_NODE) != node_name
-            or not keys.verify_pod(pod.uid, pod.annotations)
-        ):
+        if keys is not None and (booking.node != node_name or not booking.verifies(keys, pod.uid)):
             unsigned.append(pod.key)
             continue
         try:
-            allocations = decode_mig_allocations(raw)
+            allocations = booking.mig or ()
         except MigAllocationError as error:
             problems.append(f"decode MIG allocations for pod {pod.key}: {error}")
             continue
