@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 
-from hami_plugin.deviceplugin.fakenvml.errors import (
+from hami_plugin.testing.fakenvml.errors import (
     ERROR_CODES,
     NVML_SUCCESS,
     NVMLError,
@@ -60,15 +60,15 @@ from hami_plugin.deviceplugin.fakenvml.errors import (
     nvml_error,
     nvmlExceptionClass,
 )
-from hami_plugin.deviceplugin.fakenvml.gpufile import (
+from hami_plugin.testing.fakenvml.gpufile import (
     FakeGpuFile,
     FakeGpuFileError,
     FakeGpuSpec,
     parse_fake_gpus,
 )
-from hami_plugin.deviceplugin.fakenvml.migcalls import MigCalls
-from hami_plugin.deviceplugin.fakenvml.migvalues import FakeMigDeviceHandle
-from hami_plugin.deviceplugin.fakenvml.topology import (
+from hami_plugin.testing.fakenvml.migcalls import MigCalls
+from hami_plugin.testing.fakenvml.migvalues import FakeMigDeviceHandle
+from hami_plugin.testing.fakenvml.topology import (
     NVML_FEATURE_DISABLED,
     NVML_FEATURE_ENABLED,
     NVML_NVLINK_DEVICE_TYPE_GPU,
@@ -85,7 +85,7 @@ from hami_plugin.deviceplugin.fakenvml.topology import (
     FakeTopology,
     NvLinkLane,
 )
-from hami_plugin.deviceplugin.fakenvml.values import (
+from hami_plugin.testing.fakenvml.values import (
     NVML_DEVICE_MIG_DISABLE,
     NVML_DEVICE_MIG_ENABLE,
     SUPPORTED_EVENTS,

@@ -30,8 +30,8 @@ from ctypes import (
 )
 from typing import Any
 
-from hami_plugin.deviceplugin.fakenvml import mignames as naming
-from hami_plugin.deviceplugin.fakenvml.errors import (
+from hami_plugin.testing.fakenvml import mignames as naming
+from hami_plugin.testing.fakenvml.errors import (
     NVMLError_FunctionNotFound,
     NVMLError_GpuIsLost,
     NVMLError_InsufficientResources,
@@ -41,15 +41,15 @@ from hami_plugin.deviceplugin.fakenvml.errors import (
     NVMLError_NotFound,
     NVMLError_NotSupported,
 )
-from hami_plugin.deviceplugin.fakenvml.gpufile import FakeGpuSpec
-from hami_plugin.deviceplugin.fakenvml.migstate import (
+from hami_plugin.testing.fakenvml.gpufile import FakeGpuSpec
+from hami_plugin.testing.fakenvml.migstate import (
     FakeComputeInstance,
     FakeGpuInstance,
     FakeGpuMig,
     FakeMigStore,
 )
-from hami_plugin.deviceplugin.fakenvml.migtables import MAX_MIG_DEVICES, profile_display_name
-from hami_plugin.deviceplugin.fakenvml.migvalues import (
+from hami_plugin.testing.fakenvml.migtables import MAX_MIG_DEVICES, profile_display_name
+from hami_plugin.testing.fakenvml.migvalues import (
     NVML_DEVICE_NAME_V2_BUFFER_SIZE,
     FakeComputeInstanceInfo,
     FakeGpuInstanceInfo,
@@ -68,7 +68,7 @@ from hami_plugin.deviceplugin.fakenvml.migvalues import (
     struct_c_nvmlComputeInstance_t,
     struct_c_nvmlGpuInstance_t,
 )
-from hami_plugin.deviceplugin.fakenvml.values import (
+from hami_plugin.testing.fakenvml.values import (
     NVML_DEVICE_MIG_DISABLE,
     NVML_DEVICE_MIG_ENABLE,
     FakeDeviceHandle,
