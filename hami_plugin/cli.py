@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 _COMMAND_MODULES = (
     "hami_plugin.codec_cli",
     "hami_plugin.scheduler.dryrun",
-    "hami_plugin.deviceplugin.daemon",
+    "hami_plugin.deviceplugin_cli",
     "hami_plugin.extender.daemon",
     "hami_plugin.certs.command",
     "hami_plugin.demo",

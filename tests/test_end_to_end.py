@@ -32,6 +32,7 @@ from kubernetes import client as k8s
 
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
+from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import Conflict
 from hami_plugin.kube.retry import RetryPolicy
@@ -170,7 +171,9 @@ def cluster(apiserver: FakeApiServer, tmp_path: Path) -> Iterator[Cluster]:
     daemon_kube = KubeClient(apiserver.api_client(), RETRY)
     extender = KubeClient(apiserver.api_client(), RETRY)
     api_client = apiserver.api_client()
-    daemon = DevicePluginDaemon(settings, kube=daemon_kube, vgpulock_path=vgpulock)
+    daemon = DevicePluginDaemon(
+        settings, load_nvml=load_nvml_module, kube=daemon_kube, vgpulock_path=vgpulock
+    )
     kubelet = FakeKubelet(sock_dir).start()
     exit_codes: list[int] = []
     thread = threading.Thread(target=lambda: exit_codes.append(daemon.run()), name="e2e-daemon")

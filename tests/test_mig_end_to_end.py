@@ -43,12 +43,12 @@ from hami_plugin.deviceplugin.api import api_pb2
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.mig.devices import MigDevice
 from hami_plugin.deviceplugin.mig.nvml import NvmlMig
-from hami_plugin.deviceplugin.nvml import load_nvml_module
 from hami_plugin.deviceplugin.settings import (
     DevicePluginSettings,
     add_arguments,
     resolve_settings,
 )
+from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.mig import MigAllocation, decode_mig_allocations, encode_mig_allocations
@@ -135,7 +135,10 @@ class MigNode:
         """The daemon with a test kubelet, serving and registered when the block starts."""
         kube = KubeClient(self.apiserver.api_client(), FAST_RETRY)
         daemon = DevicePluginDaemon(
-            self.settings, kube=kube, vgpulock_path=str(self.tmp_path / "vgpulock")
+            self.settings,
+            load_nvml=load_nvml_module,
+            kube=kube,
+            vgpulock_path=str(self.tmp_path / "vgpulock"),
         )
         sock_dir = self.settings.device_plugin_path
         kubelet = FakeKubelet(sock_dir).start()

@@ -32,7 +32,7 @@ import signal
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.config import ConfigError
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from hami_plugin.deviceplugin.metrics import DevicePluginMetrics
     from hami_plugin.deviceplugin.mig.dynamic import DynamicMig
     from hami_plugin.deviceplugin.migserve import StaticMigServers
-    from hami_plugin.deviceplugin.nvml import NvmlBackend, PhysicalGpu
+    from hami_plugin.deviceplugin.nvml import NvmlBackend, NvmlLoader, PhysicalGpu
     from hami_plugin.deviceplugin.protocol_claim import ProtocolClaim
     from hami_plugin.deviceplugin.register import RegisterPublisher
     from hami_plugin.kube.api import AllocateApi
@@ -70,7 +70,8 @@ NVML_RETRY_SECONDS = 10.0
 class DevicePluginDaemon:
     """The running device plugin. `run()` blocks until `stop()` (thread-safe, idempotent).
 
-    `kube`, `nvml_module` and `restart_watch` replace the production adapters in tests;
+    `load_nvml` gives the NVML module for `--nvml` (the entry point's choice: pynvml or the fake
+    NVML); `kube` and `restart_watch` replace the production adapters in tests;
     `vgpulock_path` is the host directory mounted at /tmp/vgpulock in containers. `clock` is the
     one clock every part reads (health recovery, pod lists, directory ages, metrics, the
     Kubernetes client it creates); the system clock when None.
@@ -80,8 +81,8 @@ class DevicePluginDaemon:
         self,
         settings: DevicePluginSettings,
         *,
+        load_nvml: NvmlLoader,
         kube: AllocateApi | None = None,
-        nvml_module: Any = None,
         restart_watch: RestartWatch | None = None,
         vgpulock_path: str = VGPU_LOCK_HOST_PATH,
         sysfs_root: str = "/sys",
@@ -91,7 +92,7 @@ class DevicePluginDaemon:
         self.settings = settings
         self._clock: Clock = clock or SystemClock()
         self._kube = kube
-        self._nvml_module = nvml_module
+        self._load_nvml = load_nvml
         self._restart_watch = restart_watch
         self._vgpulock_path = vgpulock_path
         self._sysfs_root = sysfs_root
@@ -126,7 +127,7 @@ class DevicePluginDaemon:
 
     def run(self) -> int:
         """Start everything, wait for `stop()`, tear down. Returns the exit status."""
-        from hami_plugin.deviceplugin.nvml import NvmlBackend, NvmlUnavailable, load_nvml_module
+        from hami_plugin.deviceplugin.nvml import NvmlBackend, NvmlUnavailable
 
         settings = self.settings
         if settings.booking_key_file is not None:
@@ -136,7 +137,7 @@ class DevicePluginDaemon:
                 logger.error("%s", error)
                 return EXIT_USAGE
         try:
-            nvml = self._nvml_module or load_nvml_module(settings.nvml, settings.fake_gpus)
+            nvml = self._load_nvml(settings.nvml, settings.fake_gpus)
         except (NvmlUnavailable, ValueError) as error:
             logger.error("%s", error)
             return EXIT_FAILURE
@@ -527,8 +528,10 @@ class DevicePluginDaemon:
 # --- the sub-command ------------------------------------------------------------------------------
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add `hami device-plugin`."""
+def register(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser], load_nvml: NvmlLoader
+) -> None:
+    """Add `hami device-plugin`, its daemon getting NVML from `load_nvml`."""
     parser = subparsers.add_parser(
         "device-plugin",
         help="run the node daemon: kubelet device plugin for vGPUs",
@@ -536,7 +539,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "HAMi-core's environment, and publish the node's GPUs for the scheduler.",
     )
     add_arguments(parser)
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=functools.partial(run, load_nvml=load_nvml))
 
 
 def _configure_logging() -> None:
@@ -547,7 +550,7 @@ def _configure_logging() -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, load_nvml: NvmlLoader) -> int:
     """Run the daemon until SIGTERM/SIGINT; returns the exit status."""
     _configure_logging()
     try:
@@ -557,7 +560,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if settings.debug_logging:
         logging.getLogger().setLevel(logging.DEBUG)  # HAMi's -v 4 and above
-    daemon = DevicePluginDaemon(settings)
+    daemon = DevicePluginDaemon(settings, load_nvml=load_nvml)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         logger.info("received %s", signal.Signals(signum).name)

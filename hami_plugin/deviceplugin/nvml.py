@@ -1,9 +1,10 @@
 """The NVML adapter: the physical GPUs of this node and their error events.
 
-The only module that imports `pynvml` (lazily, in `load_nvml_module`). Everything
-NVML-specific is translated here: the rest of the daemon sees `PhysicalGpu`, `GpuEvent` and the
-errors `NvmlError` / `NvmlUnavailable` / `EventsNotSupportedError`, never a pynvml class. The
-NVML module is passed in, so `fake.FakeNvml` (a YAML-driven look-alike) drives the same code.
+The only module that imports `pynvml` (lazily, in `load_pynvml`). Everything NVML-specific is
+translated here: the rest of the daemon sees `PhysicalGpu`, `GpuEvent` and the errors
+`NvmlError` / `NvmlUnavailable` / `EventsNotSupportedError`, never a pynvml class. The NVML
+module is passed in, so the fake NVML (`hami_plugin.testing.fakenvml`, which the entry point
+chooses for `--nvml fake`) drives the same code.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import importlib
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,26 +92,20 @@ class GpuUsage:
     """NVML utilization rates `.memory`: percent of the period device memory was read/written."""
 
 
-def load_nvml_module(kind: str, fake_gpus_path: str | None) -> Any:
-    """The NVML module to use: `pynvml` for "nvml", a `FakeNvml` for "fake".
+NvmlLoader = Callable[[str, str | None], Any]
+"""The NVML module for `--nvml` KIND and `--fake-gpus` FILE, given by whoever builds the daemon
+(`hami device-plugin`: `hami_plugin.deviceplugin_cli.load_nvml_module`). Raises NvmlUnavailable
+or ValueError with the one line to log."""
 
-    Raises NvmlUnavailable when pynvml is not installed, ValueError for an unknown kind or a
-    fake without a file.
-    """
-    if kind == "nvml":
-        try:
-            return importlib.import_module("pynvml")
-        except ImportError as error:
-            raise NvmlUnavailable(
-                f"NVML init failed: the nvidia-ml-py package is not installed ({error})"
-            ) from None
-    if kind == "fake":
-        if not fake_gpus_path:
-            raise ValueError("--nvml fake needs --fake-gpus FILE")
-        from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
 
-        return FakeNvml(fake_gpus_path)
-    raise ValueError(f"unknown NVML backend {kind!r} (expected nvml or fake)")
+def load_pynvml() -> Any:
+    """The `pynvml` module. Raises NvmlUnavailable when nvidia-ml-py is not installed."""
+    try:
+        return importlib.import_module("pynvml")
+    except ImportError as error:
+        raise NvmlUnavailable(
+            f"NVML init failed: the nvidia-ml-py package is not installed ({error})"
+        ) from None
 
 
 def sysfs_pci_address(bus_id: str) -> str:

@@ -56,7 +56,6 @@ from pathlib import Path
 
 import yaml
 
-from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
 from hami_plugin.deviceplugin.nvml import NvmlBackend
 from hami_plugin.protocol.codec import encode_node_devices, encode_pod_devices
 from hami_plugin.protocol.mig import MigAllocation, encode_mig_allocations
@@ -86,6 +85,7 @@ from hami_plugin.scheduler.ledger import Ledger
 from hami_plugin.scheduler.mig import select_mig_candidate
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.usage import DeviceTally
+from hami_plugin.testing.fakenvml.nvml import FakeNvml
 
 PHASES = ("topology", "mig")
 SPLIT = 10

@@ -32,6 +32,7 @@ from hami_plugin.clock import ManualClock, SystemClock
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.hamicore import HAMI_CORE_VERSION
 from hami_plugin.deviceplugin.settings import DevicePluginSettings, resolve_settings
+from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.extender.settings import SchedulerConfig, resolve_config
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol.model import ANNOTATION_BIND_PHASE, ANNOTATION_NODE_LOCK
@@ -201,7 +202,10 @@ def device_plugin_requests(objects: Sequence[Obj], directory: Path) -> list[Reco
             api.add_node(node)
             kube = KubeClient(api.api_client(), FAST_RETRY)
             daemon = DevicePluginDaemon(
-                settings, kube=kube, vgpulock_path=str(directory / "vgpulock")
+                settings,
+                load_nvml=load_nvml_module,
+                kube=kube,
+                vgpulock_path=str(directory / "vgpulock"),
             )
             kubelet = FakeKubelet(sock_dir).start()
             codes: list[int] = []

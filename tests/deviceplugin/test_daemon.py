@@ -21,6 +21,7 @@ import yaml
 from hami_plugin.clock import ManualClock
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
+from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.inflight import ANNOTATION_ALLOCATE_PROTOCOL
@@ -96,7 +97,11 @@ def running(
     )
     clock = ManualClock()
     daemon = DevicePluginDaemon(
-        settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"), clock=clock
+        settings,
+        load_nvml=load_nvml_module,
+        kube=kube,
+        vgpulock_path=str(tmp_path / "vgpulock"),
+        clock=clock,
     )
     kubelet = FakeKubelet(sock_dir).start()
     exit_codes: list[int] = []

@@ -17,6 +17,7 @@ from hami_plugin.deviceplugin.api import api_pb2
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.device_list import parse_device_list_strategies
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
+from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol.model import ContainerDevice
 from hami_plugin.testing.apiserver import FakeApiServer
@@ -67,7 +68,11 @@ def start(
         mofed_enabled=True,
     )
     daemon = DevicePluginDaemon(
-        settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"), clock=ManualClock()
+        settings,
+        load_nvml=load_nvml_module,
+        kube=kube,
+        vgpulock_path=str(tmp_path / "vgpulock"),
+        clock=ManualClock(),
     )
     with serving(daemon, sock_dir) as kubelet:
         yield Running(kubelet, apiserver, hook, cdi_dir)
@@ -166,7 +171,11 @@ def test_a_cdi_spec_that_cannot_be_written_stops_the_daemon(
         cdi_spec_dir=str(blocker),
     )
     daemon = DevicePluginDaemon(
-        settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"), clock=ManualClock()
+        settings,
+        load_nvml=load_nvml_module,
+        kube=kube,
+        vgpulock_path=str(tmp_path / "vgpulock"),
+        clock=ManualClock(),
     )
     assert daemon.run() == 1
     assert not daemon.started.is_set()

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from hami_plugin.clock import Clock, ManualClock
-from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
 from hami_plugin.deviceplugin.health import HealthChange, HealthMonitor, HealthTracker
 from hami_plugin.deviceplugin.nvml import GpuEvent, NvmlBackend, NvmlError, PhysicalGpu
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
+from hami_plugin.testing.fakenvml.nvml import FakeNvml
 
 UUID_A = "GPU-03f69c50-207a-2038-9b45-23cac89cb67a"
 UUID_B = "GPU-1afede84-4e70-2174-49af-f07ebb94d1ae"

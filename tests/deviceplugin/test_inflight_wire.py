@@ -32,6 +32,7 @@ from hami_plugin.deviceplugin.api.podresources import api_pb2 as podresources_pb
 from hami_plugin.deviceplugin.api.podresources import api_pb2_grpc as podresources_pb2_grpc
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
+from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import NotFound
 from hami_plugin.protocol import codec
@@ -109,7 +110,9 @@ def running_node(
         register_interval_seconds=register_interval_seconds,
         pod_resources_socket=kubelet.pod_resources_socket if pod_resources else "",
     )
-    daemon = DevicePluginDaemon(settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"))
+    daemon = DevicePluginDaemon(
+        settings, load_nvml=load_nvml_module, kube=kube, vgpulock_path=str(tmp_path / "vgpulock")
+    )
     kubelet.start()
     thread = threading.Thread(target=daemon.run)
     thread.start()

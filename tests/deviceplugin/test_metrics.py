@@ -15,8 +15,6 @@ from hypothesis import strategies as st
 from prometheus_client.metrics_core import Metric
 
 from hami_plugin.clock import ManualClock
-from hami_plugin.deviceplugin.fakenvml import errors
-from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
 from hami_plugin.deviceplugin.hamicore import inspect_hamicore
 from hami_plugin.deviceplugin.inventory import PhysicalGpu, VgpuDevice
 from hami_plugin.deviceplugin.metrics import (
@@ -35,6 +33,8 @@ from hami_plugin.protocol.model import (
     ContainerDevice,
 )
 from hami_plugin.protocol.objects import ContainerSpec, PodInfo
+from hami_plugin.testing.fakenvml import errors
+from hami_plugin.testing.fakenvml.nvml import FakeNvml
 from hami_plugin.testing.hamicore import install_fake_hamicore
 from tests.deviceplugin.records import KEYS, signed
 

@@ -25,6 +25,7 @@ from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.monitor.feedback import BLOCKED
 from hami_plugin.deviceplugin.monitor.region import parse_region
 from hami_plugin.deviceplugin.settings import DevicePluginSettings, add_arguments, resolve_settings
+from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.retry import RetryPolicy
 from hami_plugin.protocol import codec
@@ -115,7 +116,9 @@ def running_device_plugin(
         metrics_bind_address=bind,
     )
     kube = KubeClient(apiserver.api_client(), FAST)
-    daemon = DevicePluginDaemon(settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"))
+    daemon = DevicePluginDaemon(
+        settings, load_nvml=load_nvml_module, kube=kube, vgpulock_path=str(tmp_path / "vgpulock")
+    )
     kubelet = FakeKubelet(sock_dir).start()
     exit_codes: list[int] = []
     thread = threading.Thread(target=lambda: exit_codes.append(daemon.run()))

@@ -18,8 +18,8 @@ from hami_plugin.cli import main
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.mig.devices import MigDevice
 from hami_plugin.deviceplugin.mig.nvml import NvmlMig
-from hami_plugin.deviceplugin.nvml import load_nvml_module
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
+from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.mig import MigAllocation, decode_mig_allocations, encode_mig_allocations
@@ -106,7 +106,10 @@ class Node:
     def daemon(self) -> Iterator[tuple[DevicePluginDaemon, FakeKubelet]]:
         kube = KubeClient(self.apiserver.api_client(), FAST_RETRY)
         daemon = DevicePluginDaemon(
-            self.settings, kube=kube, vgpulock_path=str(self.tmp_path / "vgpulock")
+            self.settings,
+            load_nvml=load_nvml_module,
+            kube=kube,
+            vgpulock_path=str(self.tmp_path / "vgpulock"),
         )
         try:
             with serving(daemon, self.sock_dir) as kubelet:

@@ -20,8 +20,6 @@ from hami_plugin.deviceplugin.api import api_pb2
 from hami_plugin.deviceplugin.board import DeviceBoard
 from hami_plugin.deviceplugin.cdi import build_cdi_spec, mig_device_nodes, read_mig_minors
 from hami_plugin.deviceplugin.device_list import DeviceListConfig
-from hami_plugin.deviceplugin.fakenvml.errors import nvml_error
-from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
 from hami_plugin.deviceplugin.inventory import PhysicalGpu
 from hami_plugin.deviceplugin.mig.devices import MigDevice
 from hami_plugin.deviceplugin.mig.dynamic import DynamicMig, mig_allocation_container_name
@@ -49,6 +47,8 @@ from hami_plugin.deviceplugin.preferred import PreferredRequest, decide_preferre
 from hami_plugin.protocol.mig import MigAllocation
 from hami_plugin.protocol.model import ANNOTATION_VGPU_MIG_ALLOCATIONS, MigPlacement
 from hami_plugin.protocol.objects import ContainerSpec, PodInfo
+from hami_plugin.testing.fakenvml.errors import nvml_error
+from hami_plugin.testing.fakenvml.nvml import FakeNvml
 from tests.deviceplugin.mig_stub import StubMigNvml
 from tests.deviceplugin.test_mig_manager import (
     CARD,

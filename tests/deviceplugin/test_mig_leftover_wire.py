@@ -17,13 +17,13 @@ import os
 import grpc
 import pytest
 
-from hami_plugin.deviceplugin.fakenvml.migstate import state_path
 from hami_plugin.protocol.mig import decode_mig_allocations
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_VGPU_MIG_ALLOCATIONS,
     MigPlacement,
 )
+from hami_plugin.testing.fakenvml.migstate import state_path
 from tests.deviceplugin.pods import pod_annotations
 from tests.deviceplugin.test_mig_dynamic_wire import (
     GPU,

@@ -11,14 +11,14 @@ from typing import Any
 import pynvml
 import pytest
 
-from hami_plugin.deviceplugin.fakenvml.errors import nvml_error
-from hami_plugin.deviceplugin.fakenvml.migstate import derived_mig_uuid
-from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
 from hami_plugin.deviceplugin.mig.devices import MigModeState, MigNvml
 from hami_plugin.deviceplugin.mig.naming import mig_memory_size_gb, profile_name
 from hami_plugin.deviceplugin.mig.nvml import MigNvmlError, NvmlMig
 from hami_plugin.deviceplugin.nvml import NvmlError
 from hami_plugin.protocol.model import MigPlacement
+from hami_plugin.testing.fakenvml.errors import nvml_error
+from hami_plugin.testing.fakenvml.migstate import derived_mig_uuid
+from hami_plugin.testing.fakenvml.nvml import FakeNvml
 
 UUID_A = "GPU-03f69c50-207a-2038-9b45-23cac89cb67a"
 UUID_B = "GPU-1afede84-4e70-2174-49af-f07ebb94d1ae"

@@ -9,9 +9,9 @@ from typing import Any
 import pynvml
 import pytest
 
-from hami_plugin.deviceplugin.fakenvml.errors import nvml_error
-from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
 from hami_plugin.deviceplugin.mig.nvml import MigNvmlError, NvmlMig
+from hami_plugin.testing.fakenvml.errors import nvml_error
+from hami_plugin.testing.fakenvml.nvml import FakeNvml
 from tests.deviceplugin.test_mig_nvml import fake as fake  # the fixtures
 from tests.deviceplugin.test_mig_nvml import mig as mig
 

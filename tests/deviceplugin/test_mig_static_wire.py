@@ -17,15 +17,16 @@ import yaml
 from hami_plugin.clock import ManualClock
 from hami_plugin.deviceplugin.api import api_pb2
 from hami_plugin.deviceplugin.daemon import EXIT_FAILURE, DevicePluginDaemon
-from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
-from hami_plugin.deviceplugin.fakenvml.values import (
+from hami_plugin.deviceplugin.settings import DevicePluginSettings
+from hami_plugin.deviceplugin_cli import load_nvml_module
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.testing.apiserver import FakeApiServer
+from hami_plugin.testing.fakenvml.nvml import FakeNvml
+from hami_plugin.testing.fakenvml.values import (
     FakeDeviceHandle,
     FakeEventData,
     nvmlEventTypeXidCriticalError,
 )
-from hami_plugin.deviceplugin.settings import DevicePluginSettings
-from hami_plugin.kube.client import KubeClient
-from hami_plugin.testing.apiserver import FakeApiServer
 from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import (
     DeviceState,
@@ -146,7 +147,11 @@ def run_node(
     registrations: int,
 ) -> Iterator[Node]:
     daemon = DevicePluginDaemon(
-        settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"), clock=ManualClock()
+        settings,
+        load_nvml=load_nvml_module,
+        kube=kube,
+        vgpulock_path=str(tmp_path / "vgpulock"),
+        clock=ManualClock(),
     )
     with serving(daemon, sock_dir) as kubelet:
         kubelet.wait_for_registrations(registrations)
@@ -236,7 +241,9 @@ def test_single_refuses_to_start_with_two_kinds_of_mig_devices(
 ) -> None:
     apiserver.add_node(NODE)
     settings = settings_for(sock_dir, tmp_path, "single", MIXED_NODE)
-    daemon = DevicePluginDaemon(settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"))
+    daemon = DevicePluginDaemon(
+        settings, load_nvml=load_nvml_module, kube=kube, vgpulock_path=str(tmp_path / "vgpulock")
+    )
     with caplog.at_level(logging.ERROR):
         assert daemon.run() == EXIT_FAILURE
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
@@ -256,7 +263,9 @@ def test_single_refuses_a_plain_gpu_next_to_uniform_mig_devices(
     apiserver.add_node(NODE)
     gpus = [plain_gpu(), mig_gpu(MIG_GPU, [{"profile": "1g.10gb", "start": 0, "uuid": MIG_A}])]
     settings = settings_for(sock_dir, tmp_path, "single", gpus)
-    daemon = DevicePluginDaemon(settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"))
+    daemon = DevicePluginDaemon(
+        settings, load_nvml=load_nvml_module, kube=kube, vgpulock_path=str(tmp_path / "vgpulock")
+    )
     with caplog.at_level(logging.ERROR):
         assert daemon.run() == EXIT_FAILURE
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
@@ -291,7 +300,9 @@ def test_hami_mig_device_info_names_the_containers_holding_mig_devices(
         metrics_bind_address="127.0.0.1:0",
         pod_resources_socket=kubelet.pod_resources_socket,
     )
-    daemon = DevicePluginDaemon(settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"))
+    daemon = DevicePluginDaemon(
+        settings, load_nvml=load_nvml_module, kube=kube, vgpulock_path=str(tmp_path / "vgpulock")
+    )
     exit_codes: list[int] = []
     thread = threading.Thread(target=lambda: exit_codes.append(daemon.run()))
     thread.start()
@@ -350,8 +361,8 @@ def test_an_xid_inside_one_mig_device_marks_only_that_device(
     fake = FakeNvml(settings.fake_gpus)
     daemon = DevicePluginDaemon(
         settings,
+        load_nvml=lambda _kind, _path: fake,
         kube=kube,
-        nvml_module=fake,
         vgpulock_path=str(tmp_path / "vgpulock"),
         clock=ManualClock(),
     )

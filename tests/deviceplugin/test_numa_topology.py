@@ -13,6 +13,7 @@ import yaml
 from hami_plugin.clock import ManualClock
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.settings import add_arguments, resolve_settings
+from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.testing.apiserver import FakeApiServer
 from tests.deviceplugin.daemons import serving
@@ -59,7 +60,11 @@ def test_kubelet_sees_the_numa_nodes_when_the_device_config_enables_them(
     )  # fmt: skip
     settings = resolve_settings(args, {})
     daemon = DevicePluginDaemon(
-        settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"), clock=ManualClock()
+        settings,
+        load_nvml=load_nvml_module,
+        kube=kube,
+        vgpulock_path=str(tmp_path / "vgpulock"),
+        clock=ManualClock(),
     )
     with serving(daemon, sock_dir) as kubelet:
         kubelet.wait_for_registrations(1, timeout=10)

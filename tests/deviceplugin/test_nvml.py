@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from hami_plugin.deviceplugin.fakenvml import errors, values
-from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
 from hami_plugin.deviceplugin.nvml import (
     EventsNotSupportedError,
     GpuEvent,
@@ -18,9 +16,11 @@ from hami_plugin.deviceplugin.nvml import (
     NvmlError,
     NvmlUnavailable,
     PhysicalGpu,
-    load_nvml_module,
+    load_pynvml,
     sysfs_pci_address,
 )
+from hami_plugin.testing.fakenvml import errors, values
+from hami_plugin.testing.fakenvml.nvml import FakeNvml
 
 UUID_A = "GPU-03f69c50-207a-2038-9b45-23cac89cb67a"
 UUID_B = "GPU-1afede84-4e70-2174-49af-f07ebb94d1ae"
@@ -206,21 +206,12 @@ def test_bad_fake_file_becomes_nvml_unavailable_naming_the_file(tmp_path: Path) 
 def test_real_pynvml_without_a_driver_is_a_clear_nvml_unavailable() -> None:
     if ctypes.util.find_library("nvidia-ml"):
         pytest.skip("libnvidia-ml is installed here; this test is for machines without it")
-    backend = NvmlBackend(load_nvml_module("nvml", None))
+    backend = NvmlBackend(load_pynvml())
     with pytest.raises(NvmlUnavailable) as caught:
         backend.start()
     assert str(caught.value).startswith(
         "NVML init failed: NVML Shared Library Not Found (is the NVIDIA driver mounted?"
     )
-
-
-def test_load_nvml_module_kinds(tmp_path: Path) -> None:
-    assert isinstance(load_nvml_module("fake", str(tmp_path / "g.yaml")), FakeNvml)
-    assert load_nvml_module("nvml", None).__name__ == "pynvml"
-    with pytest.raises(ValueError, match="needs --fake-gpus"):
-        load_nvml_module("fake", None)
-    with pytest.raises(ValueError, match="unknown NVML backend 'cuda'"):
-        load_nvml_module("cuda", None)
 
 
 def test_count_failure_is_an_nvml_error(tmp_path: Path) -> None:

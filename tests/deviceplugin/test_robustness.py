@@ -33,6 +33,7 @@ from hami_plugin.deviceplugin.kubelet import Backoff, KubeletRegistrar
 from hami_plugin.deviceplugin.register import RegisterPublisher
 from hami_plugin.deviceplugin.server import DevicePluginService
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
+from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import Retryable
 from hami_plugin.kube.retry import RetryPolicy
@@ -799,7 +800,9 @@ def test_a_gpu_that_vanishes_and_comes_back_and_a_broken_file(
         register_interval_seconds=0.1,
         health_wait_ms=50,
     )
-    daemon = DevicePluginDaemon(settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"))
+    daemon = DevicePluginDaemon(
+        settings, load_nvml=load_nvml_module, kube=kube, vgpulock_path=str(tmp_path / "vgpulock")
+    )
     exit_codes: list[int] = []
     thread = threading.Thread(target=lambda: exit_codes.append(daemon.run()))
     kubelet = FakeKubelet(sock_dir).start()

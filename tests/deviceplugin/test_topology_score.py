@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
 from hami_plugin.deviceplugin.topology import TopologyError, bus_id, measure_links
 from hami_plugin.protocol.topology import (
     DeviceScore,
@@ -25,6 +24,7 @@ from hami_plugin.protocol.topology import (
     nvlink_type,
     pair_score,
 )
+from hami_plugin.testing.fakenvml.nvml import FakeNvml
 
 NV1 = nvlink_type(1)
 NV2 = nvlink_type(2)

@@ -13,6 +13,7 @@ import pytest
 
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
+from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol.inflight import ANNOTATION_ALLOCATE_PROTOCOL
 from hami_plugin.protocol.topology import NODE_NVIDIA_SCORE_ANNOTATION
@@ -54,7 +55,9 @@ def test_hgx_node_publishes_pair_scores(
         register_interval_seconds=0.3,
         enable_topology_score=enabled,
     )
-    daemon = DevicePluginDaemon(settings, kube=kube, vgpulock_path=str(tmp_path / "vgpulock"))
+    daemon = DevicePluginDaemon(
+        settings, load_nvml=load_nvml_module, kube=kube, vgpulock_path=str(tmp_path / "vgpulock")
+    )
     with serving(daemon, sock_dir):
         wait_until(
             lambda: ANNOTATION_ALLOCATE_PROTOCOL in node_annotations(apiserver), timeout=30.0

@@ -22,6 +22,7 @@ import yaml
 
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
+from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.inflight import ALLOCATE_PROTOCOL, ANNOTATION_ALLOCATE_PROTOCOL
@@ -85,7 +86,9 @@ def cluster(apiserver: FakeApiServer, tmp_path: Path) -> Iterator[Cluster]:
         metrics_bind_address="0",
     )
     plugin_kube = KubeClient(apiserver.api_client(), FAST_RETRY)
-    plugin = DevicePluginDaemon(settings, kube=plugin_kube, vgpulock_path=str(tmp_path / "lock"))
+    plugin = DevicePluginDaemon(
+        settings, load_nvml=load_nvml_module, kube=plugin_kube, vgpulock_path=str(tmp_path / "lock")
+    )
     kubelet = FakeKubelet(sock_dir).start()
     codes: list[int] = []
     thread = threading.Thread(target=lambda: codes.append(plugin.run()), name="device-plugin")

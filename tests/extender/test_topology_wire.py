@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
 from hami_plugin.deviceplugin.topology import measure_links
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.model import ANNOTATION_DEVICES_TO_ALLOCATE, ANNOTATION_NODE_LOCK
@@ -17,6 +16,7 @@ from hami_plugin.protocol.topology import (
     encode_pair_scores,
 )
 from hami_plugin.testing.apiserver import FakeApiServer
+from hami_plugin.testing.fakenvml.nvml import FakeNvml
 from tests.extender.cluster import running_scheduler
 from tests.extender.helpers import gpu_node, gpu_pod
 from tests.processes import wait_until

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
 from hami_plugin.deviceplugin.inventory import VgpuDevice
 from hami_plugin.deviceplugin.metrics import start_device_plugin_metrics
 from hami_plugin.deviceplugin.nvml import NvmlBackend
@@ -30,6 +29,7 @@ from hami_plugin.protocol.model import (
     LABEL_VGPU_NODE,
 )
 from hami_plugin.testing.apiserver import make_container, make_pod
+from hami_plugin.testing.fakenvml.nvml import FakeNvml
 from tests.deviceplugin.monitor.helpers import region_file
 from tests.deviceplugin.monitor.region_writer import DeviceMemory, Proc, RegionSpec
 from tests.extender.test_metrics import sample_view

@@ -1,8 +1,9 @@
 """`NvmlMig`: the `MigNvml` interface over an NVML module (`pynvml`, or the fake NVML).
 
-Constructed with the module as `deviceplugin.nvml.NvmlBackend` is (`load_nvml_module`); NVML
-must be initialised by the caller. Every NVML failure becomes a `MigNvmlError` (an `NvmlError`)
-carrying NVML's return code in `.code` and a message naming the call, worded as HAMi v2.10's
+Constructed with the module `deviceplugin.nvml.NvmlBackend` calls (`NvmlBackend.nvml`), NVML
+initialised by the caller. Every NVML failure becomes a `MigNvmlError` (an `NvmlError`, from
+`mig.nvmlcalls`, which makes the calls) carrying NVML's return code in `.code` and a message
+naming the call, worded as HAMi v2.10's
 pkg/device-plugin/nvidiadevice/nvinternal/plugin/migmgr.go words it.
 
 What follows HAMi:
@@ -28,9 +29,9 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 from hami_plugin.deviceplugin.mig import naming
 from hami_plugin.deviceplugin.mig.devices import (
@@ -38,21 +39,23 @@ from hami_plugin.deviceplugin.mig.devices import (
     MigModeState,
     MigProfileInfo,
 )
-from hami_plugin.deviceplugin.nvml import NvmlError
+from hami_plugin.deviceplugin.mig.nvmlcalls import (
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NOT_FOUND,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVML_SUCCESS,
+    MigNvmlError,
+    NvmlCalls,
+    text,
+)
 from hami_plugin.protocol.model import MigPlacement
 
 __all__ = ["MigNvmlError", "NvmlMig"]
 
 logger = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
 _MIB = 1024 * 1024
-# NVML return codes.
-_SUCCESS = 0
-_INVALID_ARGUMENT = 2
-_NOT_SUPPORTED = 3
-_NOT_FOUND = 6
-_FUNCTION_NOT_FOUND = 13
 
 _HAMI_GI_ORDER = (
     naming.GI_1_SLICE,
@@ -67,32 +70,6 @@ _HAMI_GI_ORDER = (
 the values of its `profileNameToGIProfileID`."""
 
 
-NVML_ERROR_NO_PERMISSION = 4
-
-NO_PERMISSION_HINT = (
-    " (MIG management needs CAP_SYS_ADMIN and the MIG capability devices: run the device "
-    "plugin privileged, chart value devicePlugin.securityContext)"
-)
-"""Added to an NVML `Insufficient Permissions` answer: the usual cause is the chart's
-unprivileged default on a dynamic-MIG node (docs/device-plugin.md, "Dynamic MIG")."""
-
-
-class MigNvmlError(NvmlError):
-    """A MIG NVML call failed. `code` is NVML's return code (None: refused before NVML was
-    asked, e.g. an unsupported profile name or a placement NVML does not offer). A refusal for
-    missing permissions says what to change (`NO_PERMISSION_HINT`)."""
-
-    def __init__(self, message: str, code: int | None = None) -> None:
-        if code == NVML_ERROR_NO_PERMISSION:
-            message += NO_PERMISSION_HINT
-        super().__init__(message)
-        self.code = code
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _placements_message(gpu_index: int, profile_id: int, reason: str) -> str:
     return f"gpu {gpu_index} get placements for profile {profile_id}: {reason}"
 
@@ -102,83 +79,8 @@ def _placement_text(start: int, size: int) -> str:
     return f"{{Start:{start} Size:{size}}}"
 
 
-class NvmlMig:
-    """`MigNvml` over an NVML module object (pynvml or `fakenvml.nvml.FakeNvml`)."""
-
-    def __init__(self, nvml: Any) -> None:
-        self._nvml = nvml
-        self._error_type: type[Exception] = nvml.NVMLError
-
-    # -- plumbing --
-
-    def _code(self, error: BaseException) -> int | None:
-        value = getattr(error, "value", None)
-        return value if isinstance(value, int) else None
-
-    def _error_string(self, code: int) -> str:
-        try:
-            return _text(self._nvml.nvmlErrorString(code))
-        except Exception:  # only used to word a message
-            return f"NVML error {code}"
-
-    def _call(self, describe: Callable[[str], str], function: Callable[[], _T]) -> _T:
-        """Run one NVML call; its NVMLError becomes MigNvmlError(describe(reason), code)."""
-        try:
-            return function()
-        except self._error_type as error:
-            raise MigNvmlError(describe(str(error)), self._code(error)) from error
-
-    def _try(self, function: Callable[[], _T]) -> tuple[_T | None, int]:
-        """Run one NVML call; (result, NVML_SUCCESS) or (None, its return code)."""
-        try:
-            return function(), _SUCCESS
-        except self._error_type as error:
-            code = self._code(error)
-            return None, code if code is not None else -1
-
-    def _handle(self, gpu_index: int) -> Any:
-        """migmgr.go:161-167 `deviceHandleByIndex`."""
-        return self._call(
-            lambda reason: f"nvml get handle by index {gpu_index}: {reason}",
-            lambda: self._nvml.nvmlDeviceGetHandleByIndex(gpu_index),
-        )
-
-    def _total_memory_bytes(self, handle: Any, gpu_index: int) -> int:
-        info = self._call(
-            lambda reason: f"gpu {gpu_index} get memory info: {reason}",
-            lambda: self._nvml.nvmlDeviceGetMemoryInfo(handle),
-        )
-        return int(info.total)
-
-    def _gi_profile_info(self, handle: Any, constant: int) -> tuple[Any | None, int]:
-        """`nvmlDeviceGetGpuInstanceProfileInfo` (pynvml asks the driver's `...InfoV` first; a
-        driver without it answers FunctionNotFound, then the v1 call is used)."""
-        info, ret = self._try(
-            lambda: self._nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, constant)
-        )
-        if ret == _FUNCTION_NOT_FOUND:
-            info, ret = self._try(
-                lambda: self._nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, constant, 1)
-            )
-        return info, ret
-
-    def _placements(self, handle: Any, info: Any) -> list[MigPlacement]:
-        """`nvmlDeviceGetGpuInstancePossiblePlacements` for a profile (raises the NVMLError)."""
-        count = ctypes.c_uint(0)
-        # A NULL array asks for the count (nvmlDeviceGetGpuInstancePossiblePlacements_v2).
-        self._nvml.nvmlDeviceGetGpuInstancePossiblePlacements(
-            handle, int(info.id), None, ctypes.byref(count)
-        )
-        capacity = max(int(count.value), 1)
-        array = (self._nvml.c_nvmlGpuInstancePlacement_t * capacity)()
-        count = ctypes.c_uint(capacity)
-        self._nvml.nvmlDeviceGetGpuInstancePossiblePlacements(
-            handle, int(info.id), array, ctypes.byref(count)
-        )
-        return [
-            MigPlacement(start=int(array[i].start), size=int(array[i].size))
-            for i in range(int(count.value))
-        ]
+class NvmlMig(NvmlCalls):
+    """`MigNvml` over an NVML module object (pynvml, or the fake NVML's `FakeNvml`)."""
 
     # -- MIG mode --
 
@@ -187,7 +89,7 @@ class NvmlMig:
         try:
             current, pending = self._nvml.nvmlDeviceGetMigMode(handle)
         except self._error_type as error:
-            if self._code(error) in (_NOT_SUPPORTED, _FUNCTION_NOT_FOUND):
+            if self._code(error) in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
                 return MigModeState(current=False, pending=False, supported=False)
             raise MigNvmlError(
                 f"gpu {gpu_index} get mig mode: {error}", self._code(error)
@@ -204,7 +106,7 @@ class NvmlMig:
             lambda: self._nvml.nvmlDeviceSetMigMode(handle, mode),
         )
         status = int(getattr(activation, "value", activation))
-        if status != _SUCCESS:
+        if status != NVML_SUCCESS:
             raise MigNvmlError(
                 f"gpu {gpu_index} activate mig mode: {self._error_string(status)}", status
             )
@@ -221,7 +123,7 @@ class NvmlMig:
         for constant in _HAMI_GI_ORDER:
             info, ret = self._gi_profile_info(handle, constant)
             if info is None:
-                if ret in (_NOT_SUPPORTED, _INVALID_ARGUMENT):
+                if ret in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT):
                     continue
                 raise MigNvmlError(
                     f"gpu {gpu_index} get GI profile {constant}: {self._error_string(ret)}", ret
@@ -295,7 +197,7 @@ class NvmlMig:
         mode = self.mig_mode(gpu_index)
         if not mode.supported or not mode.current:
             return []
-        parent_uuid = _text(
+        parent_uuid = text(
             self._call(
                 lambda reason: f"gpu {gpu_index} get UUID: {reason}",
                 lambda: self._nvml.nvmlDeviceGetUUID(handle),
@@ -335,9 +237,7 @@ class NvmlMig:
                 lambda: nvml.nvmlDeviceGetComputeInstanceId(mig),
             )
         )
-        uuid = _text(
-            self._call(lambda r: f"get MIG UUID: {r}", lambda: nvml.nvmlDeviceGetUUID(mig))
-        )
+        uuid = text(self._call(lambda r: f"get MIG UUID: {r}", lambda: nvml.nvmlDeviceGetUUID(mig)))
         memory = self._call(
             lambda r: f"{where}: get memory info: {r}", lambda: nvml.nvmlDeviceGetMemoryInfo(mig)
         )
@@ -441,7 +341,7 @@ class NvmlMig:
             self._call(lambda r: f"get CI info: {r}", lambda: nvml.nvmlComputeInstanceGetInfo(ci))
             gi_id = int(gi_data.id)
             mig_index, mig = self._find_mig_for_gi(handle, gpu_index, gi_id)
-            parent_uuid = _text(
+            parent_uuid = text(
                 self._call(
                     lambda r: f"gpu {gpu_index} get UUID: {r}",
                     lambda: nvml.nvmlDeviceGetUUID(handle),
@@ -484,7 +384,7 @@ class NvmlMig:
         nvml = self._nvml
         handle = self._handle(gpu_index)
         gi, ret = self._try(lambda: nvml.nvmlDeviceGetGpuInstanceById(handle, gpu_instance_id))
-        if ret == _NOT_FOUND:
+        if ret == NVML_ERROR_NOT_FOUND:
             return
         if gi is None:
             raise MigNvmlError(
@@ -498,7 +398,7 @@ class NvmlMig:
                 lambda r: f"destroy CI {compute_instance_id} on gpu {gpu_index}: {r}",
                 lambda: nvml.nvmlComputeInstanceDestroy(ci),
             )
-        elif ret != _NOT_FOUND:
+        elif ret != NVML_ERROR_NOT_FOUND:
             raise MigNvmlError(
                 f"get CI {compute_instance_id} on gpu {gpu_index}: {self._error_string(ret)}", ret
             )
@@ -551,18 +451,6 @@ class NvmlMig:
                     lambda r: f"destroy gpu instance: {r}",
                     partial(nvml.nvmlGpuInstanceDestroy, gi),
                 )
-
-    def _list(
-        self, handle_type: Any, capacity: int, fill: Callable[[Any, Any], object]
-    ) -> list[Any] | None:
-        """Call an NVML "fill this array" function; None when NVML refuses (HAMi skips those)."""
-        size = max(capacity, 1)
-        array = (handle_type * size)()
-        count = ctypes.c_uint(size)
-        _result, ret = self._try(lambda: fill(array, ctypes.byref(count)))
-        if ret != _SUCCESS:
-            return None
-        return [array[i] for i in range(int(count.value))]
 
     # -- busy --
 

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hami_plugin.deviceplugin.fakenvml import errors, migvalues
-from hami_plugin.deviceplugin.fakenvml.gpufile import FakeGpuFileError, parse_fake_gpus
-from hami_plugin.deviceplugin.fakenvml.migstate import derived_mig_uuid, state_path
-from hami_plugin.deviceplugin.fakenvml.migtables import model_profiles, profile_display_name
-from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
+from hami_plugin.testing.fakenvml import errors, migvalues
+from hami_plugin.testing.fakenvml.gpufile import FakeGpuFileError, parse_fake_gpus
+from hami_plugin.testing.fakenvml.migstate import derived_mig_uuid, state_path
+from hami_plugin.testing.fakenvml.migtables import model_profiles, profile_display_name
+from hami_plugin.testing.fakenvml.nvml import FakeNvml
 
 UUID_A = "GPU-03f69c50-207a-2038-9b45-23cac89cb67a"
 UUID_B = "GPU-1afede84-4e70-2174-49af-f07ebb94d1ae"

@@ -44,14 +44,14 @@ from dataclasses import dataclass
 
 import yaml
 
-from hami_plugin.deviceplugin.fakenvml.errors import ERROR_CODES
-from hami_plugin.deviceplugin.fakenvml.migtables import (
+from hami_plugin.testing.fakenvml.errors import ERROR_CODES
+from hami_plugin.testing.fakenvml.migtables import (
     model_profiles,
     model_total_memory_mib,
     profile_display_name,
     resolve_profile,
 )
-from hami_plugin.deviceplugin.fakenvml.topology import (
+from hami_plugin.testing.fakenvml.topology import (
     FakeTopology,
     FakeTopologyError,
     parse_topology,

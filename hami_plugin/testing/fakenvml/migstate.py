@@ -27,14 +27,14 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from hami_plugin.deviceplugin.fakenvml.errors import (
+from hami_plugin.testing.fakenvml.errors import (
     NVMLError_InsufficientResources,
     NVMLError_InUse,
     NVMLError_InvalidArgument,
 )
-from hami_plugin.deviceplugin.fakenvml.gpufile import FakeGpuSpec
-from hami_plugin.deviceplugin.fakenvml.mignames import CI_PROFILE_SLICES
-from hami_plugin.deviceplugin.fakenvml.migtables import (
+from hami_plugin.testing.fakenvml.gpufile import FakeGpuSpec
+from hami_plugin.testing.fakenvml.mignames import CI_PROFILE_SLICES
+from hami_plugin.testing.fakenvml.migtables import (
     FakeMigProfile,
     full_ci_profile,
     model_profiles,

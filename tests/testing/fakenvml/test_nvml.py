@@ -10,8 +10,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from hami_plugin.deviceplugin.fakenvml import errors, values
-from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
+from hami_plugin.testing.fakenvml import errors, values
+from hami_plugin.testing.fakenvml.nvml import FakeNvml
 
 UUID_A = "GPU-03f69c50-207a-2038-9b45-23cac89cb67a"
 UUID_B = "GPU-1afede84-4e70-2174-49af-f07ebb94d1ae"
@@ -243,7 +243,7 @@ def test_invalid_edit_keeps_last_state_and_is_logged_once(
     nvml: FakeNvml, gpus_file: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     event_set = registered_set(nvml, UUID_B)
-    caplog.set_level(logging.ERROR, logger="hami_plugin.deviceplugin.fakenvml.nvml")
+    caplog.set_level(logging.ERROR, logger="hami_plugin.testing.fakenvml.nvml")
     rewrite(gpus_file, "gpus: [\n")
     with pytest.raises(errors.NVMLError_Timeout):
         nvml.nvmlEventSetWait(event_set, 250)

@@ -1,11 +1,11 @@
 """NVML's MIG profile constants and NVIDIA's MIG profile names, for the fake NVML.
 
 The fake keeps its own copy rather than importing the adapter's (`deviceplugin.mig.naming`):
-the adapter is what the fake tests, and `fakenvml` may not depend on the MIG package (the
-deviceplugin sub-packages are acyclic). The name is go-nvlib v0.12.0's `MigProfileInfo.String()`
-(pkg/nvlib/device/mig_profile.go): `<G>g.<GB>gb` or `<C>c.<G>g.<GB>gb` plus the profile's
-attribute suffix, GB from `getMigMemorySizeGB` (the share of the GPU's memory rounded up to an
-eighth, times the GPU's whole GB rounded up, rounded half away from zero).
+the adapter is what the fake tests, so the two are written apart. The name is go-nvlib
+v0.12.0's `MigProfileInfo.String()` (pkg/nvlib/device/mig_profile.go): `<G>g.<GB>gb` or
+`<C>c.<G>g.<GB>gb` plus the profile's attribute suffix, GB from `getMigMemorySizeGB` (the share
+of the GPU's memory rounded up to an eighth, times the GPU's whole GB rounded up, rounded half
+away from zero).
 """
 
 from __future__ import annotations

@@ -1,21 +1,19 @@
-"""The MIG calls of the fake NVML, with pynvml's names, argument order and return types.
+"""The MIG calls of the fake NVML (MIG mode, profiles, GPU and compute instances), with
+pynvml's names, argument order and return types.
 
-`MigCalls` is mixed into `FakeNvml`. What pynvml returns as ctypes structures is a ctypes
+`MigCalls` is mixed into `FakeNvml`, beside `fakenvml.migdevices.MigDeviceCalls` (the MIG
+devices the compute instances make). What pynvml returns as ctypes structures is a ctypes
 structure here too, with pynvml's field names (`c_nvmlGpuInstanceProfileInfo_v2_t`,
 `c_nvmlGpuInstancePlacement_t` ...); GPU and compute instance handles are ctypes pointers
 (`c_nvmlGpuInstance_t`, `c_nvmlComputeInstance_t`), so the callers' arrays of handles
 (`(nvml.c_nvmlGpuInstance_t * n)()` for `nvmlDeviceGetGpuInstances`) hold them as with the real
 library; the calls that fill caller arrays take the array and `byref(count)` as pynvml does.
-MIG device handles (`nvmlDeviceGetMigDeviceHandleByIndex`) are `FakeMigDeviceHandle`s, accepted
-by the device calls that work on MIG devices (`nvmlDeviceGetUUID`, `nvmlDeviceGetMemoryInfo`,
-`nvmlDeviceGetName`, `nvmlDeviceGetComputeRunningProcesses` ...).
 
 NVML's answers, as its documentation gives them: NVML_ERROR_NOT_SUPPORTED for a GPU without
 MIG, or with MIG disabled, and for a profile the GPU lacks; NVML_ERROR_INVALID_ARGUMENT for an
-unknown profile id, a placement that is not one of the profile's, a stale instance handle or a
-MIG device index past `nvmlDeviceGetMaxMigDeviceCount`; NVML_ERROR_NOT_FOUND for an instance
-id or MIG device index with nothing behind it; the creation and destruction rules are
-`fakenvml.migstate`'s.
+unknown profile id, a placement that is not one of the profile's or a stale instance handle;
+NVML_ERROR_NOT_FOUND for an instance id with nothing behind it; the creation and destruction
+rules are `fakenvml.migstate`'s.
 """
 
 # pynvml's names (c_nvmlGpuInstance_t, nvmlDeviceGetMigMode ...), so that the fake is a drop-in.
@@ -30,10 +28,9 @@ from ctypes import (
 )
 from typing import Any
 
-from hami_plugin.deviceplugin.fakenvml import mignames as naming
-from hami_plugin.deviceplugin.fakenvml.errors import (
+from hami_plugin.testing.fakenvml import mignames as naming
+from hami_plugin.testing.fakenvml.errors import (
     NVMLError_FunctionNotFound,
-    NVMLError_GpuIsLost,
     NVMLError_InsufficientResources,
     NVMLError_InsufficientSize,
     NVMLError_InUse,
@@ -41,20 +38,18 @@ from hami_plugin.deviceplugin.fakenvml.errors import (
     NVMLError_NotFound,
     NVMLError_NotSupported,
 )
-from hami_plugin.deviceplugin.fakenvml.gpufile import FakeGpuSpec
-from hami_plugin.deviceplugin.fakenvml.migstate import (
+from hami_plugin.testing.fakenvml.gpufile import FakeGpuSpec
+from hami_plugin.testing.fakenvml.migstate import (
     FakeComputeInstance,
     FakeGpuInstance,
     FakeGpuMig,
     FakeMigStore,
 )
-from hami_plugin.deviceplugin.fakenvml.migtables import MAX_MIG_DEVICES, profile_display_name
-from hami_plugin.deviceplugin.fakenvml.migvalues import (
+from hami_plugin.testing.fakenvml.migtables import profile_display_name
+from hami_plugin.testing.fakenvml.migvalues import (
     NVML_DEVICE_NAME_V2_BUFFER_SIZE,
     FakeComputeInstanceInfo,
     FakeGpuInstanceInfo,
-    FakeMigDeviceHandle,
-    FakeProcessInfo,
     c_nvmlComputeInstance_t,
     c_nvmlComputeInstancePlacement_t,
     c_nvmlComputeInstanceProfileInfo_t,
@@ -68,14 +63,11 @@ from hami_plugin.deviceplugin.fakenvml.migvalues import (
     struct_c_nvmlComputeInstance_t,
     struct_c_nvmlGpuInstance_t,
 )
-from hami_plugin.deviceplugin.fakenvml.values import (
+from hami_plugin.testing.fakenvml.values import (
     NVML_DEVICE_MIG_DISABLE,
     NVML_DEVICE_MIG_ENABLE,
     FakeDeviceHandle,
-    FakeMemoryInfo,
 )
-
-_NOT_AVAILABLE = 0xFFFFFFFF
 
 
 def _deref(value: Any) -> Any:
@@ -228,35 +220,6 @@ class MigCalls:
         if state is None or gi is None or ci is None or ci.serial != serial:
             raise NVMLError_InvalidArgument()
         return gpu, state, gi, ci
-
-    def _mig_device_locked(
-        self, handle: FakeMigDeviceHandle
-    ) -> tuple[FakeGpuSpec, FakeGpuMig, FakeGpuInstance, FakeComputeInstance]:
-        self._mig_store.sync(self._gpus)
-        for state in self._mig_store.gpus():
-            for gi, ci in state.mig_devices():
-                if ci.uuid == handle.uuid:
-                    return self._gpus[state.uuid], state, gi, ci
-        raise NVMLError_NotFound()
-
-    def _mig_device(
-        self, handle: FakeMigDeviceHandle
-    ) -> tuple[FakeGpuSpec, FakeGpuMig, FakeGpuInstance, FakeComputeInstance]:
-        self._check_init()
-        self._refresh()
-        with self._lock:
-            found = self._mig_device_locked(handle)
-        if not found[0].healthy:
-            raise NVMLError_GpuIsLost()
-        return found
-
-    # -- test hooks (not part of pynvml) --
-
-    def set_running_processes(self, uuid: str, pids: tuple[int, ...]) -> None:
-        """Make `nvmlDeviceGetComputeRunningProcesses` report these pids on a GPU or MIG device
-        (by UUID), instead of what the fake GPU file says (for tests)."""
-        with self._lock:
-            self._process_overrides[uuid] = tuple(pids)
 
     # -- MIG mode --
 
@@ -559,103 +522,3 @@ class MigCalls:
             state.destroy_compute_instance(gi, ci)
             self._mig_store.save()
         return 0
-
-    # -- MIG devices --
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, device: FakeDeviceHandle) -> int:
-        gpu = self._lookup(device, live=True)
-        with self._lock:
-            state = self._mig_locked(gpu)
-        return MAX_MIG_DEVICES if state is not None and state.current else 0
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(
-        self, device: FakeDeviceHandle, index: int
-    ) -> FakeMigDeviceHandle:
-        gpu = self._lookup(device, live=True)
-        with self._lock:
-            state = self._mig_gpu_locked(gpu)
-            devices = state.mig_devices()
-        if not 0 <= index < MAX_MIG_DEVICES:
-            raise NVMLError_InvalidArgument()
-        if index >= len(devices):
-            raise NVMLError_NotFound()
-        return FakeMigDeviceHandle(devices[index][1].uuid)
-
-    def nvmlDeviceIsMigDeviceHandle(self, device: Any) -> int:
-        if isinstance(device, FakeMigDeviceHandle):
-            self._mig_device(device)
-            return 1
-        self._lookup(device, live=False)
-        return 0
-
-    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
-        self, migDevice: FakeMigDeviceHandle
-    ) -> FakeDeviceHandle:
-        if not isinstance(migDevice, FakeMigDeviceHandle):
-            raise NVMLError_InvalidArgument()
-        gpu, _state, _gi, _ci = self._mig_device(migDevice)
-        return FakeDeviceHandle(gpu.uuid)
-
-    def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:
-        if not isinstance(device, FakeMigDeviceHandle):
-            self._lookup(device, live=True)
-            raise NVMLError_NotSupported()
-        return self._mig_device(device)[2].id
-
-    def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int:
-        if not isinstance(device, FakeMigDeviceHandle):
-            self._lookup(device, live=True)
-            raise NVMLError_NotSupported()
-        return self._mig_device(device)[3].id
-
-    # -- device calls that also take MIG device handles --
-
-    def _mig_uuid(self, handle: FakeMigDeviceHandle) -> str:
-        return self._mig_device(handle)[3].uuid
-
-    def _mig_name(self, handle: FakeMigDeviceHandle) -> str:
-        gpu, _state, gi, ci = self._mig_device(handle)
-        name = naming.mig_profile_name(
-            gi.profile.slice_count,
-            ci.slice_count,
-            gi.profile.suffix,
-            gi.profile.memory_mib,
-            (gpu.memory_mib or 0) * _MIB,
-        )
-        return f"{gpu.name} MIG {name}"
-
-    def _mig_memory(self, handle: FakeMigDeviceHandle) -> FakeMemoryInfo:
-        _gpu, _state, gi, _ci = self._mig_device(handle)
-        total = gi.profile.memory_mib * _MIB
-        return FakeMemoryInfo(total=total, free=total, used=0)
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[FakeProcessInfo]:
-        """The GPU's own processes and, with MIG enabled, those of its MIG devices (with their
-        instance ids); on a MIG device handle, that device's processes."""
-        if isinstance(handle, FakeMigDeviceHandle):
-            _gpu, _state, gi, ci = self._mig_device(handle)
-            with self._lock:
-                pids = self._process_overrides.get(ci.uuid, ci.processes)
-            return [FakeProcessInfo(pid, None, gi.id, ci.id) for pid in pids]
-        gpu = self._lookup(handle, live=True)
-        with self._lock:
-            own = self._process_overrides.get(gpu.uuid, gpu.processes)
-            out = [FakeProcessInfo(pid, None, _NOT_AVAILABLE, _NOT_AVAILABLE) for pid in own]
-            state = self._mig_locked(gpu)
-            if state is not None and state.current:
-                for gi, ci in state.mig_devices():
-                    pids = self._process_overrides.get(ci.uuid, ci.processes)
-                    out.extend(FakeProcessInfo(pid, None, gi.id, ci.id) for pid in pids)
-        return out
-
-    nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
-
-    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[FakeProcessInfo]:
-        """No graphics processes run on the fake GPUs."""
-        if isinstance(handle, FakeMigDeviceHandle):
-            self._mig_device(handle)
-        else:
-            self._lookup(handle, live=True)
-        return []
-
-    nvmlDeviceGetGraphicsRunningProcesses_v3 = nvmlDeviceGetGraphicsRunningProcesses

@@ -13,8 +13,9 @@ is registered with. A file that turns invalid while running is reported once in 
 the last good content stays in force; an invalid file at `nvmlInit` makes init fail with a
 message naming the file and the problem.
 
-MIG (`fakenvml.migcalls`): the modelled GPUs answer pynvml's MIG calls with their real profiles
-and placements; instances live in `<file>.mig-state.json` (`fakenvml.migstate`).
+MIG (`fakenvml.migcalls`, `fakenvml.migdevices`): the modelled GPUs answer pynvml's MIG calls
+with their real profiles and placements; instances live in `<file>.mig-state.json`
+(`fakenvml.migstate`).
 """
 
 # The names below copy pynvml's (NVMLError_GpuIsLost, nvmlEventTypeXidCriticalError ...) so that
@@ -28,7 +29,7 @@ import threading
 import time
 from collections import deque
 
-from hami_plugin.deviceplugin.fakenvml.errors import (
+from hami_plugin.testing.fakenvml.errors import (
     ERROR_CODES,
     NVML_SUCCESS,
     NVMLError,
@@ -60,15 +61,16 @@ from hami_plugin.deviceplugin.fakenvml.errors import (
     nvml_error,
     nvmlExceptionClass,
 )
-from hami_plugin.deviceplugin.fakenvml.gpufile import (
+from hami_plugin.testing.fakenvml.gpufile import (
     FakeGpuFile,
     FakeGpuFileError,
     FakeGpuSpec,
     parse_fake_gpus,
 )
-from hami_plugin.deviceplugin.fakenvml.migcalls import MigCalls
-from hami_plugin.deviceplugin.fakenvml.migvalues import FakeMigDeviceHandle
-from hami_plugin.deviceplugin.fakenvml.topology import (
+from hami_plugin.testing.fakenvml.migcalls import MigCalls
+from hami_plugin.testing.fakenvml.migdevices import MigDeviceCalls
+from hami_plugin.testing.fakenvml.migvalues import FakeMigDeviceHandle
+from hami_plugin.testing.fakenvml.topology import (
     NVML_FEATURE_DISABLED,
     NVML_FEATURE_ENABLED,
     NVML_NVLINK_DEVICE_TYPE_GPU,
@@ -85,7 +87,7 @@ from hami_plugin.deviceplugin.fakenvml.topology import (
     FakeTopology,
     NvLinkLane,
 )
-from hami_plugin.deviceplugin.fakenvml.values import (
+from hami_plugin.testing.fakenvml.values import (
     NVML_DEVICE_MIG_DISABLE,
     NVML_DEVICE_MIG_ENABLE,
     SUPPORTED_EVENTS,
@@ -113,9 +115,9 @@ _POLL_SECONDS = 0.1
 _NvmlErrorType = NVMLError
 
 
-class FakeNvml(MigCalls):
+class FakeNvml(MigCalls, MigDeviceCalls):
     """pynvml look-alike backed by a YAML file (the format: `fakenvml.gpufile`); the MIG calls
-    come from `fakenvml.migcalls`."""
+    come from `fakenvml.migcalls` and `fakenvml.migdevices`."""
 
     NVML_SUCCESS = NVML_SUCCESS
     NVML_DEVICE_MIG_DISABLE = NVML_DEVICE_MIG_DISABLE

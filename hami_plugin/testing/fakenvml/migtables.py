@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hami_plugin.deviceplugin.fakenvml import mignames as naming
+from hami_plugin.testing.fakenvml import mignames as naming
 
 __all__ = [
     "MAX_MIG_DEVICES",

@@ -11,7 +11,7 @@ from ctypes import POINTER, Structure, c_char, c_uint, c_ulonglong
 from dataclasses import dataclass
 from typing import Any
 
-from hami_plugin.deviceplugin.fakenvml.values import FakeDeviceHandle
+from hami_plugin.testing.fakenvml.values import FakeDeviceHandle
 
 __all__ = [
     "NVML_DEVICE_NAME_V2_BUFFER_SIZE",

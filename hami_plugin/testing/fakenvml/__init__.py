@@ -5,7 +5,9 @@
 * `gpufile`: the fake GPU file's format, parsed and validated (`FakeGpuSpec`);
 * `errors`: NVML's error classes and codes, as pynvml has them;
 * `values`: what the calls return (handles, memory, utilisation, PCI info, events);
-* `migtables`, `migstate`, `migcalls`, `migvalues`: MIG: the modelled GPUs' profiles and
-  placements, the instances and NVML's rules for them (kept in `<file>.mig-state.json`), the
-  pynvml MIG calls and what they return.
+* `topology`: the GPU pairs' PCIe levels and NVLinks (the file's `topology`);
+* `migtables`, `mignames`, `migstate`, `migcalls`, `migdevices`, `migvalues`: MIG: the modelled
+  GPUs' profiles and placements, NVIDIA's profile names, the instances and NVML's rules for them
+  (kept in `<file>.mig-state.json`), the pynvml MIG calls on instances and on MIG devices, and
+  what they return.
 """

@@ -7,9 +7,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from hami_plugin.deviceplugin.fakenvml import topology
-from hami_plugin.deviceplugin.fakenvml.gpufile import FakeGpuFileError, parse_fake_gpus
-from hami_plugin.deviceplugin.fakenvml.nvml import FakeNvml
+from hami_plugin.testing.fakenvml import topology
+from hami_plugin.testing.fakenvml.gpufile import FakeGpuFileError, parse_fake_gpus
+from hami_plugin.testing.fakenvml.nvml import FakeNvml
 
 
 def uuid(index: int) -> str:

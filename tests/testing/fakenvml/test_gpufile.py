@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hami_plugin.deviceplugin.fakenvml.gpufile import (
+from hami_plugin.testing.fakenvml.gpufile import (
     FakeGpuFileError,
     load_fake_gpus,
     parse_fake_gpus,
