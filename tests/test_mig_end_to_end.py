@@ -203,7 +203,7 @@ class Cluster:
 
     def occupied(self) -> dict[str, list[MigPlacement]]:
         """The placements in use per GPU, in the scheduler's ledger."""
-        usage = self.scheduler.state.ledger.node(NODE)
+        usage = self.scheduler.state.node_usage(NODE)
         assert usage is not None
         return {
             d.uuid: sorted(usage.occupied(i), key=lambda p: (p.start, p.size))
@@ -293,11 +293,11 @@ def check_registered(cluster: Cluster) -> None:
         assert [p.name for p in device.mig_profiles] == list(PROFILES)  # the chart's order
 
     def scheduler_sees() -> bool:
-        usage = cluster.scheduler.state.ledger.node(NODE)
+        usage = cluster.scheduler.state.node_usage(NODE)
         return usage is not None and len(usage.devices) == len(GPUS)
 
     wait_until(scheduler_sees, "the scheduler's node watch has the register annotation")
-    usage = cluster.scheduler.state.ledger.node(NODE)
+    usage = cluster.scheduler.state.node_usage(NODE)
     assert usage is not None
     assert [(d.uuid, d.mode, d.mig_profiles) for d in usage.devices] == [
         (d.uuid, "mig", d.mig_profiles) for d in devices
@@ -571,8 +571,8 @@ def test_a_reservation_a_tenant_moved_or_forged_gets_no_instance(cluster: Cluste
         ] == ["Warning"]
         # Nor does the scheduler book it: its watch has the pod, its ledger not the booking.
         cluster.scheduler.sees_pod(NAMESPACE, "replay", lambda pod: True)
-        assert cluster.scheduler.state.ledger.tracked(f"{NAMESPACE}/replay") is None
-        assert cluster.scheduler.state.ledger.tracked(f"{NAMESPACE}/forger") is not None
+        assert cluster.scheduler.state.tracked(f"{NAMESPACE}/replay") is None
+        assert cluster.scheduler.state.tracked(f"{NAMESPACE}/forger") is not None
 
 
 # --- static MIG: pre-split devices, `--mig-strategy mixed` ------------------------------------
@@ -647,7 +647,7 @@ def test_a_static_mig_device_is_placed_by_kube_scheduler_and_allocated(
             stored = apiserver.get_pod(NAMESPACE, "static")
             assert stored is not None and stored["spec"]["nodeName"] == NODE
             assert stored["metadata"].get("annotations", {}) == {}
-            assert scheduler.state.ledger.tracked(f"{NAMESPACE}/static") is None
+            assert scheduler.state.tracked(f"{NAMESPACE}/static") is None
 
             # Kubelet's Allocate on the resource's own socket: the MIG device's UUID.
             request = api_pb2.AllocateRequest()

@@ -50,24 +50,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from hami_plugin.extender.bookings import BindPlan, BindRefusal
 from hami_plugin.extender.events import PodEvent
 from hami_plugin.extender.filtering import annotation_error_message
 from hami_plugin.extender.lockqueue import LockTicket, NodeLockQueue
 from hami_plugin.extender.state import SchedulerState
 from hami_plugin.kube.api import BindApi
 from hami_plugin.kube.errors import Conflict, KubeError, NotFound
+from hami_plugin.protocol.booking import BOOKING_ANNOTATIONS, BOOKING_LABELS
 from hami_plugin.protocol.govalues import go_quote
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
-    ANNOTATION_DEVICES_ALLOCATED,
-    ANNOTATION_DEVICES_TO_ALLOCATE,
     ANNOTATION_NODE_LOCK,
     ANNOTATION_VGPU_MIG_ALLOCATIONS,
-    ANNOTATION_VGPU_NODE,
-    ANNOTATION_VGPU_TIME,
-    LABEL_VGPU_NODE,
     BindPhase,
 )
 from hami_plugin.protocol.names import dns1123_label_problem, dns1123_subdomain_problem
@@ -80,7 +75,7 @@ from hami_plugin.protocol.nodelock import (
     releasable_by,
 )
 from hami_plugin.protocol.objects import ObjectError, PodInfo, read_pod
-from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE
+from hami_plugin.scheduler.book.bookings import BindPlan, BindRefusal
 from hami_plugin.scheduler.fit import render_failure
 
 __all__ = ["Binder", "binding_args_problem", "refusal_message", "release_node_lock"]
@@ -494,7 +489,7 @@ class Binder:
         pod = plan.pod
         version = pod.resource_version or None
         annotations: dict[str, str | None] = dict(plan.annotations)
-        if ANNOTATION_VGPU_MIG_ALLOCATIONS in pod.annotations:
+        if pod.booking is not None and pod.booking.mig_text is not None:
             # a stale MIG reservation of an earlier booking would not match this signature
             annotations.setdefault(ANNOTATION_VGPU_MIG_ALLOCATIONS, None)
         for _ in range(_CONFLICT_RETRIES):
@@ -540,18 +535,11 @@ class Binder:
 
     def _revert_patch(self, plan: BindPlan, patched: PodInfo) -> bool:
         pod = plan.pod
+        # what the patch wrote goes, bind-phase `failed` stays as the record of the attempt
         revert: dict[str, str | None] = {
-            ANNOTATION_VGPU_NODE: None,
-            ANNOTATION_VGPU_TIME: None,
-            ANNOTATION_DEVICES_TO_ALLOCATE: None,
-            ANNOTATION_DEVICES_ALLOCATED: None,
-            ANNOTATION_BIND_TIME: None,
-            ANNOTATION_BIND_PHASE: BindPhase.FAILED.value,
+            key: None for key in BOOKING_ANNOTATIONS if key in plan.annotations
         }
-        if ANNOTATION_BOOKING_SIGNATURE in plan.annotations:
-            revert[ANNOTATION_BOOKING_SIGNATURE] = None
-        if ANNOTATION_VGPU_MIG_ALLOCATIONS in plan.annotations:
-            revert[ANNOTATION_VGPU_MIG_ALLOCATIONS] = None
+        revert[ANNOTATION_BIND_PHASE] = BindPhase.FAILED.value
         version = patched.resource_version or None
         for _ in range(_CONFLICT_RETRIES):
             try:
@@ -559,7 +547,7 @@ class Binder:
                     pod.namespace,
                     pod.name,
                     revert,
-                    labels={LABEL_VGPU_NODE: None},
+                    labels=dict.fromkeys(BOOKING_LABELS),
                     resource_version=version,
                 )
                 return False
@@ -572,7 +560,7 @@ class Binder:
                 if current.node_name == plan.node:
                     return True
                 ours = plan.annotations[ANNOTATION_BIND_TIME]
-                if current.annotations.get(ANNOTATION_BIND_TIME) != ours:
+                if current.booking is None or current.booking.bind_time != ours:
                     return False  # someone else wrote the pod since: not ours to revert
                 version = current.resource_version or None
         raise KubeError(f"pod {pod.key}: revert kept conflicting")

@@ -114,6 +114,7 @@ class SchedulerDaemon:
         from hami_plugin.clock import SystemClock
         from hami_plugin.config.keys import BookingKeyFile
         from hami_plugin.extender.state import SchedulerState
+        from hami_plugin.scheduler.book.book import BookSettings
 
         self.config = config
         self._kube = kube
@@ -131,13 +132,15 @@ class SchedulerDaemon:
             else None
         )
         self.state: SchedulerState = SchedulerState(
-            config.settings,
-            booking_ttl_seconds=config.filter_booking_ttl_seconds,
-            node_selector=config.node_label_selector,
+            BookSettings(
+                scheduler=config.settings,
+                booking_ttl_seconds=config.filter_booking_ttl_seconds,
+                burst_look_ahead=config.burst_look_ahead,
+                node_lock_timeout=config.node_lock_timeout,
+                node_selector=dict(config.node_label_selector),
+            ),
             clock=clock,
             booking_keys=keys.keys if keys is not None else None,
-            burst_look_ahead=config.burst_look_ahead,
-            node_lock_timeout=config.node_lock_timeout,
         )
         if keys is None:
             logger.warning(
@@ -330,7 +333,7 @@ class SchedulerDaemon:
             if config.leader_elect:
                 self._elector = self._make_elector(kube)
             events.start()
-            self.state.quotas_synced.clear()  # ready once the quota list is in too
+            self.state.expect_quota_list()  # ready once the quota list is in too
             self._spawn("informer-pods", self.pod_informer.run, self._stop)
             self._spawn("informer-nodes", self.node_informer.run, self._stop)
             self._spawn("informer-resourcequotas", self.quota_informer.run, self._stop)
@@ -360,7 +363,7 @@ class SchedulerDaemon:
 
     def _start_metrics(self) -> None:
         if self._observer is not None:
-            self.state.observer = self._observer
+            self.state.attach_observer(self._observer)
             return
         if self.config.metrics_bind_address.strip() == "0":
             return
@@ -374,7 +377,7 @@ class SchedulerDaemon:
             self._metrics_server = metrics.serve(self.config.metrics_bind_address)
         except MetricsServerError as error:
             raise StartError(f"metrics endpoint: {error}") from error
-        self.state.observer = metrics
+        self.state.attach_observer(metrics)
 
     def _make_elector(self, kube: KubeClient) -> Elector:
         if self._elector_factory is not None:
@@ -425,7 +428,7 @@ class SchedulerDaemon:
     def _started_leading(self) -> None:
         logger.info("this replica leads now")
         self.state.observer.leader_changed(True)
-        self.state.work.set()  # run the recovery pass at once
+        self.state.request_recovery()  # run the recovery pass at once
 
     def _stopped_leading(self) -> None:
         logger.info("this replica stopped leading")
@@ -446,23 +449,16 @@ class SchedulerDaemon:
         elector.run(self._stop)
 
     def _watch_ready(self) -> None:
-        state = self.state
-        for synced in (state.pods_synced, state.nodes_synced, state.quotas_synced):
-            while not synced.wait(0.2):
-                if self._stop.is_set():
-                    return
+        while not self.state.wait_synced(0.2):
+            if self._stop.is_set():
+                return
         self.ready.set()
-        logger.info(
-            "first lists in: %d nodes registered, %d pods tracked",
-            len(self.state.ledger),
-            self.state.ledger.pod_count,
-        )
+        logger.info("first lists in: %d nodes registered, %d pods tracked", *self.state.counts())
 
     def stop(self) -> None:
         """Ask the daemon to stop (thread-safe, idempotent); `run()` returns after shutdown."""
         self._stop.set()
-        with self.state.changed:
-            self.state.changed.notify_all()  # wake binds waiting for a lock or in-flight pod
+        self.state.wake_waiters()  # binds waiting for a lock or an in-flight pod give up
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop and wait until everything is down: HTTP (requests in progress finish), the

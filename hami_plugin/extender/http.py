@@ -145,15 +145,9 @@ class ExtenderApp:
     def _filter(self, args: ExtenderArgs) -> FilterAnswer:
         if not self._is_leader():
             return FilterAnswer(error=NOT_LEADER, outcome="error")
-        if not self._state.synced:
-            # HAMi waits for its first registration pass (route.go: WaitForCacheSync)
-            clock = self._state.clock
-            deadline = clock.monotonic() + self._sync_wait
-            for synced in (self._state.pods_synced, self._state.nodes_synced):
-                while not synced.is_set() and (left := deadline - clock.monotonic()) > 0:
-                    synced.wait(min(left, 1.0))
-            if not self._state.synced:
-                return FilterAnswer(error="scheduler cache not synced yet", outcome="error")
+        # HAMi waits for its first registration pass (route.go: WaitForCacheSync)
+        if not self._state.synced and not self._state.wait_for_lists(self._sync_wait):
+            return FilterAnswer(error="scheduler cache not synced yet", outcome="error")
         try:
             pod = read_pod(args.pod)
         except ObjectError as error:

@@ -5,7 +5,7 @@ Entry point for the daemon (`hami_plugin.extender.daemon`); the Prometheus types
 `hami_plugin.metrics.families`, the one importer of prometheus_client:
 
     metrics = SchedulerMetrics(view)           # view: extender.observer.SchedulerView
-    state.observer = metrics                   # it is the SchedulerObserver
+    state.attach_observer(metrics)             # it is the SchedulerObserver
     server = metrics.serve(settings.metrics_bind_address)   # None when "0"; .stop() at exit
 
 HAMi's gauges (`cmd/scheduler/metrics.go`, v2.10), same names, labels and values, const label

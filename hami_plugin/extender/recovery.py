@@ -29,7 +29,6 @@ from datetime import timedelta
 
 from hami_plugin.extender.bind import fetch_pod, release_node_lock
 from hami_plugin.extender.events import PodEvent
-from hami_plugin.extender.inflight_tracker import StaleAllocation
 from hami_plugin.extender.state import SchedulerState
 from hami_plugin.kube.api import BindApi
 from hami_plugin.kube.errors import Conflict, KubeError, NotFound
@@ -43,6 +42,7 @@ from hami_plugin.protocol.model import (
 )
 from hami_plugin.protocol.nodelock import LockAction, TakeoverReason, stale_lock
 from hami_plugin.protocol.objects import POD_PENDING
+from hami_plugin.scheduler.book.inflight import StaleAllocation
 
 __all__ = ["Recovery"]
 
@@ -90,14 +90,13 @@ class Recovery:
         It wakes every second (real time) and runs what is due on the state's clock."""
         next_sweep = next_health = self._clock.monotonic()
         while not stop.is_set():
-            self._state.work.wait(_TICK_SECONDS)
+            self._state.wait_for_work(_TICK_SECONDS)
             if stop.is_set():
                 return
             now = self._clock.monotonic()
             try:
                 self._state.expire_bookings()
-                if self._state.work.is_set():
-                    self._state.work.clear()
+                if self._state.take_work():
                     self.release_deleted_pods_locks()
                 if now >= next_health:
                     next_health = now + self._health_interval

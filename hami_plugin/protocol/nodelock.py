@@ -44,6 +44,7 @@ __all__ = [
     "CONTENTION_SUFFIX",
     "LockAction",
     "LockDecision",
+    "LockRelease",
     "NodeLock",
     "TakeoverReason",
     "contention_message",
@@ -58,6 +59,16 @@ __all__ = [
 
 CONTENTION_SUFFIX = "node lock contention"
 """The text of HAMi's `ErrNodeLockContention` (nodelock.go:46)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LockRelease:
+    """A node lock to release: the lock `value` on `node`, held by pod `namespace/name`."""
+
+    node: str
+    namespace: str
+    name: str
+    value: str
 
 
 # --- the value ---------------------------------------------------------------------------------

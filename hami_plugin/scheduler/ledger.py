@@ -13,7 +13,7 @@ a node update only re-books that node's pods. Rules of docs/hami-reference.md 3.
   it does not decode, as HAMi ignores the error) gives the reservations in use on the node's
   MIG-mode GPUs and may mark GPUs unhealthy (`usage.mig_booking`, scheduler.go:737-830). Which
   pods count at all is the caller's business: with a booking key only trusted bookings reach
-  the ledger (`scheduler.trust`, which drops the annotation of an untrusted pod).
+  the ledger (`scheduler.book.trust`, which drops the annotation of an untrusted pod).
 
 Registered nodes are also kept sorted by node score in both directions (ties by name), so a
 decision walks them in policy order without sorting; a usage change moves one node.

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from hami_plugin.extender.bookings import BookingPhase
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.retry import RetryPolicy
 from hami_plugin.protocol.model import (
@@ -25,6 +24,7 @@ from hami_plugin.protocol.model import (
     LABEL_VGPU_NODE,
 )
 from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE
+from hami_plugin.scheduler.book.bookings import BookingPhase
 from hami_plugin.testing.apiserver import FakeApiServer
 from tests.bookings import verify_pod
 from tests.extender.cluster import Scheduler, running_scheduler
@@ -61,7 +61,7 @@ def events(api: FakeApiServer, reason: str) -> list[str]:
 
 
 def used_slots(scheduler: Scheduler, node: str) -> int:
-    usage = scheduler.state.ledger.node(node)
+    usage = scheduler.state.node_usage(node)
     return sum(usage.used) if usage is not None else 0
 
 
@@ -306,7 +306,6 @@ def test_stale_locks_are_taken_over(apiserver: FakeApiServer) -> None:
     a = stored_pod(apiserver, "a")
     b = stored_pod(apiserver, "b")
     with running_scheduler(apiserver, allocation_timeout_seconds=3600) as scheduler:
-        scheduler.state.fit_cache.clear()
         assert scheduler.filter(a, ["n1"])["NodeNames"] == ["n1"]
         assert scheduler.bind(a, "n1") == ""  # expired
         assert scheduler.filter(b, ["n2"])["NodeNames"] == ["n2"]

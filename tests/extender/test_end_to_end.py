@@ -108,7 +108,7 @@ def cluster(apiserver: FakeApiServer, tmp_path: Path) -> Iterator[Cluster]:
             PodAdmitter(kubelet, apiserver.url, NODE) as admitter,
         ):
             wait_until(
-                lambda: scheduler.state.ledger.node(NODE) is not None,
+                lambda: scheduler.state.node_usage(NODE) is not None,
                 what="the scheduler registers the node from the plugin's annotation",
             )
             yield Cluster(apiserver, scheduler, admitter, tmp_path / "hook")
@@ -143,7 +143,7 @@ def test_a_pod_goes_from_filter_to_allocate(cluster: Cluster) -> None:
     stored = cluster.api.get_node(NODE)
     assert stored is not None and ANNOTATION_NODE_LOCK not in stored["metadata"]["annotations"]
     # the scheduler keeps counting the running pod's GPU
-    usage = cluster.scheduler.state.ledger.node(NODE)
+    usage = cluster.scheduler.state.node_usage(NODE)
     assert usage is not None and sum(usage.used) == 1
 
 

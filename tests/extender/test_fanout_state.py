@@ -1,4 +1,4 @@
-"""The state's side of a burst: when the filter fans out (`extender.fanout.BindWaits`) and when
+"""The state's side of a burst: when the filter fans out (`scheduler.book.waits.BindWaits`) and when
 interchangeable pods share a node (`in-flight/v2`)."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from hami_plugin.clock import ManualClock
-from hami_plugin.extender.bookings import BindPlan
 from hami_plugin.extender.state import SchedulerState
 from hami_plugin.protocol.inflight import (
     ALLOCATE_PROTOCOL,
@@ -19,6 +18,8 @@ from hami_plugin.protocol.inflight import (
 from hami_plugin.protocol.model import ANNOTATION_NODE_LOCK
 from hami_plugin.protocol.nodelock import lock_value
 from hami_plugin.protocol.objects import read_node, read_pod
+from hami_plugin.scheduler.book.book import BookSettings
+from hami_plugin.scheduler.book.bookings import BindPlan
 from hami_plugin.scheduler.settings import SchedulerSettings
 from tests.extender.helpers import RecordingObserver, gpu_node, gpu_pod
 
@@ -29,10 +30,9 @@ SAME_SECOND = "2026-01-01T11:00:00Z"
 def _state(look_ahead: int = 16) -> tuple[SchedulerState, RecordingObserver]:
     observer = RecordingObserver()
     state = SchedulerState(
-        SchedulerSettings(),
+        BookSettings(SchedulerSettings(), burst_look_ahead=look_ahead),
         clock=ManualClock(START),
         observer=observer,
-        burst_look_ahead=look_ahead,
     )
     return state, observer
 

@@ -179,7 +179,7 @@ def test_follower_refuses_filter_and_bind_and_is_not_ready(apiserver: FakeApiSer
         status, body, _ = scheduler.request("GET", "/readyz")
         assert (status, body) == (503, b"not the leader\n")
         # the ledger is warm all the same, and leading takes effect at once
-        assert scheduler.state.ledger.node_names() == ["n1"]
+        assert scheduler.state.registered_nodes() == ["n1"]
         follower.leading.set()
         assert scheduler.request("GET", "/readyz")[0] == 200
         assert scheduler.filter(gpu_pod("a"), ["n1"])["NodeNames"] == ["n1"]

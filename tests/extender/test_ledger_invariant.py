@@ -37,7 +37,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -45,7 +45,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hami_plugin.clock import ManualClock
-from hami_plugin.extender.bookings import BindPlan, BindRefusal
 from hami_plugin.extender.state import SchedulerState
 from hami_plugin.kube.informer import InformerHandler
 from hami_plugin.protocol.codec import decode_pod_devices, encode_node_devices
@@ -66,8 +65,10 @@ from hami_plugin.protocol.model import (
     GpuDevice,
 )
 from hami_plugin.protocol.objects import NodeInfo, PodInfo, read_node, read_pod
-from hami_plugin.scheduler.ledger import Ledger
+from hami_plugin.scheduler.book.book import BookSettings
+from hami_plugin.scheduler.book.bookings import BindPlan, BindRefusal
 from hami_plugin.scheduler.settings import SchedulerSettings
+from hami_plugin.scheduler.usage import NodeUsage
 from hami_plugin.testing.apiserver import make_container, make_node, make_pod
 
 NODES = ("node-a", "node-b", "node-c")
@@ -174,10 +175,10 @@ def held(pods: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[int, int, int
     return {uuid: (t[0], t[1], t[2]) for uuid, t in totals.items() if any(t)}
 
 
-def booked(ledger: Ledger) -> dict[str, tuple[int, int, int]]:
+def booked(usages: Iterable[NodeUsage]) -> dict[str, tuple[int, int, int]]:
     """Slots, MiB and cores per GPU UUID the ledger books on registered nodes."""
     result = {}
-    for usage in ledger.usages():
+    for usage in usages:
         for position, device in enumerate(usage.devices):
             numbers = (
                 usage.used[position],
@@ -210,14 +211,16 @@ class _StateUnderTest:
     def __init__(self) -> None:
         self.clock = ManualClock(_T0)
         self.state = SchedulerState(
-            SETTINGS, booking_ttl_seconds=BOOKING_TTL_SECONDS, clock=self.clock
+            BookSettings(SETTINGS, booking_ttl_seconds=BOOKING_TTL_SECONDS), clock=self.clock
         )
         self.pods: dict[str, PodInfo] = {}  # the pod informer's store
         self.nodes: dict[str, NodeInfo] = {}  # the node informer's store
 
-    @property
-    def ledger(self) -> Ledger:
-        return self.state.ledger
+    def booked(self) -> dict[str, tuple[int, int, int]]:
+        return booked(self.state.usage_snapshot()[0])
+
+    def registered_nodes(self) -> list[str]:
+        return self.state.registered_nodes()
 
     # --- kube-scheduler -----------------------------------------------------------------------
 
@@ -480,13 +483,13 @@ class _Run:
 
     def check_capacity(self) -> None:
         _within_capacity(held(self.pods))  # the cluster is never over-committed
-        _within_capacity(booked(self.handler.ledger))
+        _within_capacity(self.handler.booked())
 
     def check_exact(self) -> None:
         self.expire()
-        assert booked(self.handler.ledger) == held(self.pods)
+        assert self.handler.booked() == held(self.pods)
         registered = {n for n, obj in self.nodes.items() if _registered(obj)}
-        assert set(self.handler.ledger.node_names()) == registered
+        assert set(self.handler.registered_nodes()) == registered
 
 
 def _registered(node: Mapping[str, Any]) -> bool:
@@ -583,7 +586,7 @@ def test_a_pod_whose_allocation_failed_gives_its_gpus_back() -> None:
     run.create_and_schedule("pod-0", SHAPES[4])
     run.allocate("pod-0", succeeded=False)
     run.drain(0)
-    assert booked(run.handler.ledger) == {}
+    assert run.handler.booked() == {}
 
 
 def test_a_relist_that_shows_a_successor_drops_the_gone_pods_booking() -> None:
@@ -591,7 +594,7 @@ def test_a_relist_that_shows_a_successor_drops_the_gone_pods_booking() -> None:
     run.create_and_schedule("pod-1", SHAPES[0])
     run.recreate("pod-1", SHAPES[0])  # the pod decided for is gone before our watch saw it
     run.relist()
-    assert booked(run.handler.ledger) == {}
+    assert run.handler.booked() == {}
 
 
 def test_a_pod_bound_and_deleted_while_the_watch_was_away_leaves_no_booking() -> None:

@@ -15,6 +15,7 @@ from hami_plugin.extender.bind import Binder
 from hami_plugin.extender.http import ExtenderApp
 from hami_plugin.extender.state import SchedulerState
 from hami_plugin.kube.fake import FakeKube
+from hami_plugin.scheduler.book.book import BookSettings
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.webhook import WebhookSettings
 
@@ -23,7 +24,7 @@ _CPU_BOUND_SECONDS = 1.0
 
 
 def _app() -> ExtenderApp:
-    state = SchedulerState(SchedulerSettings())
+    state = SchedulerState(BookSettings(SchedulerSettings()))
     binder = Binder(state, FakeKube(), lambda event: None)
     return ExtenderApp(
         state,

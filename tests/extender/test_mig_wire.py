@@ -100,7 +100,7 @@ def test_a_mig_bind_writes_a_signed_hami_reservation(
         scheduler.sees_pod(
             "default", "small", lambda p: ANNOTATION_VGPU_MIG_ALLOCATIONS in p.annotations
         )
-        tracked = scheduler.state.ledger.tracked("default/small")
+        tracked = scheduler.state.tracked("default/small")
         assert tracked is not None and tracked.mig == (allocation,)
 
         # the reservation counts at once: the next pod's two 1g instances avoid slices 0-1

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hami_plugin.extender.metrics import SchedulerMetrics
 from hami_plugin.extender.state import SchedulerState
 from hami_plugin.protocol.objects import PodInfo
+from hami_plugin.scheduler.book.book import BookSettings
 from hami_plugin.scheduler.ledger import TrackedPod
 from hami_plugin.scheduler.quota import ResourceQuotaInfo
 from hami_plugin.scheduler.settings import SchedulerSettings
@@ -37,7 +38,7 @@ def quota_samples(metrics: SchedulerMetrics) -> set[tuple[str, tuple[tuple[str, 
 
 
 def test_quota_gauges_follow_the_state_at_scrape_time() -> None:
-    state = SchedulerState(SchedulerSettings())
+    state = SchedulerState(BookSettings(SchedulerSettings()))
     metrics = SchedulerMetrics(EmptyView(), quotas=state.quota_entries)
     assert quota_samples(metrics) == set()
     hard = (("limits.nvidia.com/gpumem", "8000"), ("limits.nvidia.com/gpucores", "200"))

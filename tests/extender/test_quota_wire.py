@@ -35,7 +35,7 @@ def test_a_resource_quota_refuses_the_pod_beyond_it(
     second = apiserver.add_object(gpu_pod("b", memory=2000, namespace=NAMESPACE))
     elsewhere = apiserver.add_object(gpu_pod("c", memory=2000, namespace="default"))
     with running_scheduler(apiserver) as scheduler:
-        wait_until(lambda: scheduler.state.quotas.has_limits(NAMESPACE), what="the quota")
+        wait_until(lambda: scheduler.state.has_quota(NAMESPACE), what="the quota")
         assert scheduler.schedule(first, ["n1"]) == "n1"
         refused = scheduler.filter(second, ["n1"])
         assert refused["NodeNames"] is None  # HAMi answers FailedNodes only
@@ -65,7 +65,7 @@ def test_a_resource_quota_refuses_the_pod_beyond_it(
         )
         assert scheduler.filter(second, ["n1"])["NodeNames"] == ["n1"]
         core.delete_namespaced_resource_quota("gpu", NAMESPACE)
-        wait_until(lambda: not scheduler.state.quotas.has_limits(NAMESPACE), what="no quota")
+        wait_until(lambda: not scheduler.state.has_quota(NAMESPACE), what="no quota")
         entries = {(e.namespace, e.resource): e for e in scheduler.state.quota_entries()}
         used = entries[(NAMESPACE, "nvidia.com/gpumem")]
         assert (used.used, used.limit_set) == (4000, False)

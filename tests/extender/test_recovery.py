@@ -34,7 +34,7 @@ def phase_of(api: FakeApiServer, name: str) -> str | None:
 
 
 def used_slots(scheduler: object, node: str) -> int:
-    usage = scheduler.state.ledger.node(node)  # type: ignore[attr-defined]
+    usage = scheduler.state.node_usage(node)  # type: ignore[attr-defined]
     return sum(usage.used) if usage is not None else 0
 
 
@@ -155,8 +155,8 @@ def test_handshakes_are_written_by_the_leader_only(apiserver: FakeApiServer) -> 
         return _Never()
 
     with running_scheduler(apiserver, elector_factory=follower, leader_elect=True) as scheduler:
-        assert scheduler.state.ledger.node_names() == ["n1", "n2"]
-        scheduler.daemon.state.work.set()
+        assert scheduler.state.registered_nodes() == ["n1", "n2"]
+        scheduler.daemon.state.request_recovery()
         time.sleep(1.5)  # several recovery passes: a follower must write nothing in any
         assert apiserver.requests_matching("PATCH", "/api/v1/nodes/.*") == []
     with running_scheduler(apiserver):

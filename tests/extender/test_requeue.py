@@ -264,6 +264,6 @@ def test_the_requeue_annotation_on_a_booked_pod_leaves_its_booking_and_bind_alon
             assert scheduler.bind(pod, "gpu-1") == ""
             bound = api.get_pod("default", "booked")
             assert bound is not None and bound["spec"]["nodeName"] == "gpu-1"
-            assert scheduler.state.ledger.pod_count == 1
+            assert scheduler.state.counts()[1] == 1
     finally:
         api.stop()

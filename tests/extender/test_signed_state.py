@@ -18,7 +18,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hami_plugin.clock import ManualClock
-from hami_plugin.extender.bookings import BindPlan
 from hami_plugin.extender.state import SchedulerState
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
@@ -33,6 +32,8 @@ from hami_plugin.protocol.signature import (
     BookingFields,
     BookingKeys,
 )
+from hami_plugin.scheduler.book.book import BookSettings
+from hami_plugin.scheduler.book.bookings import BindPlan
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.testing.apiserver import make_container, make_pod
 from tests.bookings import verify_pod
@@ -44,7 +45,7 @@ EVERY_GPU = [("GPU-n1-0", 32768, 100), ("GPU-n1-1", 32768, 100)]
 
 
 def keyed(clock: ManualClock, keys: Callable[[], BookingKeys] = lambda: KEYS) -> SchedulerState:
-    return SchedulerState(SchedulerSettings(), clock=clock, booking_keys=keys)
+    return SchedulerState(BookSettings(SchedulerSettings()), clock=clock, booking_keys=keys)
 
 
 @pytest.fixture
@@ -65,7 +66,7 @@ def add_pod(state: SchedulerState, pod: dict[str, Any]) -> PodInfo:
 
 def used(state: SchedulerState, node: str = "n1") -> tuple[int, int]:
     """Slots and MiB booked on the node."""
-    usage = state.ledger.node(node)
+    usage = state.node_usage(node)
     assert usage is not None
     return sum(usage.used), sum(usage.used_memory_mib)
 
@@ -131,7 +132,7 @@ def test_a_forged_booking_changes_no_free_capacity(
 
 
 def test_without_a_key_the_hog_fills_the_node_as_hami(clock: ManualClock) -> None:
-    state = SchedulerState(SchedulerSettings(), clock=clock)
+    state = SchedulerState(BookSettings(SchedulerSettings()), clock=clock)
     state.node_upserted(read_node(gpu_node("n1", 2)))
     add_pod(state, hog())
     assert used(state) == (2, 65536)
@@ -168,7 +169,7 @@ def test_a_copied_signature_does_not_count_and_the_original_still_does(
     copy = gpu_pod("copy", annotations=original["metadata"]["annotations"])
     add_pod(state, with_spec(copy, "n1", "Running"))  # every annotation, the signature too
     assert used(state) == (1, 32768)
-    assert state.ledger.tracked("default/copy") is None
+    assert state.tracked("default/copy") is None
 
 
 # --- a forged allocation blocking the node ----------------------------------------------------
@@ -204,7 +205,7 @@ def test_a_forged_allocation_does_not_block_binds(
 
 
 def test_without_a_key_a_forged_allocation_blocks_as_hami(clock: ManualClock) -> None:
-    state = SchedulerState(SchedulerSettings(), clock=clock)
+    state = SchedulerState(BookSettings(SchedulerSettings()), clock=clock)
     state.node_upserted(read_node(gpu_node("n1", 4, protocol=True)))
     add_pod(state, forged_allocation())
     assert state.in_flight("n1") == {"default/broken": None}
@@ -314,7 +315,7 @@ def test_a_failed_bind_forgets_its_signature(state: SchedulerState) -> None:
 def test_an_ignored_pod_is_logged_once_per_uid(
     state: SchedulerState, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="hami_plugin.extender.booking_trust")
+    caplog.set_level(logging.WARNING, logger="hami_plugin.scheduler.book.trust")
     state.node_upserted(read_node(gpu_node("n1", 2)))
     first = hog()
     for phase in ("Pending", "Running", "Running"):
@@ -333,7 +334,7 @@ def test_an_ignored_pod_is_logged_once_per_uid(
     assert len(caplog.records) == 2
     state.pod_deleted(read_pod(again))
     # what was remembered of the pods goes with them
-    trust = state._trust
+    trust = state._book._trust  # the book's memory of each pod's booking
     assert (trust._ignored, trust._counted_views, trust._sealed) == ({}, {}, {})
 
 
@@ -455,7 +456,7 @@ def clusters(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[dict[str, Any]
 
 
 def _view(state: SchedulerState, now: datetime) -> Any:
-    usages = [(u.name, u.used, u.used_memory_mib, u.used_cores) for u in state.ledger.usages()]
+    usages = [(u.name, u.used, u.used_memory_mib, u.used_cores) for u in state.usage_snapshot()[0]]
     in_flight = {node: state.in_flight(node) for node in NODES}
     stale = sorted(s.pod.key for s in state.stale_allocations(now, 120))
     return usages, in_flight, stale
@@ -478,7 +479,7 @@ def test_property_free_capacity_reflects_only_signed_bookings(
     clock.advance(3600)
     assert _view(everything, clock.now()) == _view(only_signed, clock.now())
     # and the signed pods are counted, not merely both states empty
-    booked = sum(sum(u.used) for u in only_signed.ledger.usages())
+    booked = sum(sum(u.used) for u in only_signed.usage_snapshot()[0])
     assert booked == sum(
         len(p["metadata"]["annotations"][ANNOTATION_DEVICES_ALLOCATED].split(":")) - 1
         for p in legit

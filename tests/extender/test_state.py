@@ -11,8 +11,6 @@ import pytest
 
 from hami_plugin.clock import ManualClock
 from hami_plugin.extender.bind import refusal_message
-from hami_plugin.extender.bookings import BindPlan, BindRefusal, BookingPhase
-from hami_plugin.extender.nodes import LockRelease
 from hami_plugin.extender.state import SchedulerState
 from hami_plugin.protocol.codec import encode_pod_devices
 from hami_plugin.protocol.model import (
@@ -24,7 +22,10 @@ from hami_plugin.protocol.model import (
     ANNOTATION_NODE_LOCK,
     ANNOTATION_VGPU_NODE,
 )
+from hami_plugin.protocol.nodelock import LockRelease
 from hami_plugin.protocol.objects import PodInfo, read_node, read_pod
+from hami_plugin.scheduler.book.book import BookSettings
+from hami_plugin.scheduler.book.bookings import BindPlan, BindRefusal, BookingPhase
 from hami_plugin.scheduler.settings import SchedulerSettings
 from tests.extender.helpers import RecordingObserver, cpu_pod, gpu_node, gpu_pod
 
@@ -43,7 +44,7 @@ def observer() -> RecordingObserver:
 
 @pytest.fixture
 def state(clock: ManualClock, observer: RecordingObserver) -> SchedulerState:
-    return SchedulerState(SchedulerSettings(), clock=clock, observer=observer)
+    return SchedulerState(BookSettings(SchedulerSettings()), clock=clock, observer=observer)
 
 
 def add_node(state: SchedulerState, node: dict[str, Any]) -> None:
@@ -57,7 +58,7 @@ def add_pod(state: SchedulerState, pod: dict[str, Any]) -> PodInfo:
 
 
 def used_slots(state: SchedulerState, node: str) -> int:
-    usage = state.ledger.node(node)
+    usage = state.node_usage(node)
     assert usage is not None
     return sum(usage.used)
 
@@ -259,7 +260,7 @@ def test_deleted_pod_frees_booking_and_queues_its_lock(state: SchedulerState) ->
     state.pod_deleted(info)
     assert used_slots(state, "n1") == 0
     assert state.bookings() == {}
-    assert state.work.is_set()
+    assert state.recovery_due
     assert state.take_lock_releases() == [LockRelease("n1", "default", "a", lock)]
 
 
@@ -273,29 +274,31 @@ def test_simulation_answers_the_node_object_and_books_nothing(state: SchedulerSt
     assert answer.node_names is None
     assert answer.failed_nodes == {"full": "1/1 CardInsufficientMemory", "cpu": "node unregistered"}
     assert state.bookings() == {}
-    assert len(state.ledger) == 0
+    assert state.registered_nodes() == []
 
 
 def test_node_label_selector(clock: ManualClock) -> None:
-    state = SchedulerState(SchedulerSettings(), clock=clock, node_selector={"gpu": "on"})
+    state = SchedulerState(
+        BookSettings(SchedulerSettings(), node_selector={"gpu": "on"}), clock=clock
+    )
     add_node(state, gpu_node("in", labels={"gpu": "on"}))
     add_node(state, gpu_node("out", labels={"gpu": "off"}))
-    assert state.ledger.node_names() == ["in"]
+    assert state.registered_nodes() == ["in"]
     add_node(state, gpu_node("in", labels={"gpu": "off"}))
-    assert state.ledger.node_names() == []
+    assert state.registered_nodes() == []
 
 
 def test_unhealthy_node_loses_its_gpus_and_handshake(
     state: SchedulerState, clock: ManualClock
 ) -> None:
     add_node(state, gpu_node("n1"))
-    assert state.ledger.node_names() == ["n1"]
+    assert state.registered_nodes() == ["n1"]
     handshake = state.take_handshakes()["n1"]
     assert handshake is not None and handshake.startswith("Requesting_")
     gone = gpu_node("n1", annotations={ANNOTATION_NODE_HANDSHAKE: handshake})
     gone["status"]["allocatable"]["nvidia.com/gpu"] = "0"
     add_node(state, gone)
-    assert state.ledger.node_names() == []
+    assert state.registered_nodes() == []
     assert state.take_handshakes() == {"n1": None}  # HAMi's NodeCleanUp deletes it
 
 

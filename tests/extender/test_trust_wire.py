@@ -194,7 +194,7 @@ def test_with_a_key_no_warning_and_a_rotated_key_is_picked_up_without_a_restart(
         assert scheduler.schedule(second, ["n1"]) == "n1"
         # the pod bound under the old key still counts: both GPUs' slots are booked
         scheduler.sees_pod("default", "second", lambda p: p.node_name == "n1")
-        usage = scheduler.state.ledger.node("n1")
+        usage = scheduler.state.node_usage("n1")
         assert usage is not None and sum(usage.used) == 2
     assert NO_KEY_WARNING not in [r.getMessage() for r in caplog.records]
     signatures = {}

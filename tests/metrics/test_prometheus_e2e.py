@@ -224,7 +224,7 @@ def test_prometheus_scrapes_both_daemons(tmp_path: Path, apiserver: FakeApiServe
         write_usage_region(plugin.hook, uid, "c0", used_mib=1500)
         # the filter must see trainer's booking on GPU 0, else spread's tie sends "next" there
         wait_until(
-            lambda: scheduler.state.ledger.tracked("default/trainer") is not None,
+            lambda: scheduler.state.tracked("default/trainer") is not None,
             "the scheduler to count pod trainer",
             timeout=20.0,
         )

@@ -27,6 +27,7 @@ from hami_plugin.protocol.model import (
 )
 from hami_plugin.protocol.objects import read_node, read_pod
 from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingKeys
+from hami_plugin.scheduler.book.trust import untrusted_booking, without_booking
 from hami_plugin.scheduler.filter import assume, decide
 from hami_plugin.scheduler.fit import (
     FitContext,
@@ -43,7 +44,6 @@ from hami_plugin.scheduler.fit import (
 from hami_plugin.scheduler.ledger import Ledger
 from hami_plugin.scheduler.requests import PERCENTAGE_UNSET, ContainerRequest, PodRequests
 from hami_plugin.scheduler.settings import SchedulerSettings
-from hami_plugin.scheduler.trust import untrusted_booking, without_booking
 from hami_plugin.scheduler.usage import NodeUsage, make_node_usage
 from hami_plugin.testing.apiserver import make_container, make_pod
 from tests.bookings import signed_fields

@@ -23,13 +23,13 @@ from hami_plugin.protocol.signature import (
     BookingFields,
     BookingKeys,
 )
-from hami_plugin.scheduler.settings import ResourceNames, SchedulerSettings
-from hami_plugin.scheduler.trust import (
+from hami_plugin.scheduler.book.trust import (
     BookingSeal,
     booking_seal,
     untrusted_booking,
     without_booking,
 )
+from hami_plugin.scheduler.settings import ResourceNames, SchedulerSettings
 from hami_plugin.testing.apiserver import make_container, make_pod
 
 KEYS = BookingKeys((b"k" * 32,))

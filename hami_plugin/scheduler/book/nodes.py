@@ -5,14 +5,13 @@ the ledger), the nodes as the watch last showed them (only those matching
 `--node-label-selector`), the handshakes CheckHealth asks the leader to write, and what the
 node lock annotation on a node says for the recovery loop.
 
-`NodeRegistry` is not thread-safe: `SchedulerState` calls it under its lock.
+Part of the book: not thread-safe, no I/O.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 
 from hami_plugin.protocol import inflight
@@ -22,22 +21,12 @@ from hami_plugin.protocol.objects import NodeInfo, ObjectError
 from hami_plugin.scheduler.health import NodeHealthTracker
 from hami_plugin.scheduler.ledger import Ledger
 
-__all__ = ["LockRelease", "NodeRegistry"]
+__all__ = ["NodeRegistry"]
 
 logger = logging.getLogger(__name__)
 
 _WATCHED_BY_BINDS = (ANNOTATION_NODE_LOCK, inflight.ANNOTATION_ALLOCATE_PROTOCOL)
 """Node annotations a waiting bind must hear about when they change."""
-
-
-@dataclass(frozen=True, slots=True)
-class LockRelease:
-    """The node lock `value` on `node` of pod `namespace/name`, deleted: to release."""
-
-    node: str
-    namespace: str
-    name: str
-    value: str
 
 
 class NodeRegistry:

@@ -3,7 +3,7 @@
 `scheduler.filter.decide` answers, among the nodes that fit, the first in the policy's order on
 which a bind would not wait, within `--burst-look-ahead` fitting nodes past the policy's first
 (docs/scheduler.md, "Bursts across nodes"). `BindWaits.would_wait` is its predicate, read from
-the state's own views under the state lock:
+the book's own views:
 
 * a node with HAMi's node lock: another pod's booking there (it takes the lock first), or a lock
   another live pod holds that has not expired (`protocol.nodelock`);
@@ -13,7 +13,7 @@ the state's own views under the state lock:
   another node (bind's `claim_in_flight` still waits for it); a wait for an Allocate is a
   kubelet round trip.
 
-Not thread-safe: `SchedulerState` calls it under its lock. No I/O.
+Part of the book: not thread-safe, no I/O.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from datetime import datetime, timedelta
 
-from hami_plugin.extender.bookings import Booking, Bookings
-from hami_plugin.extender.inflight_tracker import InFlightTracker
-from hami_plugin.extender.nodes import NodeRegistry
 from hami_plugin.protocol import inflight
 from hami_plugin.protocol.model import PodDevices
 from hami_plugin.protocol.nodelock import LockAction, decide_lock
 from hami_plugin.protocol.objects import PodInfo
+from hami_plugin.scheduler.book.bookings import Booking, Bookings
+from hami_plugin.scheduler.book.inflight import InFlightTracker
+from hami_plugin.scheduler.book.nodes import NodeRegistry
 
 __all__ = ["BindWaits"]
 

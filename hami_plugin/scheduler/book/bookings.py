@@ -6,11 +6,10 @@ TTL, freed and counted), BINDING while a bind runs (never expires), BOUND once t
 succeeded, until the watch delivers the pod as patched.
 
 A bind turns the booking into a `BindPlan` (what it writes), or a `BindRefusal` when there is
-no booking to bind and the pod does not fit again (`SchedulerState.plan_bind`).
+no booking to bind and the pod does not fit again (`Book.plan_bind`).
 
-`Bookings` keeps them with their expiry queue and the relist check; it is not thread-safe:
-`SchedulerState` calls it under its lock, and does what dropping a booking implies for the
-ledger and the in-flight pods.
+`Bookings` keeps them with their expiry queue and the relist check; part of the book, which
+does what dropping a booking implies for the ledger and the in-flight pods.
 """
 
 from __future__ import annotations
@@ -24,14 +23,9 @@ from dataclasses import dataclass
 from hami_plugin.protocol import inflight
 from hami_plugin.protocol.codec import AnnotationError
 from hami_plugin.protocol.model import (
-    ANNOTATION_BIND_PHASE,
-    ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,
-    ANNOTATION_VGPU_NODE,
-    BindPhase,
 )
 from hami_plugin.protocol.objects import PodInfo
-from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE
 from hami_plugin.scheduler.filter import FilterResult
 from hami_plugin.scheduler.fit import FitFailure
 
@@ -70,21 +64,18 @@ class Booking:
         """Does this pod event show the booking itself (the bind patch reached the watch)?
         Its devices and signature too: an author who writes the bind's node and time first
         does not end the booking before the patch lands."""
-        annotations = info.annotations
         if self.phase is BookingPhase.FILTERED:
             return False
         if self.phase is BookingPhase.BOUND and info.node_name:
             return True  # the Binding came after our patch
+        shown = info.booking
         return (
-            annotations.get(ANNOTATION_BIND_TIME) == self.bind_time
-            and annotations.get(ANNOTATION_VGPU_NODE) == self.node
-            and annotations.get(ANNOTATION_DEVICES_ALLOCATED)
-            == self.result.annotations.get(ANNOTATION_DEVICES_ALLOCATED)
-            and (
-                not self.signature
-                or annotations.get(ANNOTATION_BOOKING_SIGNATURE) == self.signature
-            )
-            and annotations.get(ANNOTATION_BIND_PHASE) != BindPhase.FAILED
+            shown is not None
+            and shown.bind_time == self.bind_time
+            and shown.node == self.node
+            and shown.allocated_text == self.result.annotations.get(ANNOTATION_DEVICES_ALLOCATED)
+            and (not self.signature or shown.signature == self.signature)
+            and not shown.failed
         )
 
 

@@ -1,13 +1,11 @@
 """The pods being allocated: bound (or being bound) but not yet served by the device plugin.
 
-Per node, the in-flight pods as the allocate protocol (`hami_plugin.protocol.inflight`) sees
-them: from the watch (pods `allocating` and Pending), overridden by the binds of this process
-that the watch has not shown yet. A bind to a node with the protocol waits while one of them
-could be confused with its pod by kubelet's Allocate (`blocker`). The same watch events feed
-the pods `allocating` the recovery loop times out (`stale`).
-
-`InFlightTracker` is not thread-safe: `SchedulerState` calls it under its lock and notifies its
-condition variable when a method reports a change.
+Per node, the in-flight pods as the allocate protocol (`protocol.inflight`) sees them: from the
+watch (pods `allocating` and Pending), overridden by the binds of this process that the watch
+has not shown yet. A bind to a node with the protocol waits while one of them could be confused
+with its pod by kubelet's Allocate (`blocker`). The same watch events feed the pods `allocating`
+the recovery loop times out (`stale`). Part of the book: not thread-safe, no I/O; a method that
+reports a change makes the book wake waiting binds.
 """
 
 from __future__ import annotations
@@ -19,26 +17,16 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from hami_plugin.protocol import inflight
-from hami_plugin.protocol.model import (
-    ANNOTATION_BIND_PHASE,
-    ANNOTATION_BIND_TIME,
-    ANNOTATION_DEVICES_TO_ALLOCATE,
-    ANNOTATION_VGPU_NODE,
-    BindPhase,
-)
+from hami_plugin.protocol.model import ANNOTATION_DEVICES_TO_ALLOCATE
 from hami_plugin.protocol.objects import POD_PENDING, PodInfo
+from hami_plugin.scheduler.book.trust import same_pod
 
-__all__ = ["InFlightTracker", "StaleAllocation", "same_pod"]
+__all__ = ["InFlightTracker", "StaleAllocation"]
 
 logger = logging.getLogger(__name__)
 
 _UNREADABLE = inflight.InFlightPod("", "", 0, (), ())
 """Stands for an in-flight pod whose booking cannot be read (it blocks its node)."""
-
-
-def same_pod(uid: str, other: str) -> bool:
-    """Two UIDs of a pod name designate the same pod (an unknown UID matches any)."""
-    return not uid or not other or uid == other
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,10 +133,12 @@ class InFlightTracker:
         be any Allocate, so it blocks every bind on its node. `shape` gives a pod's
         `InFlightPod.shape` (asked only of pods in flight). Returns whether the view changed."""
         key = info.key
-        node = info.annotations.get(ANNOTATION_VGPU_NODE, "")
+        booking = info.booking
+        node = booking.node if booking is not None else ""
         allocating = (
-            bool(node)
-            and info.annotations.get(ANNOTATION_BIND_PHASE) == BindPhase.ALLOCATING
+            booking is not None
+            and bool(node)
+            and booking.allocating
             and info.phase in (POD_PENDING, "")
         )
         entry = None
@@ -189,14 +179,16 @@ class InFlightTracker:
 
     # --- allocations the recovery loop times out ------------------------------------------------
 
-    def update_allocating(self, info: PodInfo, phase: str | None, monotonic: float) -> None:
+    def update_allocating(self, info: PodInfo, monotonic: float) -> None:
         """Track a pod `allocating`, Pending and not being deleted (first seen at monotonic
         time `monotonic`); forget it otherwise."""
+        booking = info.booking
         if (
-            phase == BindPhase.ALLOCATING
+            booking is not None
+            and booking.allocating
             and info.phase in (POD_PENDING, "")
             and not info.deleting
-            and info.annotations.get(ANNOTATION_VGPU_NODE)
+            and booking.node
         ):
             entry = self._allocating.get(info.key)
             if entry is None:
@@ -220,23 +212,21 @@ class InFlightTracker:
         that annotation is unreadable)."""
         stale = []
         for entry in self._allocating.values():
-            since = _unix_time(entry.pod.annotations.get(ANNOTATION_BIND_TIME), now)
+            booking = entry.pod.booking
+            seconds = booking.bind_seconds if booking is not None else None
+            since = _unix_time(seconds, now)
             if since is not None:
                 age = (now - since).total_seconds()
             else:
                 age = monotonic - entry.first_seen
             if age > timeout_seconds:
-                node = entry.pod.annotations.get(ANNOTATION_VGPU_NODE, "")
+                node = booking.node if booking is not None else ""
                 stale.append(StaleAllocation(entry.pod, node, since))
         return stale
 
 
-def _unix_time(text: str | None, reference: datetime) -> datetime | None:
-    if not text:
-        return None
-    try:
-        seconds = int(text)
-    except ValueError:
+def _unix_time(seconds: int | None, reference: datetime) -> datetime | None:
+    if seconds is None:
         return None
     try:
         return datetime.fromtimestamp(seconds, reference.tzinfo)
