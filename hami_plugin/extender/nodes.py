@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 
+from hami_plugin.kube.nodelock import LockRelease
 from hami_plugin.protocol import inflight
 from hami_plugin.protocol.model import ANNOTATION_NODE_LOCK
 from hami_plugin.protocol.nodelock import held_by
@@ -28,16 +28,6 @@ logger = logging.getLogger(__name__)
 
 _WATCHED_BY_BINDS = (ANNOTATION_NODE_LOCK, inflight.ANNOTATION_ALLOCATE_PROTOCOL)
 """Node annotations a waiting bind must hear about when they change."""
-
-
-@dataclass(frozen=True, slots=True)
-class LockRelease:
-    """The node lock `value` on `node` of pod `namespace/name`, deleted: to release."""
-
-    node: str
-    namespace: str
-    name: str
-    value: str
 
 
 class NodeRegistry:

@@ -51,6 +51,7 @@ from kubernetes.client.rest import RESTClientObject
 from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.kube.config import load_configuration, throttled_refresh
 from hami_plugin.kube.errors import Conflict, KubeError
+from hami_plugin.kube.events import PodEvent
 from hami_plugin.kube.listing import CollectionCalls
 from hami_plugin.kube.paths import check_selector_value
 from hami_plugin.kube.ratelimit import ClientRateLimit, TokenBucket
@@ -524,16 +525,9 @@ class KubeClient(CollectionCalls):
         )
         self._transport.call(f"patch event {namespace}/{name}", request, _ignore_body)
 
-    def create_pod_event(
-        self,
-        pod: PodInfo,
-        reason: str,
-        message: str,
-        event_type: str = "Normal",
-        component: str = "hami-device-plugin",
-    ) -> None:
-        """Record a core/v1 Event about the pod; best effort, as `create_event`."""
-        self.create_event(ObjectRef.of_pod(pod), reason, message, event_type, component)
+    def create_pod_event(self, event: PodEvent, component: str = "hami-device-plugin") -> None:
+        """Record `event` as a core/v1 Event; best effort, as `create_event`."""
+        self.create_event(event.ref(), event.reason, event.message, event.event_type, component)
 
 
 def _ignore_body(body: dict[str, Any]) -> None:

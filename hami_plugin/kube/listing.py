@@ -1,4 +1,4 @@
-"""LIST and WATCH of any collection, as `KubeClient` makes them.
+"""LIST and WATCH of any collection, as `KubeClient` makes them, and a pod read through a LIST.
 
 Lists are followed page by page with `limit`/`continue` and watch events read as they arrive
 (`hami_plugin.kube.watch`); `hami_plugin.kube.informer` builds the list-then-watch loop on them.
@@ -14,13 +14,15 @@ from typing import Any
 import urllib3
 
 from hami_plugin.clock import Clock
-from hami_plugin.kube.errors import Gone
+from hami_plugin.kube.api import ListApi
+from hami_plugin.kube.errors import Gone, KubeError
 from hami_plugin.kube.paths import collection_path
 from hami_plugin.kube.records import ObjectList, WatchEvent, page
 from hami_plugin.kube.transport import Request, Transport
 from hami_plugin.kube.watch import WATCH_READ_TIMEOUT_SECONDS, read_events
+from hami_plugin.protocol.objects import ObjectError, PodInfo, read_pod
 
-__all__ = ["CollectionCalls"]
+__all__ = ["CollectionCalls", "fetch_pod"]
 
 logger = logging.getLogger(__name__)
 
@@ -152,3 +154,20 @@ class CollectionCalls:
 
         response = self._transport.with_retries(what, open_stream, stop)
         yield from read_events(response, what, stop=stop, end=end, clock=self._clock)
+
+
+def fetch_pod(api: ListApi, namespace: str, name: str) -> PodInfo | None:
+    """The pod as the API server has it now, read through a LIST by name: None when it does
+    not exist (an empty list, where a GET would raise NotFound). Raises KubeError when the
+    server cannot answer or the pod cannot be read."""
+    listed = api.list_objects(
+        f"/api/v1/namespaces/{namespace}/pods",
+        field_selector=f"metadata.name={name}",
+        page_size=0,
+    )
+    for item in listed.items:
+        try:
+            return read_pod(item)
+        except ObjectError as error:
+            raise KubeError(f"pod {namespace}/{name} unreadable: {error}") from error
+    return None
