@@ -63,9 +63,10 @@ from hami_plugin.deviceplugin.mig.allocate import MigAllocateStep, MigRealised
 from hami_plugin.deviceplugin.nodecache import CacheNotListedError, NodeCache
 from hami_plugin.deviceplugin.pending import PendingPodChoice, is_pending_on, select_pending_pod
 from hami_plugin.deviceplugin.preferred import PreferredAnswer, PreferredRequest, decide_preferred
-from hami_plugin.deviceplugin.writebehind import WriteBehind, release_node_lock
+from hami_plugin.deviceplugin.writebehind import WriteBehind, release_lock_now
 from hami_plugin.kube.api import AllocateApi
 from hami_plugin.kube.errors import Retryable
+from hami_plugin.kube.events import PodEvent
 from hami_plugin.protocol import hostpaths
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
@@ -546,13 +547,12 @@ class PodAllocator:
                 )
             self._release_lock(pod, node, away)
             # The allocation's own error must reach kubelet: the event is best effort.
+            event = PodEvent.of_pod(pod, EVENT_REASON_ALLOCATE_FAILED, message, "Warning")
             if self._writes is not None:
-                self._writes.record_event(
-                    pod, EVENT_REASON_ALLOCATE_FAILED, message, "Warning", queue=away
-                )
+                self._writes.record(event, queue=away)
                 return
             try:
-                self._kube.create_pod_event(pod, EVENT_REASON_ALLOCATE_FAILED, message, "Warning")
+                self._kube.create_pod_event(event)
             except Exception as event_error:
                 logger.warning("no event for pod %s/%s: %s", pod.namespace, pod.name, event_error)
 
@@ -566,12 +566,12 @@ class PodAllocator:
             self._kube.patch_pod_metadata(pod.namespace, pod.name, annotations)
 
     def _release_lock(self, pod: PodInfo, node: NodeInfo, away: bool) -> None:
-        """Delete the node lock if `pod` may (`writebehind.release_node_lock`: HAMi's rule,
+        """Delete the node lock if `pod` may (`writebehind.release_lock_now`: HAMi's rule,
         the node's resourceVersion as precondition, retried on conflict); never raises."""
         if self._writes is not None:
             self._writes.release_lock(node, pod.namespace, pod.name, queue=away)
             return
         try:
-            release_node_lock(self._kube, node, node.name, pod.namespace, pod.name)
+            release_lock_now(self._kube, node.name, pod.namespace, pod.name, read=node)
         except Retryable as error:
             logger.warning("node %s: lock not released: %s", node.name, error)

@@ -24,11 +24,17 @@ import grpc
 
 from hami_plugin.deviceplugin.api import api_pb2, api_pb2_grpc
 from hami_plugin.deviceplugin.server import DevicePluginService, PluginServer
+from hami_plugin.kube.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
 
 KUBELET_SOCKET_NAME = "kubelet.sock"
 API_VERSION = "v1beta1"
+
+AWAY_RETRY = RetryPolicy(initial_backoff_seconds=0.05, max_backoff_seconds=0.5, jitter=False)
+"""Nobody answers on kubelet.sock (a stale file while kubelet restarts): retried quickly."""
+REFUSED_RETRY = RetryPolicy(initial_backoff_seconds=0.2, max_backoff_seconds=5.0, jitter=False)
+"""Kubelet refused us, or our socket cannot be served: retried with a longer backoff."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,19 +151,6 @@ class SocketPollWatch:
                 signal.trigger(reason)
 
 
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Retry delays: `initial_seconds`, doubling, at most `max_seconds`."""
-
-    initial_seconds: float = 0.1
-    max_seconds: float = 2.0
-
-    def next(self, delay: float | None) -> float:
-        if delay is None:
-            return self.initial_seconds
-        return min(delay * 2, self.max_seconds)
-
-
 class KubeletRegistrar:
     """Keeps the DevicePlugin served and registered with whichever kubelet is running."""
 
@@ -169,8 +162,8 @@ class KubeletRegistrar:
         socket_name: str,
         resource_name: str,
         watch: RestartWatch | None = None,
-        away_backoff: Backoff = Backoff(0.05, 0.5),
-        refused_backoff: Backoff = Backoff(0.2, 5.0),
+        away_backoff: RetryPolicy = AWAY_RETRY,
+        refused_backoff: RetryPolicy = REFUSED_RETRY,
         register_timeout_seconds: float = 15.0,
         settle_seconds: float = 0.05,
         kubelet_poll_seconds: float = 0.1,
@@ -260,7 +253,7 @@ class KubeletRegistrar:
                 try:
                     self._serve()
                 except OSError as error:
-                    serve_delay = self._refused_backoff.next(serve_delay)
+                    serve_delay = self._refused_backoff.pause_after(serve_delay)
                     logger.warning("%s; retrying in %.1f s", error, serve_delay)
                     self._stop.wait(serve_delay)
                     continue
@@ -284,14 +277,13 @@ class KubeletRegistrar:
                 self._register()
             except grpc.RpcError as error:
                 failures += 1
-                # Nobody listening on kubelet.sock (a stale file while kubelet restarts) is
-                # retried quickly; an answer from kubelet refusing us, with a longer backoff.
+                # The two kinds of failure share one growing pause, each at its own cap.
                 away = _rpc_code(error) in (
                     grpc.StatusCode.UNAVAILABLE,
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                 )
                 backoff = self._away_backoff if away else self._refused_backoff
-                register_delay = backoff.next(register_delay)
+                register_delay = backoff.pause_after(register_delay)
                 message = _rpc_error_text(error)
                 if failures == 1:
                     logger.warning(

@@ -24,13 +24,14 @@ import time
 import grpc
 
 from hami_plugin.deviceplugin.api.podresources import api_pb2, api_pb2_grpc
+from hami_plugin.kube.retry import RetryPolicy
 
 DEFAULT_TIMEOUT_SECONDS = 2.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """What kubelet's own client takes (a node with many pods answers more than gRPC's 4 MiB)."""
-RATE_LIMIT_BACKOFF_SECONDS = (0.02, 0.05, 0.1, 0.2, 0.4)
-"""Pauses before the retries of a call refused by kubelet's rate limit (its bucket refills a
-token every 10 ms)."""
+RATE_LIMIT_RETRY = RetryPolicy(attempts=6, jitter=False, steps=(0.02, 0.05, 0.1, 0.2, 0.4))
+"""A call refused by kubelet's rate limit (RESOURCE_EXHAUSTED) is tried again after these
+pauses (its bucket refills a token every 10 ms), within the call's timeout."""
 
 
 class PodResourcesError(Exception):
@@ -75,7 +76,7 @@ class PodResourcesClient:
                 "running, or its pod-resources directory not mounted into this container)"
             )
         deadline = time.monotonic() + self._timeout
-        for pause in (*RATE_LIMIT_BACKOFF_SECONDS, None):
+        for _ in RATE_LIMIT_RETRY.tries(ends_at=deadline):
             left = deadline - time.monotonic()
             try:
                 response: api_pb2.ListPodResourcesResponse = self._connected().List(
@@ -83,17 +84,12 @@ class PodResourcesClient:
                 )
                 return response
             except grpc.RpcError as error:
+                failure = error
                 code = error.code() if isinstance(error, grpc.Call) else None
-                if (
-                    code is grpc.StatusCode.RESOURCE_EXHAUSTED
-                    and pause is not None
-                    and time.monotonic() + pause < deadline
-                ):
-                    time.sleep(pause)
-                    continue
-                self.close()
-                raise PodResourcesError(self._describe(error, code)) from error
-        raise AssertionError("unreachable: the last attempt returns or raises")
+                if code is not grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    break
+        self.close()
+        raise PodResourcesError(self._describe(failure, code)) from failure
 
     def close(self) -> None:
         """Drop the channel (the next call dials again)."""

@@ -42,10 +42,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hami_plugin.kube.api import AllocateApi
-from hami_plugin.kube.errors import Conflict, KubeError, NotFound, Retryable
-from hami_plugin.kube.retry import RetryPolicy
+from hami_plugin.kube.errors import KubeError, NotFound, Retryable
+from hami_plugin.kube.events import PodEvent
+from hami_plugin.kube.nodelock import KeptChanging, release_node_lock
+from hami_plugin.kube.retry import CONFLICT_RETRIES, RetryPolicy
 from hami_plugin.protocol import nodelock
 from hami_plugin.protocol.model import ANNOTATION_NODE_LOCK
+from hami_plugin.protocol.nodelock import LockRelease
 from hami_plugin.protocol.objects import NodeInfo, PodInfo
 
 logger = logging.getLogger(__name__)
@@ -57,7 +60,9 @@ MAX_REMEMBERED = 10_000
 APPLY_BUDGET_SECONDS = 5.0
 """All API calls of applying one queued write: after a hang, the queue moves again at most this
 long (plus one backoff, at most `max_backoff_seconds`) after the API server answers."""
-_LOCK_RELEASE_ATTEMPTS = 4
+_LOCK_RELEASE_RETRIES = dataclasses.replace(CONFLICT_RETRIES, attempts=4)
+"""The device plugin's lock release reads the node four times at most (the scheduler's
+compare-and-patches, three)."""
 
 
 class WriteQueueFullError(Exception):
@@ -73,64 +78,35 @@ class PodPatch:
     uid: str
     annotations: Mapping[str, str | None]
 
-    def describe(self) -> str:
-        keys = ", ".join(f"{key}={value}" for key, value in self.annotations.items())
-        return f"patch pod {self.namespace}/{self.name} ({keys})"
-
-
-@dataclass(frozen=True, slots=True)
-class LockRelease:
-    """Delete the node lock if the pod may (`nodelock.releasable_by`, HAMi's rule)."""
-
-    node: str
-    namespace: str
-    name: str
-
-    def describe(self) -> str:
-        return f"release node {self.node}'s lock of pod {self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True, slots=True)
-class PodEvent:
-    """An event about a pod (best effort)."""
-
-    pod: PodInfo
-    reason: str
-    message: str
-    event_type: str
-
-    def describe(self) -> str:
-        return f"{self.event_type} event {self.reason} for pod {self.pod.namespace}/{self.pod.name}"
-
 
 Write = PodPatch | LockRelease | PodEvent
+"""The pod's patch, the lock release (`nodelock.releasable_by`, HAMi's rule) and the event."""
 
 
-def release_node_lock(
-    kube: AllocateApi, node: NodeInfo | None, node_name: str, namespace: str, name: str
+def describe(write: Write) -> str:
+    """The write in a few words, for the log."""
+    if isinstance(write, PodPatch):
+        keys = ", ".join(f"{key}={value}" for key, value in write.annotations.items())
+        return f"patch pod {write.namespace}/{write.name} ({keys})"
+    if isinstance(write, LockRelease):
+        return f"release node {write.node}'s lock of pod {write.namespace}/{write.name}"
+    return f"{write.event_type} event {write.reason} for pod {write.namespace}/{write.name}"
+
+
+def release_lock_now(
+    kube: AllocateApi, node_name: str, namespace: str, name: str, *, read: NodeInfo | None = None
 ) -> None:
-    """Delete `node_name`'s lock if pod namespace/name may, with the node's resourceVersion as
-    precondition (`node`, else read first); retried on conflict. Raises Retryable when the API
-    server does not answer; any other failure is logged, not raised."""
-    for _attempt in range(_LOCK_RELEASE_ATTEMPTS):
-        try:
-            if node is None:
-                node = kube.get_node(node_name)
-            value = node.annotations.get(ANNOTATION_NODE_LOCK)
-            if not nodelock.releasable_by(value, namespace, name):
-                return
-            kube.patch_node_annotations(
-                node_name, {ANNOTATION_NODE_LOCK: None}, resource_version=node.resource_version
-            )
-            return
-        except Conflict:
-            node = None
-        except Retryable:
-            raise
-        except Exception as error:
-            logger.warning("node %s: lock not released: %s", node_name, error)
-            return
-    logger.warning("node %s: lock not released: kept losing the race", node_name)
+    """Delete `node_name`'s lock if pod namespace/name may (`kube.nodelock.release_node_lock`,
+    from `read`, the node as already read, when given). Raises Retryable when the API server
+    does not answer; any other failure is logged, not raised."""
+    try:
+        release_node_lock(kube, node_name, namespace, name, read=read, retry=_LOCK_RELEASE_RETRIES)
+    except Retryable:
+        raise
+    except KeptChanging as error:
+        logger.warning("%s", error)
+    except Exception as error:
+        logger.warning("node %s: lock not released: %s", node_name, error)
 
 
 @dataclass(slots=True)
@@ -210,7 +186,7 @@ class WriteBehind:
             logger.warning(
                 "stopping with %d write(s) the API server never took, lost: %s",
                 len(left),
-                "; ".join(write.describe() for write in left),
+                "; ".join(describe(write) for write in left),
             )
 
     @property
@@ -239,32 +215,29 @@ class WriteBehind:
         `patch_pod`); never raises (a full queue is logged: the scheduler's recovery expires
         the lock)."""
         value = node.annotations.get(ANNOTATION_NODE_LOCK)
-        if not nodelock.releasable_by(value, namespace, name):
+        if value is None or not nodelock.releasable_by(value, namespace, name):
             return
         try:
-            self._send(LockRelease(node.name, namespace, name), node, queue=queue)
+            self._send(LockRelease(node.name, namespace, name, value), node, queue=queue)
         except WriteQueueFullError as error:
             logger.warning("node %s: lock not released: %s", node.name, error)
             return
-        except KubeError as error:  # release_node_lock raises nothing else
+        except KubeError as error:  # release_lock_now raises nothing else
             logger.warning("node %s: lock not released: %s", node.name, error)
             return
-        if value:
-            with self._state:
-                self._released_locks[value] = None
-                self._released_locks.move_to_end(value)
-                while len(self._released_locks) > self._max_remembered:
-                    self._released_locks.popitem(last=False)
+        with self._state:
+            self._released_locks[value] = None
+            self._released_locks.move_to_end(value)
+            while len(self._released_locks) > self._max_remembered:
+                self._released_locks.popitem(last=False)
 
-    def record_event(
-        self, pod: PodInfo, reason: str, message: str, event_type: str, *, queue: bool = False
-    ) -> None:
-        """Record an event now or queued (`queue` as in `patch_pod`); never raises (a lost
-        event is logged)."""
+    def record(self, event: PodEvent, *, queue: bool = False) -> None:
+        """Record an event now or queued (`queue` as in `patch_pod`): the device plugin's
+        `EventSink`. Never raises (a lost event is logged)."""
         try:
-            self._send(PodEvent(pod, reason, message, event_type), queue=queue)
+            self._send(event, queue=queue)
         except Exception as error:
-            logger.warning("no event for pod %s/%s: %s", pod.namespace, pod.name, error)
+            logger.warning("no event for pod %s/%s: %s", event.namespace, event.name, error)
 
     def _send(self, write: Write, node: NodeInfo | None = None, *, queue: bool = False) -> bool:
         # Joining the queue never waits for the worker's attempt in flight (it may hang for
@@ -286,7 +259,7 @@ class WriteBehind:
                 logger.warning(
                     "the API server does not answer (%s): %s is queued until it does",
                     error,
-                    write.describe(),
+                    describe(write),
                 )
                 return False
             with self._state:
@@ -315,9 +288,9 @@ class WriteBehind:
         if isinstance(write, PodPatch):
             kube.patch_pod_metadata(write.namespace, write.name, write.annotations)
         elif isinstance(write, LockRelease):
-            release_node_lock(kube, node, write.node, write.namespace, write.name)
+            release_lock_now(kube, write.node, write.namespace, write.name, read=node)
         else:
-            kube.create_pod_event(write.pod, write.reason, write.message, write.event_type)
+            kube.create_pod_event(write)
 
     # --- the worker -----------------------------------------------------------------------
 
@@ -333,7 +306,7 @@ class WriteBehind:
                 streak = 0
                 continue
             streak += 1
-            self._stop.wait(self._backoff.backoff_seconds(min(streak, 32), self._rng))
+            self._stop.wait(self._backoff.backoff_seconds(streak, self._rng))
 
     def _within(self) -> contextlib.AbstractContextManager[object]:
         deadline: Callable[[float], contextlib.AbstractContextManager[object]] | None = getattr(
@@ -352,20 +325,20 @@ class WriteBehind:
                 with self._within():
                     self._apply(write)
             except Retryable as error:
-                logger.debug("still queued: %s: %s", write.describe(), error)
+                logger.debug("still queued: %s: %s", describe(write), error)
                 return False
             except NotFound as error:
-                logger.warning("dropped, the object is gone: %s: %s", write.describe(), error)
+                logger.warning("dropped, the object is gone: %s: %s", describe(write), error)
                 self._drop(write, gone=True)
                 return True
             # A refusal for good (403, 422, a bug): retrying cannot help, the rest must go on.
             except Exception as error:
-                logger.warning("dropped, refused: %s: %s", write.describe(), error)
+                logger.warning("dropped, refused: %s: %s", describe(write), error)
                 self._drop(write, gone=False)
                 return True
             self._drop(write, gone=False, written=True)
             left = self.backlog
-        logger.info("applied %s (%d write(s) still queued)", write.describe(), left)
+        logger.info("applied %s (%d write(s) still queued)", describe(write), left)
         return True
 
     def _drop(self, write: Write, *, gone: bool, written: bool = False) -> None:
@@ -429,5 +402,5 @@ def _pod_of(write: Write) -> tuple[str, str] | None:
     if isinstance(write, PodPatch):
         return write.namespace, write.name
     if isinstance(write, PodEvent):
-        return write.pod.namespace, write.pod.name
+        return write.namespace, write.name
     return None

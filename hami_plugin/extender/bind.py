@@ -15,18 +15,18 @@ Steps for `ExtenderBindingArgs{PodName, PodNamespace, PodUID, Node}`:
      `inflight.must_wait_for` finds no in-flight pod that kubelet's Allocate could confuse with
      this one, then count it in flight. No node lock, so a burst binds concurrently;
    * any other node (HAMi's device plugin): HAMi's node lock `hami.io/mutex.lock` through the
-     API (GET node, decide with `protocol.nodelock`, merge patch with the node's
-     resourceVersion; a stale lock is replaced in that same patch). A lock held by a live pod
-     is waited for (woken by the node watch), HAMi only waits for pod-group members. The binds
-     for one node queue in arrival order (`lockqueue.NodeLockQueue`): only the head tries the
-     lock, so a burst makes one GET and one patch per lock change, not one per waiter.
+     API (`kube.nodelock.compare_and_patch`: GET node, decide with `protocol.nodelock`, merge
+     patch with the node's resourceVersion; a stale lock is replaced in that same patch). A lock
+     held by a live pod is waited for (woken by the node watch), HAMi only waits for pod-group
+     members. The binds for one node queue in arrival order (`lockqueue.NodeLockQueue`): only
+     the head tries the lock, so a burst makes one GET and one patch per lock change, not one
+     per waiter.
    Both waits end after `--node-lock-retry-timeout` (28 s, below kube-scheduler's 30 s).
-4. ONE pod merge patch with the pod's resourceVersion as precondition: `hami.io/vgpu-node`,
-   `hami.io/vgpu-time`, `hami.io/vgpu-devices-to-allocate`, `hami.io/vgpu-devices-allocated`,
-   `hami.io/bind-phase: allocating`, `hami.io/bind-time`, with a booking key
-   `hami-plugin.io/booking-signature` (`protocol.signature`), and the label `hami.io/vgpu-node`
-   (a Conflict re-reads the pod and tries once more). The device plugin finds all of it before
-   kubelet can call Allocate, which only happens after step 5.
+4. ONE pod merge patch with the pod's resourceVersion as precondition: the booking
+   (`protocol.booking.BOOKING_ANNOTATIONS`: node, time, devices, `bind-phase: allocating`,
+   bind-time, MIG reservations, with a booking key the signature) and its label (a Conflict
+   re-reads the pod and tries again, `CONFLICT_RETRIES` attempts in all). The device plugin
+   finds all of it before kubelet can call Allocate, which only happens after step 5.
 5. The Binding (`pods/<name>/binding`, with the pod's UID as precondition).
 
 On failure after step 2 everything is undone: the patch is reverted (the booking annotations
@@ -46,16 +46,24 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from hami_plugin.extender.events import PodEvent
 from hami_plugin.extender.filtering import annotation_error_message
 from hami_plugin.extender.lockqueue import LockTicket, NodeLockQueue
 from hami_plugin.extender.state import SchedulerState
 from hami_plugin.kube.api import BindApi
 from hami_plugin.kube.errors import Conflict, KubeError, NotFound
+from hami_plugin.kube.events import EventSink, PodEvent
+from hami_plugin.kube.listing import fetch_pod
+from hami_plugin.kube.nodelock import (
+    Keep,
+    KeptChanging,
+    Write,
+    compare_and_patch,
+    release_node_lock,
+)
+from hami_plugin.kube.retry import CONFLICT_RETRIES
 from hami_plugin.protocol.booking import BOOKING_ANNOTATIONS, BOOKING_LABELS
 from hami_plugin.protocol.govalues import go_quote
 from hami_plugin.protocol.model import (
@@ -72,17 +80,15 @@ from hami_plugin.protocol.nodelock import (
     decide_lock,
     held_by,
     lock_value,
-    releasable_by,
 )
-from hami_plugin.protocol.objects import ObjectError, PodInfo, read_pod
+from hami_plugin.protocol.objects import PodInfo
 from hami_plugin.scheduler.book.bookings import BindPlan, BindRefusal
 from hami_plugin.scheduler.fit import render_failure
 
-__all__ = ["Binder", "binding_args_problem", "refusal_message", "release_node_lock"]
+__all__ = ["Binder", "binding_args_problem", "refusal_message"]
 
 logger = logging.getLogger(__name__)
 
-_CONFLICT_RETRIES = 3
 _ROLLBACK_BUDGET_SECONDS = 5.0
 _API_BUDGET_SECONDS = 10.0
 """Time the API calls after the wait (patch, Binding) may take together."""
@@ -133,62 +139,6 @@ def binding_args_problem(namespace: str, name: str, uid: str, node: str) -> str 
     return None
 
 
-def fetch_pod(api: BindApi, namespace: str, name: str) -> PodInfo | None:
-    """The pod as the API server has it now (None when it does not exist). Read through a LIST
-    by name: the full object, which `KubeClient.get_pod`'s record does not keep. Raises
-    KubeError when the server cannot answer."""
-    listed = api.list_objects(
-        f"/api/v1/namespaces/{namespace}/pods",
-        field_selector=f"metadata.name={name}",
-        page_size=0,
-    )
-    for item in listed.items:
-        try:
-            return read_pod(item)
-        except ObjectError as error:
-            raise KubeError(f"pod {namespace}/{name} unreadable: {error}") from error
-    return None
-
-
-def release_node_lock(
-    api: BindApi,
-    node: str,
-    namespace: str,
-    name: str,
-    *,
-    expected: str | None = None,
-) -> bool:
-    """Delete node `node`'s lock, with the node's resourceVersion as precondition.
-
-    Without `expected`, only a lock that pod `namespace/name` may release (HAMi's owner check);
-    with it, only that very value (a forced release of a stale lock). Returns True when a lock
-    was deleted. Raises KubeError when the API keeps failing.
-    """
-    for _ in range(_CONFLICT_RETRIES):
-        try:
-            record = api.get_node(node)
-        except NotFound:
-            return False
-        value = record.annotations.get(ANNOTATION_NODE_LOCK)
-        if value is None:
-            return False
-        if expected is not None and value != expected:
-            return False
-        if expected is None and not releasable_by(value, namespace, name):
-            return False
-        try:
-            api.patch_node_annotations(
-                node, {ANNOTATION_NODE_LOCK: None}, resource_version=record.resource_version
-            )
-        except Conflict:
-            continue  # the node changed (a heartbeat); read it again
-        except NotFound:
-            return False
-        logger.info("node %s: lock %r released", node, value)
-        return True
-    raise KubeError(f"node {node}: lock not released, the node kept changing")
-
-
 class Binder:
     """Runs /bind calls; thread-safe (one call per request thread)."""
 
@@ -196,7 +146,7 @@ class Binder:
         self,
         state: SchedulerState,
         api: BindApi,
-        record_event: Callable[[PodEvent], None],
+        events: EventSink,
         *,
         node_lock_timeout: timedelta = timedelta(minutes=5),
         retry_timeout_seconds: float = 28.0,
@@ -206,7 +156,7 @@ class Binder:
         self._state = state
         self._clock = state.clock
         self._api = api
-        self._record_event = record_event
+        self._events = events
         self._lock_timeout = node_lock_timeout
         self._retry_timeout = retry_timeout_seconds
         self._stop = stop or threading.Event()
@@ -233,7 +183,7 @@ class Binder:
         return error
 
     def _event(self, pod: PodInfo, reason: str, message: str, event_type: str) -> None:
-        self._record_event(PodEvent(pod.namespace, pod.name, pod.uid, reason, message, event_type))
+        self._events.record(PodEvent(pod.namespace, pod.name, pod.uid, reason, message, event_type))
 
     def _bind(self, namespace: str, name: str, uid: str, node: str, started: float) -> str:
         logger.info("bind pod %s/%s to node %s", namespace, name, node)
@@ -427,51 +377,51 @@ class Binder:
         return True
 
     def _try_lock(self, plan: BindPlan) -> _LockRefused | None:
-        """One attempt: None when the pod holds the lock now, else why not."""
-        pod = plan.pod
-        value: str | None = None
-        for _ in range(_CONFLICT_RETRIES):
-            try:
-                record = self._api.get_node(plan.node)
-            except NotFound as error:
-                raise BindError(f"failed to get node {plan.node}: {error}") from error
-            value = record.annotations.get(ANNOTATION_NODE_LOCK)
-            now = self._clock.now()
-            decision = decide_lock(
-                plan.node, value, now, self._lock_timeout, pod.namespace, pod.name
+        """One attempt: None when the pod holds the lock now, else why not. A stale lock is
+        replaced in the same patch, atomic thanks to the node's resourceVersion."""
+        try:
+            patched = compare_and_patch(
+                self._api,
+                plan.node,
+                ANNOTATION_NODE_LOCK,
+                lambda value: self._lock_decision(plan, value),
+                what="lock not taken",
             )
-            if decision.action is LockAction.CHECK_OWNER and decision.lock is not None:
-                decision = decide_lock(
-                    plan.node,
-                    value,
-                    now,
-                    self._lock_timeout,
-                    pod.namespace,
-                    pod.name,
-                    owner_exists=self._pod_exists(
-                        decision.lock.namespace or "", decision.lock.pod_name or ""
-                    ),
-                )
-            if decision.action is LockAction.REENTRANT:
-                return None
-            if decision.action is LockAction.CONTENTION:
-                return _LockRefused(decision.message, value)
-            if decision.action is LockAction.TAKE_OVER:
-                logger.warning("%s", decision.message)
-            # TAKE and TAKE_OVER: one patch, atomic thanks to the resourceVersion
-            try:
-                self._api.patch_node_annotations(
-                    plan.node,
-                    {ANNOTATION_NODE_LOCK: lock_value(now, pod.namespace, pod.name)},
-                    resource_version=record.resource_version,
-                )
-            except Conflict:
-                continue  # someone wrote the node first: read it again
-            logger.info("node %s locked for pod %s", plan.node, pod.key)
-            return None
-        return _LockRefused(
-            f"node {plan.node}: lock not taken, the node kept changing", value, held=False
-        )
+        except KeptChanging as error:
+            return _LockRefused(str(error), error.seen, held=False)
+        except NotFound as error:
+            raise BindError(f"failed to get node {plan.node}: {error}") from error
+        if patched.written:
+            logger.info("node %s locked for pod %s", plan.node, plan.pod.key)
+        return patched.answer
+
+    def _lock_decision(
+        self, plan: BindPlan, value: str | None
+    ) -> Keep[_LockRefused | None] | Write[_LockRefused | None]:
+        """HAMi's `LockNode` on the lock `value` read: keep a lock the pod holds already or
+        another live pod holds, else write the pod's."""
+        pod = plan.pod
+        now = self._clock.now()
+        decision = decide_lock(plan.node, value, now, self._lock_timeout, pod.namespace, pod.name)
+        if decision.action is LockAction.CHECK_OWNER and decision.lock is not None:
+            decision = decide_lock(
+                plan.node,
+                value,
+                now,
+                self._lock_timeout,
+                pod.namespace,
+                pod.name,
+                owner_exists=self._pod_exists(
+                    decision.lock.namespace or "", decision.lock.pod_name or ""
+                ),
+            )
+        if decision.action is LockAction.REENTRANT:
+            return Keep(None)
+        if decision.action is LockAction.CONTENTION:
+            return Keep(_LockRefused(decision.message, value))
+        if decision.action is LockAction.TAKE_OVER:
+            logger.warning("%s", decision.message)
+        return Write(lock_value(now, pod.namespace, pod.name), None)
 
     def _pod_exists(self, namespace: str, name: str) -> bool:
         if self._state.pod_exists(namespace, name):
@@ -492,7 +442,7 @@ class Binder:
         if pod.booking is not None and pod.booking.mig_text is not None:
             # a stale MIG reservation of an earlier booking would not match this signature
             annotations.setdefault(ANNOTATION_VGPU_MIG_ALLOCATIONS, None)
-        for _ in range(_CONFLICT_RETRIES):
+        for _ in CONFLICT_RETRIES.tries():
             try:
                 return self._api.patch_pod_metadata(
                     pod.namespace,
@@ -541,7 +491,7 @@ class Binder:
         }
         revert[ANNOTATION_BIND_PHASE] = BindPhase.FAILED.value
         version = patched.resource_version or None
-        for _ in range(_CONFLICT_RETRIES):
+        for _ in CONFLICT_RETRIES.tries():
             try:
                 self._api.patch_pod_metadata(
                     pod.namespace,

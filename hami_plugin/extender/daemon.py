@@ -244,7 +244,7 @@ class SchedulerDaemon:
             binder = Binder(
                 self.state,
                 kube,
-                events.record,
+                events,
                 node_lock_timeout=config.node_lock_timeout,
                 retry_timeout_seconds=config.node_lock_retry_timeout_seconds,
                 stop=self._stop,
@@ -257,7 +257,7 @@ class SchedulerDaemon:
                     config.webhook,
                     quota=QuotaCheck(self.state.settings, self.state.fits_quota),
                 ),
-                events.record,
+                events,
                 self.is_leader,
                 self.readiness,
                 max_body_bytes=config.max_body_bytes,
@@ -323,7 +323,7 @@ class SchedulerDaemon:
             recovery = Recovery(
                 self.state,
                 kube,
-                events.record,
+                events,
                 self.is_leader,
                 allocation_timeout_seconds=config.allocation_timeout_seconds,
                 node_lock_timeout=config.node_lock_timeout,

@@ -52,9 +52,9 @@ from typing import Generic, TypeVar
 from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.kube.api import EventApi
 from hami_plugin.kube.errors import KubeError, NotFound
-from hami_plugin.kube.records import ObjectRef
+from hami_plugin.kube.events import PodEvent
 
-__all__ = ["EventCorrelator", "EventKey", "EventRecorder", "EventWrite", "PodEvent"]
+__all__ = ["EventCorrelator", "EventKey", "EventRecorder", "EventWrite"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,18 +68,6 @@ COMBINED_PREFIX = "(combined from similar events): "
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
-
-
-@dataclass(frozen=True, slots=True)
-class PodEvent:
-    """A Kubernetes Event to record about a pod (sent asynchronously by the caller)."""
-
-    namespace: str
-    name: str
-    uid: str
-    reason: str
-    message: str
-    event_type: str = "Normal"
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,9 +368,8 @@ class EventRecorder:
                     return
                 except NotFound:
                     logger.debug("event %s expired: recorded anew", write.name)
-            ref = ObjectRef("Pod", event.namespace, event.name, uid=event.uid)
             name = self._api.create_event(
-                ref,
+                event.ref(),
                 event.reason,
                 event.message,
                 event.event_type,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from hami_plugin.extender.events import PodEvent
+from hami_plugin.kube.events import PodEvent
 from hami_plugin.protocol.codec import AnnotationError
 from hami_plugin.protocol.govalues import go_quote
 from hami_plugin.protocol.model import ANNOTATION_DEVICE_SCORING_WEIGHTS

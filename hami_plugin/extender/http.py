@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Callable, Set
 
 from hami_plugin.extender.bind import Binder
-from hami_plugin.extender.events import PodEvent
 from hami_plugin.extender.filtering import FilterAnswer
 from hami_plugin.extender.httpserver import text_reply
 from hami_plugin.extender.state import SchedulerState
@@ -43,6 +42,7 @@ from hami_plugin.extender.wire import (
     decode_filter_request,
     filter_reply,
 )
+from hami_plugin.kube.events import EventSink
 from hami_plugin.protocol.objects import ObjectError, read_pod
 from hami_plugin.scheduler.admission_review import WEBHOOK_MAX_BODY_BYTES, review_admission_body
 from hami_plugin.scheduler.webhook import WebhookSettings
@@ -73,7 +73,7 @@ class ExtenderApp:
         state: SchedulerState,
         binder: Binder,
         webhook: WebhookSettings,
-        record_event: Callable[[PodEvent], None],
+        events: EventSink,
         is_leader: Callable[[], bool],
         readiness: Callable[[], str | None],
         *,
@@ -83,7 +83,7 @@ class ExtenderApp:
         self._state = state
         self._binder = binder
         self._webhook = webhook
-        self._record_event = record_event
+        self._events = events
         self._is_leader = is_leader
         self._readiness = readiness
         self.max_body_bytes = max_body_bytes
@@ -131,7 +131,7 @@ class ExtenderApp:
             return decoded
         answer = self._filter(decoded)
         for event in answer.events:
-            self._record_event(event)
+            self._events.record(event)
         self._state.observer.filter_done(clock.monotonic() - started, answer.outcome)
         return filter_reply(
             ExtenderFilterResult(

@@ -27,11 +27,13 @@ import threading
 from collections.abc import Callable
 from datetime import timedelta
 
-from hami_plugin.extender.bind import fetch_pod, release_node_lock
-from hami_plugin.extender.events import PodEvent
 from hami_plugin.extender.state import SchedulerState
 from hami_plugin.kube.api import BindApi
 from hami_plugin.kube.errors import Conflict, KubeError, NotFound
+from hami_plugin.kube.events import EventSink, PodEvent
+from hami_plugin.kube.listing import fetch_pod
+from hami_plugin.kube.nodelock import release_node_lock
+from hami_plugin.kube.retry import CONFLICT_RETRIES
 from hami_plugin.protocol.govalues import format_go_duration
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
@@ -59,7 +61,7 @@ class Recovery:
         self,
         state: SchedulerState,
         api: BindApi,
-        record_event: Callable[[PodEvent], None],
+        events: EventSink,
         is_leader: Callable[[], bool],
         *,
         allocation_timeout_seconds: float = 120.0,
@@ -73,7 +75,7 @@ class Recovery:
         self._state = state
         self._clock = state.clock
         self._api = api
-        self._record_event = record_event
+        self._events = events
         self._is_leader = is_leader
         self._allocation_timeout = allocation_timeout_seconds
         self._lock_timeout = node_lock_timeout
@@ -163,7 +165,7 @@ class Recovery:
         pod = stale.pod
         bind_time = pod.annotations.get(ANNOTATION_BIND_TIME)
         version = pod.resource_version or None
-        for _ in range(3):
+        for _ in CONFLICT_RETRIES.tries():
             try:
                 self._api.patch_pod_metadata(
                     pod.namespace,
@@ -194,7 +196,7 @@ class Recovery:
             "to failed and its GPUs freed; delete the pod to schedule it again"
         )
         logger.warning("pod %s: %s", pod.key, message)
-        self._record_event(
+        self._events.record(
             PodEvent(pod.namespace, pod.name, pod.uid, "AllocationTimeout", message, "Warning")
         )
         if stale.node:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Protocol
 
+from hami_plugin.kube.events import PodEvent
 from hami_plugin.kube.records import (
     LeaseRecord,
     ObjectList,
@@ -77,14 +78,7 @@ class PodPatchApi(Protocol):
 class PodEventApi(Protocol):
     """Record an event about a pod (best effort)."""
 
-    def create_pod_event(
-        self,
-        pod: PodInfo,
-        reason: str,
-        message: str,
-        event_type: str = "Normal",
-        component: str = "hami-device-plugin",
-    ) -> None: ...
+    def create_pod_event(self, event: PodEvent, component: str = "hami-device-plugin") -> None: ...
 
 
 class EventApi(Protocol):

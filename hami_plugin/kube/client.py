@@ -1,15 +1,15 @@
-"""The Kubernetes API as hami-plugin needs it: nodes, pods, patches, list/watch, bindings, leases,
-events, and the certificate job's Secrets and webhook caBundles.
+"""The Kubernetes API as hami-plugin needs it: nodes, pods, patches, bindings, leases, events,
+the certificate job's Secrets and webhook caBundles, and (`hami_plugin.kube.listing`) any list
+or watch.
 
 `KubeClient` uses the real client's plumbing (`kubernetes.client.ApiClient`: configuration,
 auth, TLS, request building with `param_serialize`, the urllib3 REST client) but not its
 generated API classes, and adds what the daemons need on top of it:
 
-* a dozen plain REST calls (nodes, pods, bindings, leases, events, Secrets, webhook
-  configurations, any list or watch), each a `Request` sent by `hami_plugin.kube.transport`,
-  instead of `CoreV1Api`. Importing `kubernetes.client.api.core_v1_api` wraps ~400 methods in
-  pydantic `validate_call` and pulls in ~250 model modules: ~20 MiB of resident memory in a daemon
-  that needs a dozen URLs. Only the client's plumbing submodules and the config loaders are
+* a dozen plain REST calls, each a `Request` sent by `hami_plugin.kube.transport`, instead of
+  `CoreV1Api`. Importing `kubernetes.client.api.core_v1_api` wraps ~400 methods in pydantic
+  `validate_call` and pulls in ~250 model modules: ~20 MiB of resident memory in a daemon that
+  needs a dozen URLs. Only the client's plumbing submodules and the config loaders are
   imported; `kubernetes.client` and `kubernetes.client.models` load their members lazily, so no
   generated API or model module is ever loaded (tests/kube/test_client.py checks this in a fresh
   interpreter);
@@ -24,9 +24,6 @@ generated API classes, and adds what the daemons need on top of it:
 * an optional time budget shared by every call a thread makes inside `KubeClient.deadline()`,
   so that a caller answering someone who waits (kubelet's Allocate) fails in bounded time
   however many calls it makes and however the API server misbehaves;
-* list and watch as the API server streams them (`list_objects`, `watch_objects`): pages
-  followed with `limit`/`continue`, watch events read by `hami_plugin.kube.watch`;
-  `hami_plugin.kube.informer` builds the list-then-watch loop on them;
 * metadata patches sent as JSON merge patch (`application/merge-patch+json`,
   `transport.MERGE_PATCH`): merge patch is what HAMi uses for the node lock, and it gives
   `null` = delete and the `resourceVersion` precondition.
@@ -41,12 +38,10 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any
-
-import urllib3
 
 # Submodules only: `kubernetes.client` and `kubernetes.client.models` load their members lazily,
 # and `kubernetes.client.CoreV1Api` (or any other generated API or model) must stay unloaded.
@@ -55,21 +50,20 @@ from kubernetes.client.rest import RESTClientObject
 
 from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.kube.config import load_configuration, throttled_refresh
-from hami_plugin.kube.errors import Conflict, Gone, KubeError
-from hami_plugin.kube.paths import check_selector_value, collection_path
+from hami_plugin.kube.errors import Conflict, KubeError
+from hami_plugin.kube.events import PodEvent
+from hami_plugin.kube.listing import CollectionCalls
+from hami_plugin.kube.paths import check_selector_value
 from hami_plugin.kube.ratelimit import ClientRateLimit, TokenBucket
 from hami_plugin.kube.records import (
     LeaseRecord,
-    ObjectList,
     ObjectRef,
     SecretRecord,
-    WatchEvent,
     WebhookConfigurationRecord,
     event_body,
     event_patch,
     lease_body,
     lease_record,
-    page,
     pod_listing,
     secret_body,
     secret_data,
@@ -78,7 +72,6 @@ from hami_plugin.kube.records import (
 )
 from hami_plugin.kube.retry import RetryPolicy
 from hami_plugin.kube.transport import JSON, JSON_PATCH, MERGE_PATCH, Request, Transport
-from hami_plugin.kube.watch import WATCH_READ_TIMEOUT_SECONDS, read_events
 from hami_plugin.protocol.objects import NodeInfo, PodInfo, read_node, read_pod
 
 logger = logging.getLogger(__name__)
@@ -92,7 +85,7 @@ _MUTATING_WEBHOOK = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfig
 _DEFAULT_RETRY = RetryPolicy()
 
 
-class KubeClient:
+class KubeClient(CollectionCalls):
     """Typed, retried, timed Kubernetes calls over one `kubernetes.client.ApiClient`.
 
     The client takes ownership of `api_client`: it switches off urllib3's built-in retries when
@@ -332,130 +325,6 @@ class KubeClient:
                 raise
             logger.debug("%s: already bound there", what)
 
-    # --- any resource: list and watch -----------------------------------------------------
-
-    def list_objects(
-        self,
-        path: str,
-        *,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        page_size: int = 500,
-    ) -> ObjectList:
-        """LIST a collection (`/api/v1/pods`, `/api/v1/namespaces/ns/pods`, `/api/v1/nodes`...)
-        in pages of `page_size` (0: one page), following `continue`; every page is retried like
-        any call.
-
-        If a continue token expires (410) the list starts over once without pages, as
-        client-go's pager does. Raises Gone, Retryable or KubeError (InvalidName for a path
-        of another shape, see `list_pages`).
-        """
-        items: list[dict[str, Any]] = []
-        version = ""
-        pages = 0
-        try:
-            for page in self.list_pages(
-                path,
-                label_selector=label_selector,
-                field_selector=field_selector,
-                page_size=page_size,
-            ):
-                items.extend(page.items)
-                version = page.resource_version
-                pages += 1
-        except Gone:
-            if pages == 0:
-                raise
-            logger.info("list %s: continue token expired; listing again in one page", path)
-            return self.list_objects(
-                path, label_selector=label_selector, field_selector=field_selector, page_size=0
-            )
-        return ObjectList(items, version)
-
-    def list_pages(
-        self,
-        path: str,
-        *,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        page_size: int = 500,
-    ) -> Iterator[ObjectList]:
-        """LIST a collection page by page (`limit`/`continue`; `page_size` 0: one page), so a
-        caller can reduce each page before the next one is read. Every page carries the list's
-        resourceVersion. Raises Gone (a continue token expired: list again), Retryable or
-        KubeError; InvalidName for a path of another shape (`collection_path`: a namespace
-        `a/b` written into it).
-        """
-        path = collection_path(path)
-        base: list[tuple[str, str]] = []
-        if label_selector:
-            base.append(("labelSelector", label_selector))
-        if field_selector:
-            base.append(("fieldSelector", field_selector))
-        if page_size > 0:
-            base.append(("limit", str(page_size)))
-        token = ""
-        number = 1
-        while True:
-            query = [*base, ("continue", token)] if token else base
-            request = Request("GET", path, query=tuple(query))
-            answer = self._transport.call(f"list {path} (page {number})", request, page)
-            yield ObjectList(answer.items, answer.resource_version)
-            if not answer.continue_token:
-                return
-            token = answer.continue_token
-            number += 1
-
-    def watch_objects(
-        self,
-        path: str,
-        resource_version: str,
-        *,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        timeout_seconds: int = 300,
-        stop: threading.Event | None = None,
-        read_timeout_seconds: float = WATCH_READ_TIMEOUT_SECONDS,
-    ) -> Iterator[WatchEvent]:
-        """WATCH a collection from `resource_version` ("" or "0": the current state first, as
-        ADDED events), with bookmarks, for at most `timeout_seconds` (asked of the server).
-
-        The request is sent (and retried like any call, each attempt waiting at most the retry
-        policy's timeout for the answer's headers) on the first `next()`; events are read as
-        they arrive. The iterator ends when the server ends the stream, when the connection
-        drops or stays silent for `read_timeout_seconds`, past `timeout_seconds +
-        read_timeout_seconds` in any case, and when `stop` is set (a blocked read is woken).
-        Resume from the last event's resourceVersion. Raises Gone (HTTP 410 or an ERROR event
-        with code 410: list again), Retryable (could not connect, 5xx, or such an ERROR event)
-        or KubeError (any other refusal, a malformed event); InvalidName for a path of another
-        shape, as `list_pages`.
-        """
-        path = collection_path(path)
-        what = f"watch {path} from resourceVersion {resource_version or '(now)'}"
-        query = [
-            ("watch", "true"),
-            ("allowWatchBookmarks", "true"),
-            ("timeoutSeconds", str(timeout_seconds)),
-        ]
-        if resource_version:
-            query.append(("resourceVersion", resource_version))
-        if label_selector:
-            query.append(("labelSelector", label_selector))
-        if field_selector:
-            query.append(("fieldSelector", field_selector))
-        request = Request("GET", path, query=tuple(query))
-        end = self._clock.monotonic() + timeout_seconds + read_timeout_seconds
-
-        def open_stream(timeout: float) -> urllib3.BaseHTTPResponse:
-            response = self._transport.send(request, (timeout, timeout))
-            # The headers came within the call's timeout; events may be far apart.
-            if response.connection is not None:
-                response.connection.timeout = read_timeout_seconds
-            return response
-
-        response = self._transport.with_retries(what, open_stream, stop)
-        yield from read_events(response, what, stop=stop, end=end, clock=self._clock)
-
     # --- leases ---------------------------------------------------------------------------
 
     def get_lease(self, namespace: str, name: str) -> LeaseRecord:
@@ -656,16 +525,9 @@ class KubeClient:
         )
         self._transport.call(f"patch event {namespace}/{name}", request, _ignore_body)
 
-    def create_pod_event(
-        self,
-        pod: PodInfo,
-        reason: str,
-        message: str,
-        event_type: str = "Normal",
-        component: str = "hami-device-plugin",
-    ) -> None:
-        """Record a core/v1 Event about the pod; best effort, as `create_event`."""
-        self.create_event(ObjectRef.of_pod(pod), reason, message, event_type, component)
+    def create_pod_event(self, event: PodEvent, component: str = "hami-device-plugin") -> None:
+        """Record `event` as a core/v1 Event; best effort, as `create_event`."""
+        self.create_event(event.ref(), event.reason, event.message, event.event_type, component)
 
 
 def _ignore_body(body: dict[str, Any]) -> None:

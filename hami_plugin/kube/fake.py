@@ -22,6 +22,7 @@ from typing import Any
 
 from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.kube.errors import Conflict, KubeError, NotFound
+from hami_plugin.kube.events import PodEvent
 from hami_plugin.kube.records import (
     LeaseRecord,
     ObjectList,
@@ -368,16 +369,9 @@ class FakeKube:
                     return
             raise NotFound(f"patch event {namespace}/{name}: HTTP 404: not found", 404)
 
-    def create_pod_event(
-        self,
-        pod: PodInfo,
-        reason: str,
-        message: str,
-        event_type: str = "Normal",
-        component: str = "hami-device-plugin",
-    ) -> None:
-        """Keep an Event about the pod, as `create_event`."""
-        self.create_event(ObjectRef.of_pod(pod), reason, message, event_type, component)
+    def create_pod_event(self, event: PodEvent, component: str = "hami-device-plugin") -> None:
+        """Keep the Event of `event`, as `create_event`."""
+        self.create_event(event.ref(), event.reason, event.message, event.event_type, component)
 
     # --- internals ------------------------------------------------------------------------
 

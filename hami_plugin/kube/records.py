@@ -62,13 +62,6 @@ class ObjectRef:
     api_version: str = "v1"
     resource_version: str = ""
 
-    @classmethod
-    def of_pod(cls, pod: PodInfo) -> ObjectRef:
-        """The reference of an event about `pod`, at the version it was read."""
-        return cls(
-            "Pod", pod.namespace, pod.name, uid=pod.uid, resource_version=pod.resource_version
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class LeaseRecord:

@@ -40,7 +40,7 @@ from hami_plugin.kube.errors import InvalidName, Retryable
 from hami_plugin.kube.paths import fill_path
 from hami_plugin.kube.ratelimit import TokenBucket
 from hami_plugin.kube.records import json_object
-from hami_plugin.kube.retry import RetryPolicy, call_with_retries
+from hami_plugin.kube.retry import RetryPolicy, call_with_retries, stopped_during
 
 __all__ = ["JSON", "JSON_PATCH", "MERGE_PATCH", "Request", "Transport"]
 
@@ -226,9 +226,7 @@ class Transport:
         if wait <= 0:
             return timeout
         logger.debug("%s: waiting %.3f s for the client-side rate limit", what, wait)
-        if stop is None:
-            self._sleep(wait)
-        elif stop.wait(wait):
+        if stopped_during(wait, stop, self._sleep):
             raise Retryable(f"{what}: stopped while waiting for the client-side rate limit")
         if left is None:
             return timeout

@@ -29,7 +29,7 @@ from hami_plugin.deviceplugin.api import api_pb2, api_pb2_grpc
 from hami_plugin.deviceplugin.board import DeviceBoard
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.inventory import VgpuDevice
-from hami_plugin.deviceplugin.kubelet import Backoff, KubeletRegistrar
+from hami_plugin.deviceplugin.kubelet import KubeletRegistrar
 from hami_plugin.deviceplugin.register import RegisterPublisher
 from hami_plugin.deviceplugin.server import DevicePluginService
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
@@ -677,7 +677,9 @@ def test_a_kubelet_that_refuses_register_is_retried_until_it_accepts(
         plugin_dir=sock_dir,
         socket_name=SOCKET,
         resource_name="nvidia.com/gpu",
-        refused_backoff=Backoff(0.01, 0.05),
+        refused_backoff=RetryPolicy(
+            initial_backoff_seconds=0.01, max_backoff_seconds=0.05, jitter=False
+        ),
     )
     try:
         with caplog.at_level(logging.WARNING, logger="hami_plugin.deviceplugin.kubelet"):

@@ -11,6 +11,7 @@ import pytest
 from hami_plugin.deviceplugin.writebehind import WriteBehind, WriteQueueFullError
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import NotFound
+from hami_plugin.kube.events import EventSink, PodEvent
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_DEVICES_TO_ALLOCATE,
@@ -64,7 +65,8 @@ def test_writes_the_api_server_does_not_take_are_applied_in_order_once_it_answer
     assert writes.patch_pod(pod, {ANNOTATION_DEVICES_TO_ALLOCATE: "second"}) is False
     writes.patch_pod(pod, {ANNOTATION_BIND_PHASE: "success"})
     writes.release_lock(node, "default", "p")
-    writes.record_event(pod, "Served", "served while the API server was away", "Normal")
+    events: EventSink = writes  # the device plugin's event sink
+    events.record(PodEvent.of_pod(pod, "Served", "served while the API server was away", "Normal"))
     assert writes.backlog == 5
     assert pod_annotations(apiserver, "p")[ANNOTATION_BIND_PHASE] == "allocating"
 
@@ -135,7 +137,7 @@ def test_the_writes_of_a_pod_that_is_gone_are_dropped_and_the_others_applied(
     gone, kept = pod_info(kube, "gone"), pod_info(kube, "kept")
     for pod in (gone, kept, gone):
         writes.patch_pod(pod, {ANNOTATION_BIND_PHASE: "success"}, queue=True)
-    writes.record_event(gone, "Served", "gone", "Normal", queue=True)
+    writes.record(PodEvent.of_pod(gone, "Served", "gone", "Normal"), queue=True)
     apiserver.delete_pod("default", "gone")
     with pytest.raises(NotFound):
         kube.get_pod("default", "gone")

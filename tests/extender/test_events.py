@@ -18,10 +18,10 @@ from hami_plugin.extender.events import (
     EventKey,
     EventRecorder,
     EventWrite,
-    PodEvent,
 )
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import NotFound
+from hami_plugin.kube.events import PodEvent
 from hami_plugin.kube.fake import FakeKube
 from hami_plugin.testing.apiserver import FakeApiServer
 from tests.extender.cluster import FAST_RETRY, running_scheduler

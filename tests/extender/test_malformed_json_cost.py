@@ -14,6 +14,7 @@ import pytest
 from hami_plugin.extender.bind import Binder
 from hami_plugin.extender.http import ExtenderApp
 from hami_plugin.extender.state import SchedulerState
+from hami_plugin.kube.events import PodEvent
 from hami_plugin.kube.fake import FakeKube
 from hami_plugin.scheduler.book.book import BookSettings
 from hami_plugin.scheduler.settings import SchedulerSettings
@@ -23,14 +24,20 @@ _MIB = 1024 * 1024
 _CPU_BOUND_SECONDS = 1.0
 
 
+class _NoEvents:
+    def record(self, event: PodEvent) -> None:
+        return None
+
+
 def _app() -> ExtenderApp:
     state = SchedulerState(BookSettings(SchedulerSettings()))
-    binder = Binder(state, FakeKube(), lambda event: None)
+    events = _NoEvents()
+    binder = Binder(state, FakeKube(), events)
     return ExtenderApp(
         state,
         binder,
         WebhookSettings(),
-        lambda event: None,
+        events,
         lambda: True,
         lambda: None,
         max_body_bytes=8 * _MIB,

@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from hami_plugin.clock import ManualClock
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import Conflict, NotFound
+from hami_plugin.kube.events import PodEvent
 from hami_plugin.kube.records import LeaseRecord, ObjectRef
 from hami_plugin.protocol.objects import ContainerSpec, PodInfo, read_node
 from hami_plugin.testing.apiserver import FakeApiServer, make_container, make_pod
@@ -266,7 +267,9 @@ def test_create_pod_event_records_core_v1_event(
     apiserver.add_pod("p", "ml")
     pod = kube.get_pod("ml", "p")
 
-    kube.create_pod_event(pod, "AllocateFailed", "device number not matched", "Warning")
+    kube.create_pod_event(
+        PodEvent.of_pod(pod, "AllocateFailed", "device number not matched", "Warning")
+    )
 
     [event] = apiserver.events("ml")
     assert event["reason"] == "AllocateFailed"
@@ -295,7 +298,7 @@ def test_create_pod_event_stamps_whole_seconds_and_omits_unknown_uid(
     clock = ManualClock(datetime(2026, 3, 4, 5, 6, 7, 890_000, tzinfo=UTC))
 
     with KubeClient(apiserver.api_client(), FAST, clock=clock) as kube:
-        kube.create_pod_event(pod, "R", "m")
+        kube.create_pod_event(PodEvent.of_pod(pod, "R", "m", "Normal"))
 
     [event] = apiserver.events("ml")
     assert event["involvedObject"] == {
@@ -318,7 +321,7 @@ def test_create_pod_event_failure_is_logged_not_raised(
     apiserver.inject_fault("POST", r".*/events", status=500, times=None)
 
     with caplog.at_level(logging.WARNING, logger="hami_plugin.kube.client"):
-        kube.create_pod_event(pod, "BindingFailed", "boom")
+        kube.create_pod_event(PodEvent.of_pod(pod, "BindingFailed", "boom", "Normal"))
 
     assert apiserver.events() == []
     assert len(apiserver.requests_matching("POST")) == FAST.attempts
@@ -337,7 +340,7 @@ def test_create_pod_event_already_exists_counts_as_done(
     apiserver.inject_fault("POST", r".*/events", status=409)
 
     with caplog.at_level(logging.WARNING, logger="hami_plugin.kube.client"):
-        kube.create_pod_event(pod, "R", "m")
+        kube.create_pod_event(PodEvent.of_pod(pod, "R", "m", "Normal"))
 
     assert caplog.records == []
 
@@ -578,7 +581,7 @@ def generated():
         m for m in sys.modules
         if m.startswith(("kubernetes.client.api.", "kubernetes.client.models."))
     )
-from hami_plugin.kube import client, errors, records, retry
+from hami_plugin.kube import client, errors, events, records, retry
 after_import = generated()
 with client.KubeClient.from_config(sys.argv[1], retry.RetryPolicy(attempts=1)) as kube:
     node = kube.get_node("gpu-1")
@@ -586,7 +589,7 @@ with client.KubeClient.from_config(sys.argv[1], retry.RetryPolicy(attempts=1)) a
     pod = kube.get_pod("default", "p")
     kube.list_pods_on_node("gpu-1")
     kube.patch_pod_metadata("default", "p", {"a": None}, labels={"l": "v"})
-    kube.create_pod_event(pod, "R", "m")
+    kube.create_pod_event(events.PodEvent.of_pod(pod, "R", "m", "Normal"))
     try:
         kube.get_pod("default", "ghost")
     except errors.NotFound:

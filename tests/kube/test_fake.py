@@ -8,6 +8,7 @@ import pytest
 
 from hami_plugin.clock import ManualClock
 from hami_plugin.kube.errors import Conflict, NotFound, Retryable
+from hami_plugin.kube.events import PodEvent
 from hami_plugin.kube.fake import FakeKube
 from hami_plugin.kube.records import LeaseRecord, ObjectRef
 from hami_plugin.testing.apiserver import make_container, make_node, make_pod
@@ -99,7 +100,7 @@ def test_events_are_kept_as_the_client_writes_them() -> None:
     kube = FakeKube(clock=ManualClock(datetime(2026, 5, 6, 7, 8, 9, tzinfo=UTC)))
     pod = kube.put_pod(make_pod("p", uid="u-1"))
 
-    kube.create_pod_event(pod, "AllocateFailed", "no GPU", "Warning")
+    kube.create_pod_event(PodEvent.of_pod(pod, "AllocateFailed", "no GPU", "Warning"))
     kube.create_event(ObjectRef("Node", "", "gpu-1"), "R", "m")
 
     first, second = kube.events

@@ -283,3 +283,50 @@ def test_backoff_is_jittered_exponential_and_capped(
 def test_retry_policy_rejects_nonsense(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="RetryPolicy"):
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_steps_and_no_jitter_give_the_schedule_as_written() -> None:
+    policy = RetryPolicy(attempts=6, jitter=False, steps=(0.02, 0.05, 0.4))
+
+    assert [policy.backoff_seconds(retry) for retry in range(1, 6)] == [0.02, 0.05, 0.4, 0.4, 0.4]
+    doubling = RetryPolicy(initial_backoff_seconds=0.05, max_backoff_seconds=0.5, jitter=False)
+    assert [doubling.backoff_seconds(retry) for retry in (1, 2, 4, 5, 1000)] == [
+        0.05,
+        0.1,
+        0.4,
+        0.5,
+        0.5,
+    ]
+
+
+def test_a_pause_after_another_doubles_it_up_to_this_policys_cap() -> None:
+    away = RetryPolicy(initial_backoff_seconds=0.05, max_backoff_seconds=0.5, jitter=False)
+    refused = RetryPolicy(initial_backoff_seconds=0.2, max_backoff_seconds=5.0, jitter=False)
+
+    assert refused.pause_after(None) == 0.2
+    assert away.pause_after(0.4) == 0.5
+    assert refused.pause_after(away.pause_after(None)) == 0.1
+
+
+def test_tries_pause_between_attempts_and_stop_after_the_last() -> None:
+    sleeps = SleepRecorder()
+    policy = RetryPolicy(attempts=3, jitter=False, steps=(0.5, 1.0))
+
+    assert list(policy.tries(sleep=sleeps)) == [1, 2, 3]
+    assert sleeps.waits == [0.5, 1.0]
+
+    no_pause = RetryPolicy(attempts=2, initial_backoff_seconds=0, jitter=False)
+    assert list(no_pause.tries(sleep=sleeps)) == [1, 2]
+    assert sleeps.waits == [0.5, 1.0]
+
+
+def test_tries_end_when_stopped_or_when_a_pause_would_pass_the_deadline() -> None:
+    stop = threading.Event()
+    stop.set()
+    policy = RetryPolicy(attempts=5, jitter=False, steps=(0.5,))
+
+    assert list(policy.tries(stop=stop)) == [1]
+    clock = ManualClock()
+    ends_at = clock.monotonic() + 1.2  # room for two pauses of 0.5 s, not three
+    tries = policy.tries(sleep=clock.advance, ends_at=ends_at, monotonic=clock.monotonic)
+    assert list(tries) == [1, 2, 3]
