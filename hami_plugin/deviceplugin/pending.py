@@ -1,31 +1,16 @@
-"""Which pod kubelet's Allocate (or GetPreferredAllocation) is for, on this node.
+"""Which pod kubelet's Allocate (or GetPreferredAllocation) is for, on this node. Pure, no I/O.
 
-Kubelet's call names devices, not a pod. HAMi v2.10 behaviour being matched
-(docs/hami-reference.md 4.4): the pending pod is the one the node lock names, else a Pending pod
-bound to this node whose `hami.io/bind-phase` is `allocating`; where several such pods are in
-flight (our scheduler on a node marked `hami-plugin.io/allocate-protocol`), `inflight.choose`
-tells them apart from kubelet's device count (HAMi takes whatever the API list order gives).
+Kubelet's call names devices, not a pod (docs/hami-reference.md 4.4): the pending pod is the one
+HAMi's node lock names, else a Pending pod bound here `allocating`; several of them (our
+scheduler's in-flight protocol) are told apart by kubelet's device count and, in-flight/v2, by
+kubelet's PodResources list (`inflight.choose`, docs/design.md 5.3 and 5.6).
 
-With a booking key (`--booking-key-file`, docs/design.md 8) only bookings the scheduler signed
-are served (`booking_refusal`). A pod with any other booking is never chosen for another pod's
-call: it is kept out of the in-flight choice and stands where kubelet could be admitting it (the
-one candidate, the pod a node lock names, or the wildcard of `_choose_in_flight`), so that it,
-and not a signed pod, takes the refusal. A refused pod none of whose containers asks for the
-plugin's resource is no candidate at all: kubelet never calls Allocate for it, so it could only
-take a signed pod's call. What is left: a forged pod that does ask for the resource and was
-created no later than a signed pod that has not started can still take that pod's call, so
-that one admission fails (nothing is served to the forged pod). Without a key every booking is
-trusted, as in HAMi.
-
-In-flight/v2 (docs/design.md 5.6): with `admitting`, the pods kubelet's PodResources `List`
-shows without a device of the resource, several not-started pods asking kubelet's count are
-told apart by it (`inflight.choose`), and a pod without a usable booking is the wildcard only
-when it is listed there too: kubelet lists the pod it is admitting without devices until its
-first app container has some, and does not list the pods it admits after it, so a pod it lists
-with devices is past its first Allocate and one it does not list is not being admitted yet;
-a refused or unreadable booking only ever meets a first Allocate (it fails there). That also
-closes the forged-pod case above while `List` answers: a forged pod kubelet does not list
-without devices takes no call. Pure, no I/O.
+With a booking key only signed bookings are served (docs/design.md 8.2, `booking_refusal`). A
+refused or unreadable booking is never chosen for another pod's call: it stands where kubelet
+could be admitting it (the lock's pod, the one candidate, the in-flight wildcard) so that it,
+not a signed pod, takes the failure; a refused pod that asks for none of the plugin's resource
+is no candidate at all (kubelet never calls Allocate for it). What remains is in
+docs/design.md 8.5.
 """
 
 from __future__ import annotations
@@ -206,36 +191,21 @@ def select_pending_pod(
     count_must_match: bool = False,
     admitting: Collection[tuple[str, str]] | None = None,
 ) -> PendingPodChoice:
-    """Choose the pod kubelet is admitting, from the node lock, the pods on the node and the
-    number of devices kubelet asks (`len(devices_ids)`, or `allocation_size`).
+    """The pod kubelet's call for `device_count` devices is for (docs/design.md 5.3, 5.6).
 
-    The pod the lock names wins when it is a Pending pod on this node (HAMi's scheduler). Else
-    the one pod pending on this node (`is_pending_on`), whatever the count: a wrong count then
-    fails it with "device number not matched", as in HAMi. Several (our scheduler's in-flight
-    protocol): `inflight.choose` over their bookings. A malformed lock does not block allocation
-    (HAMi fails every Allocate until the lock expires); the choice carries a warning instead.
+    The pod the node lock names, when Pending here (HAMi's scheduler); else the one pod pending
+    here (`is_pending_on`), whatever the count (a wrong one then fails "device number not
+    matched", as in HAMi); else `inflight.choose` over the candidates' bookings. A malformed
+    lock is a warning, not a failure (HAMi fails every Allocate until it expires).
 
-    With `keys`, a pod whose booking is refused (`booking_refusal`) is still the answer where
-    kubelet could be admitting it (the lock's pod, the one candidate, the in-flight wildcard),
-    with `refusal` set; it is never the answer for a call a served pod matches, nor at all
-    when no container of it asks for `resource_name` (the plugin's resource,
-    `requests_resource`): kubelet never calls Allocate for such a pod.
+    `keys`: a refused booking (`booking_refusal`) is the answer only where kubelet could be
+    admitting it, with `refusal` set, and never when the pod asks no `resource_name`.
+    `count_must_match` (pods from the watch while the API server is away): the lock's pod and
+    the one candidate must ask `device_count` next too. `admitting`: kubelet's PodResources
+    list (in-flight/v2), for the in-flight choice only.
 
-    With `count_must_match` (the pods come from this node's watch, the API server being away:
-    kubelet may be admitting a pod the watch never delivered), the pod the lock names and the
-    one candidate are chosen only when their next entry asks `device_count` devices too, as
-    `inflight.choose` chooses among several: a wrong guess would fail a pod kubelet is not
-    admitting, or serve it to another.
-
-    `admitting` (in-flight/v2): the (namespace, name) of the pods kubelet's PodResources `List`
-    shows without a device of `resource_name`, None when not asked or it did not answer. It
-    tells several not-started candidates apart (`inflight.choose_pod`) and keeps a pod without
-    a usable booking from being the wildcard unless it is listed (the module docstring). The
-    pod the lock names and the one candidate are chosen as without it.
-
-    Raises AllocateFailure(NO_PENDING_POD) when no pod qualifies, and (NO_MATCHING_POD) when
-    several do (or, with `count_must_match`, one does) and none can be told to be the one;
-    `pod_known` is False for both (nothing is patched).
+    Raises AllocateFailure NO_PENDING_POD (none qualifies) or NO_MATCHING_POD (none can be told
+    to be the one), both with `pod_known` False: nothing is patched.
     """
     warning: str | None = None
     lock: nodelock.NodeLock | None = None
@@ -245,23 +215,11 @@ def select_pending_pod(
         except AnnotationError as error:
             warning = f"ignoring node lock: {error}"
     if lock is not None:
-        # A legacy lock (time only) is owned by no pod.
-        for pod in pods:
-            if lock.owned_by(pod.namespace, pod.name) and pod.phase == POD_PENDING:
-                refusal = booking_refusal(pod, keys)
-                if count_must_match and refusal is None and not _asks_next(pod, device_count):
-                    raise AllocateFailure(
-                        FailureReason.NO_MATCHING_POD,
-                        f"node {node_name}: pod {pod.key}, which the node lock names, does not "
-                        f"ask {device_count} device(s) next",
-                        pod_known=False,
-                    )
-                if refusal is None or requests_resource(pod, resource_name):
-                    return PendingPodChoice(pod=pod, via_lock=True, refusal=refusal)
-                warning = (
-                    f"ignoring the node lock of pod {pod.key}: it asks for no {resource_name}, "
-                    f"so kubelet's call is not for it ({refusal})"
-                )
+        chosen, warning = _locked_pod(
+            node_name, lock, pods, device_count, keys, resource_name, count_must_match, warning
+        )
+        if chosen is not None:
+            return chosen
     refusals: dict[tuple[str, str], str | None] = {}
     candidates = []
     for pod in sorted((p for p in pods if is_pending_on(p, node_name)), key=_bind_time_key):
@@ -275,16 +233,47 @@ def select_pending_pod(
             f"no binding pod found on node {node_name}",
             pod_known=False,
         )
-    chosen = candidates[0]
+    chosen_pod = candidates[0]
     if len(candidates) > 1 or count_must_match:
         refused = {key for key, refusal in refusals.items() if refusal is not None}
         found, reason = _choose_in_flight(node_name, candidates, device_count, refused, admitting)
         if found is None:
             raise AllocateFailure(FailureReason.NO_MATCHING_POD, reason, pod_known=False)
-        chosen = found
+        chosen_pod = found
     return PendingPodChoice(
-        pod=chosen,
+        pod=chosen_pod,
         via_lock=False,
         lock_warning=warning,
-        refusal=refusals[(chosen.namespace, chosen.name)],
+        refusal=refusals[(chosen_pod.namespace, chosen_pod.name)],
     )
+
+
+def _locked_pod(
+    node_name: str,
+    lock: nodelock.NodeLock,
+    pods: Sequence[PodInfo],
+    device_count: int,
+    keys: BookingKeys | None,
+    resource_name: str,
+    count_must_match: bool,
+    warning: str | None,
+) -> tuple[PendingPodChoice | None, str | None]:
+    """The Pending pod the node lock names, or None and why it is passed over (a legacy lock,
+    the time alone, is owned by no pod)."""
+    for pod in pods:
+        if lock.owned_by(pod.namespace, pod.name) and pod.phase == POD_PENDING:
+            refusal = booking_refusal(pod, keys)
+            if count_must_match and refusal is None and not _asks_next(pod, device_count):
+                raise AllocateFailure(
+                    FailureReason.NO_MATCHING_POD,
+                    f"node {node_name}: pod {pod.key}, which the node lock names, does not "
+                    f"ask {device_count} device(s) next",
+                    pod_known=False,
+                )
+            if refusal is None or requests_resource(pod, resource_name):
+                return PendingPodChoice(pod=pod, via_lock=True, refusal=refusal), warning
+            warning = (
+                f"ignoring the node lock of pod {pod.key}: it asks for no {resource_name}, "
+                f"so kubelet's call is not for it ({refusal})"
+            )
+    return None, warning
