@@ -301,20 +301,9 @@ def choose_pod(
     device_count: int,
     admitting: Collection[tuple[str, str]] | None = None,
 ) -> InFlightPod | None:
-    """Device-plugin side: the candidate kubelet's call asking `device_count` devices is for.
-
-    (1) A started candidate whose next entry asks `device_count` devices (kubelet finishes a pod
-    before it admits the next); (2) else the not-started candidate created first whose first
-    entry asks `device_count` (kubelet admits older pods first). None when no candidate matches,
-    when several started ones match, or when the oldest matching ones share a creation second:
-    guessing could give a container another pod's GPUs. Finished candidates are ignored.
-
-    `admitting` (in-flight/v2): the (namespace, name) of the pods kubelet's PodResources `List`
-    shows without a device of the plugin's resource, None when unknown. Where several
-    not-started candidates match (2), only those in `admitting` count: exactly one is the pod
-    (whatever its age), several are told apart by (2) among themselves, none gives None (kubelet
-    is admitting a pod that is not a candidate). With one match, or without `admitting`, (2) is
-    unchanged. Started candidates are never filtered: kubelet lists a started pod with devices,
-    or without them while only its init containers have some (it does not list those).
-    """
+    """Device-plugin side: the candidate kubelet's call asking `device_count` devices is for
+    (`choose`'s pod, docs/design.md 5.3 and 5.6): a started candidate whose next entry asks
+    that count, else the oldest not-started one whose first entry does, told apart by
+    `admitting` (kubelet's PodResources list, in-flight/v2) where several match. None when
+    no candidate matches or a guess would be needed."""
     return choose(candidates, device_count, admitting).pod
