@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hami_plugin.config.sources import Layer, add_bool_flag, env_layer, flag_dest, flag_layer
+from hami_plugin.config.sources import Layer, add_bool_flag, env_layer, flag_dest
 from hami_plugin.config.sources import resolve as resolve_one
 from hami_plugin.config.values import parse_bool
 
@@ -95,10 +95,13 @@ class OptionTable:
             )
 
     def flags(self, args: argparse.Namespace) -> Layer:
-        """The flags given on the command line `args` was parsed from."""
-        return flag_layer(
-            args, {option.name: option.flags[0] for option in self.options if option.flags}
-        )
+        """The flags given on the command line `args` was parsed from (`add_to`'s parser)."""
+        layer = Layer()
+        for option in self.options:
+            raw = getattr(args, option.dest, None) if option.flags else None
+            if raw is not None:
+                layer.put(option.name, raw, option.flags[0])
+        return layer
 
     def environment(self, env: Mapping[str, str] | None = None) -> Layer:
         """The options' variables set in `env` (the process's environment when None); an empty

@@ -50,5 +50,7 @@ def parse_host_port(text: str) -> BindAddress:
         if ":" in host:
             raise ValueError(f"an IPv6 address needs brackets, [{host}]:{port_text}, got {text!r}")
     if not (port_text.isascii() and port_text.isdigit()) or int(port_text) > _MAX_PORT:
-        raise ValueError(f"port must be a number from 0 to {_MAX_PORT}, got {port_text!r} in {text!r}")
+        raise ValueError(
+            f"port must be a number from 0 to {_MAX_PORT}, got {port_text!r} in {text!r}"
+        )
     return BindAddress(host, int(port_text))

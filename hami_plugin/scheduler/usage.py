@@ -31,6 +31,7 @@ __all__ = [
     "nvidia_candidates",
 ]
 
+
 @dataclass(frozen=True, slots=True)
 class DeviceTally:
     """What one pod books on one GPU: slots (vGPUs), MiB and percent of cores."""
@@ -213,7 +214,9 @@ def mig_booking(
             continue
         position = positions.get(uuid)
         if position is None:
-            unhealthy.extend(p for p, device in enumerate(devices) if device.mode == OperatingMode.MIG)
+            unhealthy.extend(
+                p for p, device in enumerate(devices) if device.mode == OperatingMode.MIG
+            )
         elif devices[position].mode != OperatingMode.MIG:
             unhealthy.append(position)
         else:

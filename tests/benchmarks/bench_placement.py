@@ -67,13 +67,13 @@ from hami_plugin.protocol.model import (
     ANNOTATION_VGPU_MIG_ALLOCATIONS,
     ANNOTATION_VGPU_MODE,
     ANNOTATION_VGPU_NODE,
-    OperatingMode,
     NVIDIA_DEVICE_TYPE,
     ContainerDevice,
     GpuDevice,
     MigPlacement,
     MigProfile,
     NodePolicy,
+    OperatingMode,
 )
 from hami_plugin.protocol.objects import ContainerSpec, NodeInfo, PodInfo
 from hami_plugin.protocol.topology import (

@@ -47,7 +47,6 @@ from hami_plugin.deviceplugin.mig.startup import (
     live_reservations,
     start_dynamic_mig,
 )
-from hami_plugin.deviceplugin.operating_mode import parse_mig_profile_allowlist
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.booking import (
     ANNOTATION_BOOKING_SIGNATURE,
@@ -66,7 +65,7 @@ from hami_plugin.protocol.model import (
     MigProfile,
 )
 from hami_plugin.protocol.objects import ContainerSpec, PodInfo
-from hami_plugin.scheduler.mig import AllowedMigProfiles
+from hami_plugin.scheduler.mig import AllowedMigProfiles, parse_mig_profile_allowlist
 from tests.deviceplugin.mig_stub import A100_80GB, StubMigNvml, overlaps
 
 NODE = "mig-node"

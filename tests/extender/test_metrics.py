@@ -21,9 +21,9 @@ from hami_plugin.protocol import codec
 from hami_plugin.protocol.model import (
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_VGPU_NODE,
-    OperatingMode,
     ContainerDevice,
     GpuDevice,
+    OperatingMode,
 )
 from hami_plugin.protocol.objects import PodInfo, read_pod
 from hami_plugin.scheduler.ledger import Ledger, TrackedPod
