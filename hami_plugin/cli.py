@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 _COMMAND_MODULES = (
     "hami_plugin.codec_cli",
     "hami_plugin.scheduler.dryrun",
-    "hami_plugin.deviceplugin.daemon",
-    "hami_plugin.extender.daemon",
+    "hami_plugin.deviceplugin.command",
+    "hami_plugin.extender.command",
     "hami_plugin.certs.command",
     "hami_plugin.demo",
 )

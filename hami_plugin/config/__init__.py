@@ -19,6 +19,7 @@ from hami_plugin.config.sources import (
 )
 from hami_plugin.config.values import (
     BOOL_SPELLINGS,
+    EXIT_USAGE,
     KLOG_DEBUG_VERBOSITY,
     ConfigError,
     parse_bool,
@@ -35,6 +36,7 @@ from hami_plugin.config.values import (
 
 __all__ = [
     "BOOL_SPELLINGS",
+    "EXIT_USAGE",
     "KLOG_DEBUG_VERBOSITY",
     "ConfigError",
     "Layer",

@@ -24,6 +24,7 @@ from hami_plugin.protocol.govalues import GO_FALSE, GO_TRUE, parse_go_bool, pars
 
 __all__ = [
     "BOOL_SPELLINGS",
+    "EXIT_USAGE",
     "KLOG_DEBUG_VERBOSITY",
     "ConfigError",
     "parse_bool",
@@ -42,6 +43,10 @@ __all__ = [
 class ConfigError(ValueError):
     """A flag, environment variable or file value that cannot be used; the message names where
     it came from and the bad value."""
+
+
+EXIT_USAGE = 2
+"""The exit status of every `hami` command stopped by a ConfigError (one line names it)."""
 
 
 _SPELLING_ORDER = ("1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False")

@@ -24,46 +24,57 @@ Heavy imports (grpc, kubernetes, the NVML adapter) happen in `run`, so `hami --h
 
 from __future__ import annotations
 
-import argparse
 import functools
 import logging
-import signal
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hami_plugin.clock import Clock, SystemClock
-from hami_plugin.config import ConfigError
+from hami_plugin.config import EXIT_USAGE, ConfigError
 from hami_plugin.config.keys import BookingKeyFile
+from hami_plugin.deviceplugin.allocate import AllocateConfig
+from hami_plugin.deviceplugin.allocator import ApiFallback, KubeletAdmission, PodAllocator
+from hami_plugin.deviceplugin.board import DeviceBoard
+from hami_plugin.deviceplugin.cdi import build_cdi_spec, read_mig_minors, write_cdi_spec
+from hami_plugin.deviceplugin.hamicore import HamiCoreCheck, HamiCoreWatch
+from hami_plugin.deviceplugin.health import HealthChange, HealthMonitor
+from hami_plugin.deviceplugin.inventory import build_register_devices, build_vgpu_devices
+from hami_plugin.deviceplugin.kubelet import KubeletRegistrar, RestartWatch
+from hami_plugin.deviceplugin.metrics import (
+    DevicePluginMetrics,
+    MetricsConfig,
+    NodePods,
+    start_device_plugin_metrics,
+)
+from hami_plugin.deviceplugin.mig.dynamic import DynamicMig
+from hami_plugin.deviceplugin.mig.nvml import NvmlMig
 from hami_plugin.deviceplugin.mig.static import MigStrategy
+from hami_plugin.deviceplugin.migserve import StaticMigError, StaticMigServers
+from hami_plugin.deviceplugin.monitor.containers import ContainerScanner, FeedbackLoop
+from hami_plugin.deviceplugin.nodecache import NodeCache
+from hami_plugin.deviceplugin.nvml import (
+    NvmlBackend,
+    NvmlError,
+    NvmlUnavailable,
+    PhysicalGpu,
+    load_nvml_module,
+)
+from hami_plugin.deviceplugin.podresources import PodResourcesClient
+from hami_plugin.deviceplugin.protocol_claim import ProtocolClaim
+from hami_plugin.deviceplugin.register import PairScores, RegisterPublisher
+from hami_plugin.deviceplugin.server import DevicePluginService
 from hami_plugin.deviceplugin.settings import (
     DevicePluginSettings,
-    add_arguments,
-    resolve_log_level,
-    resolve_settings,
 )
-from hami_plugin.protocol.hostpaths import VGPU_LOCK_HOST_PATH
+from hami_plugin.deviceplugin.writebehind import WriteBehind
+from hami_plugin.kube.api import DevicePluginApi
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.kube.errors import KubeError
+from hami_plugin.protocol import codec
+from hami_plugin.protocol.hostpaths import VGPU_LOCK_HOST_PATH, containers_dir
 from hami_plugin.protocol.model import OperatingMode
-
-if TYPE_CHECKING:
-    from hami_plugin.deviceplugin.allocator import ApiFallback
-    from hami_plugin.deviceplugin.board import DeviceBoard
-    from hami_plugin.deviceplugin.hamicore import HamiCoreCheck, HamiCoreWatch
-    from hami_plugin.deviceplugin.health import HealthChange, HealthMonitor
-    from hami_plugin.deviceplugin.kubelet import KubeletRegistrar, RestartWatch
-    from hami_plugin.deviceplugin.metrics import DevicePluginMetrics, NodePods
-    from hami_plugin.deviceplugin.mig.dynamic import DynamicMig
-    from hami_plugin.deviceplugin.migserve import StaticMigServers
-    from hami_plugin.deviceplugin.monitor.containers import ContainerScanner, FeedbackLoop
-    from hami_plugin.deviceplugin.nodecache import NodeCache
-    from hami_plugin.deviceplugin.nvml import NvmlBackend, PhysicalGpu
-    from hami_plugin.deviceplugin.podresources import PodResourcesClient
-    from hami_plugin.deviceplugin.protocol_claim import ProtocolClaim
-    from hami_plugin.deviceplugin.register import RegisterPublisher
-    from hami_plugin.kube.api import DevicePluginApi
-    from hami_plugin.kube.client import KubeClient
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +82,6 @@ _SIGNAL_POLL_SECONDS = 0.5
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
-EXIT_USAGE = 2
 NVML_RETRY_SECONDS = 10.0
 
 
@@ -132,8 +142,8 @@ class DevicePluginDaemon:
         self._register_uuids: tuple[str, ...] = ()
         self.dynamic_mig: DynamicMig | None = None
         """Dynamic MIG (`operatingmode: mig`): the MIG instances of this node's pods."""
-        self._scores: tuple[tuple[str, ...], str] | None = None
-        """The register UUIDs the last `hami.io/node-nvidia-score` value was measured for."""
+        self._scores: PairScores | None = None
+        """`hami.io/node-nvidia-score` (`--enable-topology-score`, while serving)."""
         self.hamicore: HamiCoreWatch | None = None
         """Whether HAMi-core is installed under the hook path (while serving)."""
         self.protocol: ProtocolClaim | None = None
@@ -176,8 +186,6 @@ class DevicePluginDaemon:
     def _start_nvml(self) -> NvmlBackend | None:
         """NVML, started; None when `stop()` came while waiting for it
         (`--fail-on-init-error=false`). Raises _ServeError."""
-        from hami_plugin.deviceplugin.nvml import NvmlBackend, NvmlUnavailable, load_nvml_module
-
         settings = self.settings
         try:
             nvml = self._nvml_module or load_nvml_module(settings.nvml, settings.fake_gpus)
@@ -212,8 +220,6 @@ class DevicePluginDaemon:
 
     def _serve(self, backend: NvmlBackend) -> int:
         """Serve the GPUs NVML lists until `stop()`; returns the exit status."""
-        from hami_plugin.deviceplugin.board import DeviceBoard
-
         keys = self._booking_keys
         if keys is None:
             # Once, after NVML: a node that cannot start says only why (one line).
@@ -254,8 +260,6 @@ class DevicePluginDaemon:
 
     @staticmethod
     def _scan(backend: NvmlBackend) -> list[PhysicalGpu]:
-        from hami_plugin.deviceplugin.nvml import NvmlError
-
         try:
             return backend.scan()
         except NvmlError as error:
@@ -267,9 +271,6 @@ class DevicePluginDaemon:
         """Static MIG (`--mig-strategy single|mixed`): NVIDIA's device map (`mig.static`)."""
         if self.settings.mig_strategy == MigStrategy.NONE:
             return None
-        from hami_plugin.deviceplugin.migserve import StaticMigError, StaticMigServers
-        from hami_plugin.deviceplugin.nvml import NvmlError
-
         try:
             return StaticMigServers.for_daemon(backend, gpus, self.settings)
         except (StaticMigError, NvmlError) as error:
@@ -280,8 +281,6 @@ class DevicePluginDaemon:
         names must resolve."""
         if not self.settings.device_list.any_cdi:
             return
-        from hami_plugin.deviceplugin.cdi import build_cdi_spec, read_mig_minors, write_cdi_spec
-
         static_mig = self.static_mig
         try:
             mig_devices = static_mig.mig_devices if static_mig is not None else ()
@@ -294,9 +293,6 @@ class DevicePluginDaemon:
         """The client given, or one from the kubeconfig (returned second: closed at the end)."""
         if self._kube is not None:
             return self._kube, None
-        from hami_plugin.kube.client import KubeClient
-        from hami_plugin.kube.errors import KubeError
-
         try:
             kube = KubeClient.from_config(self.settings.kubeconfig, clock=self._clock)
         except KubeError as error:
@@ -307,17 +303,6 @@ class DevicePluginDaemon:
         """Every part that serves, built (none started). One watch of this node's pods (and
         one of the Node) serves the metrics, the container scan and Allocate while the API
         server is away."""
-        from hami_plugin.deviceplugin.allocator import ApiFallback
-        from hami_plugin.deviceplugin.hamicore import HamiCoreWatch
-        from hami_plugin.deviceplugin.health import HealthMonitor
-        from hami_plugin.deviceplugin.metrics import NodePods
-        from hami_plugin.deviceplugin.monitor.containers import ContainerScanner, FeedbackLoop
-        from hami_plugin.deviceplugin.nodecache import NodeCache
-        from hami_plugin.deviceplugin.podresources import PodResourcesClient
-        from hami_plugin.deviceplugin.protocol_claim import ProtocolClaim
-        from hami_plugin.deviceplugin.writebehind import WriteBehind
-        from hami_plugin.protocol.hostpaths import containers_dir
-
         settings, clock = self.settings, self._clock
         fallback = ApiFallback(NodeCache(kube, settings.node_name), WriteBehind(kube))
         pods = NodePods.from_cache(fallback.cache, clock=clock)
@@ -360,7 +345,7 @@ class DevicePluginDaemon:
             podresources=podresources,
             registrar=self._registrar(kube, fallback, podresources),
             health=self._health,
-            publisher=self._register_publisher(kube),
+            publisher=self._register_publisher(backend, kube),
             scanner=scanner,
             feedback=FeedbackLoop(scanner) if settings.priority_feedback else None,
         )
@@ -369,9 +354,6 @@ class DevicePluginDaemon:
         self, backend: NvmlBackend, kube: DevicePluginApi, cache: NodeCache
     ) -> DynamicMig:
         """Dynamic MIG (`operatingmode: mig`) over NVML's MIG calls on the daemon's session."""
-        from hami_plugin.deviceplugin.mig.dynamic import DynamicMig
-        from hami_plugin.deviceplugin.mig.nvml import NvmlMig
-
         keys = self._booking_keys
         return DynamicMig(
             NvmlMig(backend.nvml),
@@ -391,11 +373,6 @@ class DevicePluginDaemon:
         podresources: PodResourcesClient | None,
     ) -> KubeletRegistrar:
         """Allocate and its gRPC service, registered with kubelet as `--resource-name`."""
-        from hami_plugin.deviceplugin.allocate import AllocateConfig
-        from hami_plugin.deviceplugin.allocator import KubeletAdmission, PodAllocator
-        from hami_plugin.deviceplugin.kubelet import KubeletRegistrar
-        from hami_plugin.deviceplugin.server import DevicePluginService
-
         settings, keys, dynamic_mig = self.settings, self._booking_keys, self.dynamic_mig
         kubelet = None
         if podresources is not None:
@@ -438,22 +415,20 @@ class DevicePluginDaemon:
         )
         return self.registrar
 
-    def _register_publisher(self, kube: DevicePluginApi) -> RegisterPublisher:
+    def _register_publisher(self, backend: NvmlBackend, kube: DevicePluginApi) -> RegisterPublisher:
         """The node's register annotation and the protocol claim: our Allocate tells several
         in-flight pods apart, so the scheduler may skip HAMi's lock."""
-        from hami_plugin.deviceplugin.register import RegisterPublisher
-
         assert self.protocol is not None
+        also_annotate = self.protocol.annotations
+        if self.settings.enable_topology_score:
+            self._scores = PairScores(backend.pair_scores)
+            also_annotate = self._annotations_with_scores
         self._publisher = RegisterPublisher(
             kube,
             self.settings.node_name,
             self._register_value,
             interval_seconds=self.settings.register_interval_seconds,
-            also_annotate=(
-                self._annotations_with_scores
-                if self.settings.enable_topology_score
-                else self.protocol.annotations
-            ),
+            also_annotate=also_annotate,
             on_written=self.protocol.written,
         )
         return self._publisher
@@ -475,8 +450,6 @@ class DevicePluginDaemon:
         self, backend: NvmlBackend, kube: DevicePluginApi, serving: _Serving
     ) -> DevicePluginMetrics | None:
         """`/metrics`, over the parts serving (None: off or unusable, logged)."""
-        from hami_plugin.deviceplugin.metrics import MetricsConfig, start_device_plugin_metrics
-
         keys, board, hamicore = self._booking_keys, self.board, self.hamicore
         assert board is not None and hamicore is not None
         mig_device_info = None
@@ -553,8 +526,6 @@ class DevicePluginDaemon:
         return self._health.unhealthy if self._health is not None else frozenset()
 
     def _refresh_devices(self) -> None:
-        from hami_plugin.deviceplugin.inventory import build_vgpu_devices
-
         with self._lock:
             gpus = list(self._gpus)
         devices = build_vgpu_devices(gpus, self._unhealthy(), self.settings.inventory)
@@ -586,10 +557,6 @@ class DevicePluginDaemon:
 
     def _register_value(self) -> str:
         """Rescan the GPUs (inventory changes show up here) and encode the register value."""
-        from hami_plugin.deviceplugin.inventory import build_register_devices
-        from hami_plugin.deviceplugin.nvml import NvmlError
-        from hami_plugin.protocol import codec
-
         if self._backend is not None:
             try:
                 gpus = self._backend.scan()
@@ -618,73 +585,13 @@ class DevicePluginDaemon:
         return codec.encode_node_devices(devices)
 
     def _annotations_with_scores(self) -> dict[str, str]:
-        """The protocol claim plus `hami.io/node-nvidia-score` (`--enable-topology-score`).
-
-        As HAMi's register.go:279-300: the scores of the registered GPUs
-        (`CalculateGPUScore(GetDevicesUUIDList(devices))`), measured again only when that list
-        changes (HAMi: when the register value changes); a failed measurement fails the round,
-        so neither annotation is written until it succeeds.
-        """
-        from hami_plugin.protocol.topology import (
-            NODE_NVIDIA_SCORE_ANNOTATION,
-            encode_pair_scores,
-        )
-
+        """The protocol claim plus `hami.io/node-nvidia-score` (`register.PairScores`)."""
         wanted = dict(self.protocol.annotations()) if self.protocol is not None else {}
-        uuids = self._register_uuids
-        if self._backend is None or not uuids:
-            return wanted
-        if self._scores is None or self._scores[0] != uuids:
-            scores, asymmetric = self._backend.pair_scores(uuids)
-            if asymmetric:
-                logger.warning(
-                    "AsymmetricGPUP2PLink: one or more GPU pairs on this node have asymmetric "
-                    "P2P link data; affected pairs scored 0 (possible NVLink hardware or "
-                    "driver issue)"
-                )
-            self._scores = (uuids, encode_pair_scores(scores))
-        wanted[NODE_NVIDIA_SCORE_ANNOTATION] = self._scores[1]
+        if self._scores is not None:
+            wanted.update(self._scores.annotation(self._register_uuids))
         return wanted
 
     def _rewatch(self, gpus: Sequence[PhysicalGpu]) -> None:
         if self._health is not None and not self._stop.is_set():
             self._health.stop()
             self._health.start(gpus)
-
-
-# --- the sub-command ------------------------------------------------------------------------------
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add `hami device-plugin`."""
-    parser = subparsers.add_parser(
-        "device-plugin",
-        help="run the node daemon: kubelet device plugin for vGPUs",
-        description="Advertise each GPU as vGPU slots to kubelet, answer Allocate with "
-        "HAMi-core's environment, and publish the node's GPUs for the scheduler.",
-    )
-    add_arguments(parser)
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run the daemon until SIGTERM/SIGINT; returns the exit status."""
-    logging.basicConfig(
-        level=resolve_log_level(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        settings = resolve_settings(args)
-    except ConfigError as error:
-        logger.error("%s", error)
-        return EXIT_USAGE
-    if settings.debug_logging:
-        logging.getLogger().setLevel(logging.DEBUG)  # HAMi's -v 4 and above
-    daemon = DevicePluginDaemon(settings)
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        logger.info("received %s", signal.Signals(signum).name)
-        daemon.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    return daemon.run()

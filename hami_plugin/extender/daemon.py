@@ -18,43 +18,44 @@ recovery loop and writes handshakes; every replica keeps its state warm from the
 
 from __future__ import annotations
 
-import argparse
 import logging
-import signal
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from types import FrameType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from hami_plugin.config import ConfigError
+from hami_plugin.clock import Clock, SystemClock
+from hami_plugin.config.keys import BookingKeyFile
+from hami_plugin.extender.bind import Binder
+from hami_plugin.extender.events import EventRecorder
+from hami_plugin.extender.http import EXTENDER_ROUTES, WEBHOOK_ROUTES, ExtenderApp
+from hami_plugin.extender.httpserver import ExtenderServer
+from hami_plugin.extender.leader import ElectionConfig, LeaderElector
+from hami_plugin.extender.metrics import SchedulerMetrics
+from hami_plugin.extender.observer import SchedulerObserver
+from hami_plugin.extender.recovery import Recovery
+from hami_plugin.extender.requeue import Requeuer
 from hami_plugin.extender.settings import (
     SchedulerConfig,
-    add_arguments,
-    resolve_config,
 )
+from hami_plugin.extender.state import SchedulerState
+from hami_plugin.extender.tls import TlsFiles
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.kube.errors import KubeError
+from hami_plugin.kube.informer import Informer, ListWatchOptions
+from hami_plugin.metrics.server import MetricsServerError
+from hami_plugin.protocol.objects import read_node, read_pod
+from hami_plugin.scheduler.ledger import TrackedPod
+from hami_plugin.scheduler.quota import read_resource_quota
+from hami_plugin.scheduler.usage import NodeUsage
+from hami_plugin.scheduler.webhook import QuotaCheck
 
-if TYPE_CHECKING:
-    from hami_plugin.clock import Clock
-    from hami_plugin.extender.events import EventRecorder
-    from hami_plugin.extender.http import ExtenderApp
-    from hami_plugin.extender.httpserver import ExtenderServer
-    from hami_plugin.extender.observer import SchedulerObserver
-    from hami_plugin.extender.recovery import Recovery
-    from hami_plugin.extender.requeue import Requeuer
-    from hami_plugin.extender.state import SchedulerState
-    from hami_plugin.kube.client import KubeClient
-    from hami_plugin.kube.informer import Informer
-    from hami_plugin.scheduler.ledger import TrackedPod
-    from hami_plugin.scheduler.usage import NodeUsage
-
-__all__ = ["Elector", "ElectorFactory", "SchedulerDaemon", "StartError", "register", "run"]
+__all__ = ["EXIT_FAILURE", "EXIT_OK", "Elector", "ElectorFactory", "SchedulerDaemon", "StartError"]
 
 logger = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
-EXIT_USAGE = 2
 _SIGNAL_POLL_SECONDS = 0.5
 
 
@@ -112,10 +113,6 @@ class SchedulerDaemon:
         recovery_interval_seconds: float = 5.0,
         watch_timeout_seconds: int = 300,
     ) -> None:
-        from hami_plugin.clock import SystemClock
-        from hami_plugin.config.keys import BookingKeyFile
-        from hami_plugin.extender.state import SchedulerState
-
         self.config = config
         self._kube = kube
         self._owned_kube: KubeClient | None = None
@@ -210,8 +207,6 @@ class SchedulerDaemon:
         """Bind the port and start every thread; returns at once. Raises OSError when the
         address cannot be bound, KubeError without a usable Kubernetes configuration, StartError
         when the metrics endpoint cannot start."""
-        from hami_plugin.extender.events import EventRecorder
-
         with self._start_lock:
             if self._server is not None:
                 return
@@ -234,8 +229,6 @@ class SchedulerDaemon:
 
     def _kube_client(self) -> KubeClient:
         """The client given, or one from the kubeconfig (owned: closed at shutdown)."""
-        from hami_plugin.kube.client import KubeClient
-
         if self._kube is None:
             config = self.config
             self._kube = self._owned_kube = KubeClient.from_config(
@@ -249,10 +242,6 @@ class SchedulerDaemon:
 
     def _app(self, kube: KubeClient, events: EventRecorder) -> ExtenderApp:
         """Filter, bind, the webhook and the probes, as routes."""
-        from hami_plugin.extender.bind import Binder
-        from hami_plugin.extender.http import ExtenderApp
-        from hami_plugin.scheduler.webhook import QuotaCheck
-
         config = self.config
         binder = Binder(
             self.state,
@@ -276,10 +265,6 @@ class SchedulerDaemon:
     def _http_servers(self, app: ExtenderApp) -> tuple[ExtenderServer, ExtenderServer | None]:
         """The extender's listener and, with `--webhook-bind`, the webhook's own (bound when
         started)."""
-        from hami_plugin.extender.http import EXTENDER_ROUTES, WEBHOOK_ROUTES
-        from hami_plugin.extender.httpserver import ExtenderServer
-        from hami_plugin.extender.tls import TlsFiles
-
         config, clock = self.config, self.state.clock
         tls = None
         if config.tls:
@@ -304,10 +289,6 @@ class SchedulerDaemon:
 
     def _make_informers(self, kube: KubeClient) -> None:
         """The pod, node and ResourceQuota watches that feed the state."""
-        from hami_plugin.kube.informer import Informer, ListWatchOptions
-        from hami_plugin.protocol.objects import read_node, read_pod
-        from hami_plugin.scheduler.quota import read_resource_quota
-
         state = self.state
         options = ListWatchOptions(watch_timeout_seconds=self._watch_timeout)
         selector = ",".join(f"{k}={v}" for k, v in self.config.node_label_selector.items())
@@ -344,8 +325,6 @@ class SchedulerDaemon:
 
     def _recovery(self, kube: KubeClient, events: EventRecorder) -> Recovery:
         """The loop that fails pods stuck allocating and frees stale node locks."""
-        from hami_plugin.extender.recovery import Recovery
-
         return Recovery(
             self.state,
             kube,
@@ -398,9 +377,6 @@ class SchedulerDaemon:
             return
         if self.config.metrics_bind_address.strip() == "0":
             return
-        from hami_plugin.extender.metrics import SchedulerMetrics
-        from hami_plugin.metrics.server import MetricsServerError
-
         metrics = SchedulerMetrics(
             _View(self), clock=self.state.clock, quotas=self.state.quota_entries
         )
@@ -413,8 +389,6 @@ class SchedulerDaemon:
     def _make_elector(self, kube: KubeClient) -> Elector:
         if self._elector_factory is not None:
             return self._elector_factory(kube, self._started_leading, self._stopped_leading)
-        from hami_plugin.extender.leader import ElectionConfig, LeaderElector
-
         config = self.config
         try:
             election = ElectionConfig.from_flags(
@@ -439,8 +413,6 @@ class SchedulerDaemon:
     def _make_requeuer(self, kube: KubeClient) -> Requeuer:
         """The loop that asks kube-scheduler to retry the GPU pods it parked while this replica
         could not answer (`hami_plugin.extender.requeue`)."""
-        from hami_plugin.extender.requeue import Requeuer
-
         informer = self.pod_informer
         assert informer is not None
         state = self.state
@@ -526,8 +498,6 @@ class SchedulerDaemon:
 
     def run(self) -> int:
         """Start, serve until `stop()`, shut down. Returns the exit status."""
-        from hami_plugin.kube.errors import KubeError
-
         try:
             self.start()
         except (OSError, KubeError, StartError) as error:
@@ -540,39 +510,3 @@ class SchedulerDaemon:
             pass
         self.shutdown()
         return EXIT_OK
-
-
-# --- the sub-command ------------------------------------------------------------------------------
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add `hami scheduler`."""
-    parser = subparsers.add_parser(
-        "scheduler",
-        help="run the kube-scheduler extender: filter, bind, admission webhook",
-        description="Serve kube-scheduler's extender calls (POST /filter, /bind), the "
-        "admission webhook (POST /webhook) and probes (GET /healthz, /readyz) for "
-        "HAMi-compatible GPU sharing.",
-    )
-    add_arguments(parser)
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run the daemon until SIGTERM/SIGINT; returns the exit status."""
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        config = resolve_config(args)
-        logging.getLogger().setLevel(config.log_level.upper())  # --log-level, --debug, -v
-        daemon = SchedulerDaemon(config)
-    except ConfigError as error:
-        logger.error("%s", error)
-        return EXIT_USAGE
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        logger.info("received %s: shutting down", signal.Signals(signum).name)
-        daemon.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    return daemon.run()
