@@ -20,6 +20,7 @@ from typing import Any
 from hami_plugin.certs.settings import CertsSettings
 from hami_plugin.config import (
     EXIT_USAGE,
+    LOG_LEVELS,
     ConfigError,
     parse_bool,
     parse_duration,
@@ -91,7 +92,7 @@ OPTIONS = OptionTable(
         Option("promote_booking_key", ("--promote-booking-key",), parse_bool, default="false",
                help="rotation step 2, once every pod mounts the new key: the second key signs"),
         Option("log_level", ("--log-level",), parse_str, default="info",
-               choices=("debug", "info", "warning", "error"), help="(default info)"),
+               choices=LOG_LEVELS, help="(default info)"),
     )
 )  # fmt: skip
 """Every flag of `hami certs`, in `--help` order (defaults: `CertsSettings`)."""

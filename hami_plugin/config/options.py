@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hami_plugin.config.sources import Layer, add_bool_flag, env_layer, flag_dest
+from hami_plugin.config.sources import Layer, add_bool_flag, env_layer, flag_dest, flag_layer
 from hami_plugin.config.sources import resolve as resolve_one
 from hami_plugin.config.values import parse_bool
 
@@ -48,11 +48,6 @@ class Option:
     flag_type: Callable[[str], Any] | None = None
     hami_key: str = ""
     node_key: str = ""
-
-    @property
-    def dest(self) -> str:
-        """The argparse destination: the first long flag's name (`--v` -> `v`)."""
-        return flag_dest(next(flag for flag in self.flags if flag.startswith("--")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +82,7 @@ class OptionTable:
                 extra["choices"] = option.choices
             parser.add_argument(
                 *option.flags,
-                dest=option.dest,
+                dest=flag_dest(option.flags[0]),
                 default=None,
                 metavar=option.metavar,
                 help=help_text,
@@ -96,12 +91,9 @@ class OptionTable:
 
     def flags(self, args: argparse.Namespace) -> Layer:
         """The flags given on the command line `args` was parsed from (`add_to`'s parser)."""
-        layer = Layer()
-        for option in self.options:
-            raw = getattr(args, option.dest, None) if option.flags else None
-            if raw is not None:
-                layer.put(option.name, raw, option.flags[0])
-        return layer
+        return flag_layer(
+            args, {option.name: option.flags[0] for option in self.options if option.flags}
+        )
 
     def environment(self, env: Mapping[str, str] | None = None) -> Layer:
         """The options' variables set in `env` (the process's environment when None); an empty

@@ -26,6 +26,7 @@ __all__ = [
     "BOOL_SPELLINGS",
     "EXIT_USAGE",
     "KLOG_DEBUG_VERBOSITY",
+    "LOG_LEVELS",
     "ConfigError",
     "parse_bool",
     "parse_duration",
@@ -122,6 +123,9 @@ def parse_float(raw: object) -> float:
             pass
     raise ValueError(f"expected a number, got {raw!r}")
 
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+"""What `--log-level` takes (`hami scheduler`, `hami certs`), the `logging` level names."""
 
 KLOG_DEBUG_VERBOSITY = 4
 """The `-v` from which both daemons log at debug level. HAMi writes its detail at `klog.V(4)`

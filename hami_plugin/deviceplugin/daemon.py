@@ -19,7 +19,8 @@ missing, the register annotation marks every GPU unhealthy, `/metrics` reports
 `hami_device_plugin_hamicore_ready 0` and Allocate fails the pod; kubelet's device list keeps
 NVML's health (a pod bound meanwhile gets the message naming the file, not kubelet's).
 
-Heavy imports (grpc, kubernetes, the NVML adapter) happen in `run`, so `hami --help` stays fast.
+The sub-command (`deviceplugin.command`) resolves the settings and imports this module only
+when it runs, so `hami --help` does not load grpc, kubernetes or NVML.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ election].
 `SchedulerDaemon` runs in-process too (tests, benchmarks): inject the `KubeClient`, a clock, an
 observer or an elector factory; `start()` returns once the HTTP port is bound (`port`), `ready`
 is set once the first lists are in, `stop()` shuts down (thread-safe, idempotent), `run()` is
-start + wait + shutdown. SIGTERM/SIGINT in the CLI: stop accepting, let filter/bind calls in
-progress finish (a bind waiting for a lock gives up and rolls back), release what this process
-holds (a lock taken by a bind in progress, the Lease), exit 0.
+start + wait + shutdown. SIGTERM/SIGINT in the CLI (`extender.command`): stop accepting, let
+filter/bind calls in progress finish (a bind waiting for a lock gives up and rolls back),
+release what this process holds (a lock taken by a bind in progress, the Lease), exit 0.
 
 Leader election: with `--leader-elect`, `hami_plugin.extender.leader.LeaderElector` (a
 `Elector`); without it this replica always leads. Only the leader answers filter/bind, runs the
@@ -43,7 +43,7 @@ from hami_plugin.extender.tls import TlsFiles
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import KubeError
 from hami_plugin.kube.informer import Informer, ListWatchOptions
-from hami_plugin.metrics.server import MetricsServerError
+from hami_plugin.metrics.server import DISABLED, MetricsServerError
 from hami_plugin.protocol.objects import read_node, read_pod
 from hami_plugin.scheduler.ledger import TrackedPod
 from hami_plugin.scheduler.quota import read_resource_quota
@@ -375,7 +375,7 @@ class SchedulerDaemon:
         if self._observer is not None:
             self.state.observer = self._observer
             return
-        if self.config.metrics_bind_address.strip() == "0":
+        if self.config.metrics_bind_address.strip() == DISABLED:
             return
         metrics = SchedulerMetrics(
             _View(self), clock=self.state.clock, quotas=self.state.quota_entries

@@ -29,6 +29,7 @@ from typing import Any
 
 from hami_plugin.config import (
     KLOG_DEBUG_VERBOSITY,
+    LOG_LEVELS,
     ConfigError,
     parse_bool,
     parse_duration,
@@ -56,7 +57,6 @@ ENV_NODE_LOCK_EXPIRE = "HAMI_NODELOCK_EXPIRE"
 ENV_BOOKING_KEY_FILE = "HAMI_BOOKING_KEY_FILE"
 ENV_POD_NAME = "POD_NAME"
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
-LOG_LEVELS = ("debug", "info", "warning", "error")
 KUBE_DEFAULT_QPS = 5.0
 KUBE_DEFAULT_BURST = 10
 """client-go's `rest.DefaultQPS` and `rest.DefaultBurst`, HAMi's defaults of `--kube-qps` and
