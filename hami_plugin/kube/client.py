@@ -141,8 +141,7 @@ class KubeClient:
         burst: int | None = None,
         timeout_seconds: float | None = None,
     ) -> KubeClient:
-        """Connect with the kubeconfig file given (the daemons resolve `--kubeconfig` and
-        `$KUBECONFIG` in `config`), else the in-cluster config.
+        """Connect with the kubeconfig given (`--kubeconfig`, `$KUBECONFIG`), else in-cluster.
 
         `qps` and `burst` (`--kube-qps`, `--kube-burst`; both or neither): the client-side rate
         limit, none without them; `timeout_seconds` (`--kube-timeout`): each attempt's timeout
