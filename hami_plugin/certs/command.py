@@ -136,14 +136,15 @@ def run(args: argparse.Namespace) -> int:
     from hami_plugin.kube.client import KubeClient
     from hami_plugin.kube.errors import KubeError
 
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     try:
         values = OPTIONS.resolve_args(args)
         settings = _settings(values)
     except ConfigError as error:
+        logging.basicConfig(format=log_format)
         logger.error("hami certs: %s", error)
         return EXIT_USAGE
-    logging.getLogger().setLevel(values["log_level"].upper())
+    logging.basicConfig(level=values["log_level"].upper(), format=log_format)
     clock = SystemClock()
     try:
         with KubeClient.from_config(values.get("kubeconfig"), clock=clock) as kube:
