@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,9 +59,6 @@ class OptionTable:
 
     options: tuple[Option, ...]
     env_in_help: bool = False
-
-    def __iter__(self) -> Iterator[Option]:
-        return iter(self.options)
 
     def add_to(self, parser: argparse.ArgumentParser) -> None:
         """Add a flag per option that has flags. Every flag defaults to None (not given), so
