@@ -17,7 +17,7 @@ _COMMAND_MODULES = (
     "hami_plugin.codec_cli",
     "hami_plugin.scheduler.dryrun",
     "hami_plugin.deviceplugin_cli",
-    "hami_plugin.extender.daemon",
+    "hami_plugin.extender.command",
     "hami_plugin.certs.command",
     "hami_plugin.demo",
 )

@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from hami_plugin.deviceplugin import daemon
+from hami_plugin.deviceplugin import command
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `hami device-plugin`."""
-    daemon.register(subparsers, load_nvml_module)
+    command.register(subparsers, load_nvml_module)
 
 
 def load_nvml_module(kind: str, fake_gpus_path: str | None) -> Any:

@@ -31,7 +31,7 @@ import yaml
 from kubernetes import client as k8s
 
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
-from hami_plugin.deviceplugin.settings import DevicePluginSettings
+from hami_plugin.deviceplugin.settings import DevicePluginSettings, NvmlSource
 from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import Conflict
@@ -161,7 +161,7 @@ def cluster(apiserver: FakeApiServer, tmp_path: Path) -> Iterator[Cluster]:
         metrics_bind_address="0",  # no /metrics port in wire tests
         node_name=NODE,
         device_plugin_path=sock_dir,
-        nvml="fake",
+        nvml=NvmlSource.FAKE,
         fake_gpus=str(gpus_file),
         split_count=SPLIT,
         enable_numa_topology=True,

@@ -1,9 +1,11 @@
-"""The settings layer both daemons use: one grammar per kind of value, and flag > environment >
-file precedence, resolved and validated once at start.
+"""The settings layer both daemons and `hami certs` use: one grammar per kind of value, and
+flag > environment > file precedence, resolved and validated once at start.
 
-`values` holds the grammars (Go's booleans and durations, numbers, lists) and `ConfigError`;
-`sources` the layers a daemon stacks and resolves. Each daemon keeps its own table of settings
-(`deviceplugin.settings`, `extender.settings`); nothing reads the environment after them.
+`values` holds the grammars (Go's booleans and durations, numbers, lists), `ConfigError` and
+its exit status; `sources` the layers a command stacks and resolves; `options` the table each
+command declares its settings in (`deviceplugin.settings`, `extender.settings`,
+`certs.command`), the one place the environment is read; `device_config` HAMi's device config
+file, read as HAMi reads it; `keys` the booking key file.
 """
 
 from hami_plugin.config.sources import (
@@ -19,7 +21,9 @@ from hami_plugin.config.sources import (
 )
 from hami_plugin.config.values import (
     BOOL_SPELLINGS,
+    EXIT_USAGE,
     KLOG_DEBUG_VERBOSITY,
+    LOG_LEVELS,
     ConfigError,
     parse_bool,
     parse_duration,
@@ -35,7 +39,9 @@ from hami_plugin.config.values import (
 
 __all__ = [
     "BOOL_SPELLINGS",
+    "EXIT_USAGE",
     "KLOG_DEBUG_VERBOSITY",
+    "LOG_LEVELS",
     "ConfigError",
     "Layer",
     "add_bool_flag",

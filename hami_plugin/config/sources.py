@@ -57,8 +57,8 @@ class Layer:
 
 
 def flag_dest(flag: str) -> str:
-    """The argparse destination of `--some-flag`: `some_flag`."""
-    return flag.removeprefix("--").replace("-", "_")
+    """The argparse destination of `--some-flag`: `some_flag` (of `-v`: `v`)."""
+    return flag.lstrip("-").replace("-", "_")
 
 
 def flag_layer(args: argparse.Namespace, flags: Mapping[str, str]) -> Layer:

@@ -24,7 +24,9 @@ from hami_plugin.protocol.govalues import GO_FALSE, GO_TRUE, parse_go_bool, pars
 
 __all__ = [
     "BOOL_SPELLINGS",
+    "EXIT_USAGE",
     "KLOG_DEBUG_VERBOSITY",
+    "LOG_LEVELS",
     "ConfigError",
     "parse_bool",
     "parse_duration",
@@ -42,6 +44,10 @@ __all__ = [
 class ConfigError(ValueError):
     """A flag, environment variable or file value that cannot be used; the message names where
     it came from and the bad value."""
+
+
+EXIT_USAGE = 2
+"""The exit status of every `hami` command stopped by a ConfigError (one line names it)."""
 
 
 _SPELLING_ORDER = ("1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False")
@@ -117,6 +123,9 @@ def parse_float(raw: object) -> float:
             pass
     raise ValueError(f"expected a number, got {raw!r}")
 
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+"""What `--log-level` takes (`hami scheduler`, `hami certs`), the `logging` level names."""
 
 KLOG_DEBUG_VERBOSITY = 4
 """The `-v` from which both daemons log at debug level. HAMi writes its detail at `klog.V(4)`

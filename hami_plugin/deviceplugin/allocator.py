@@ -58,7 +58,7 @@ from hami_plugin.deviceplugin.allocate import (
     decide_allocation,
     with_entries_consumed,
 )
-from hami_plugin.deviceplugin.hamicore import HAMI_CORE_VERSION, HamiCoreWatch
+from hami_plugin.deviceplugin.hamicore import HamiCoreWatch
 from hami_plugin.deviceplugin.mig.allocate import MigAllocateStep, MigRealised
 from hami_plugin.deviceplugin.nodecache import CacheNotListedError, NodeCache
 from hami_plugin.deviceplugin.pending import PendingPodChoice, is_pending_on, select_pending_pod
@@ -206,6 +206,42 @@ class ServedEntries:
         return result
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class AllocateBudgets:
+    """How long the API calls of one call may take, all retries included."""
+
+    allocate_seconds: float = ALLOCATE_BUDGET_SECONDS
+    report_seconds: float = REPORT_BUDGET_SECONDS
+    preferred_seconds: float = PREFERRED_BUDGET_SECONDS
+    read_seconds: float = READ_BUDGET_SECONDS
+    away_hold_seconds: float = AWAY_HOLD_SECONDS
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ApiFallback:
+    """Where Allocate reads and writes while the API server is away: the node's watch and the
+    write-behind queue (the module docstring)."""
+
+    cache: NodeCache
+    writes: WriteBehind
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KubeletAdmission:
+    """Kubelet's word on which pod it is admitting (in-flight/v2).
+
+    `pods` returns the (namespace, name) of the pods kubelet lists without a device of the
+    served resource (`podresources.PodResourcesClient.without_devices`), raising when kubelet
+    does not answer; it is asked only when two or more pods are pending on the node.
+    `on_failed` gets each of its errors and answers whether the node claimed in-flight/v2
+    recently (then several not-started candidates are no answer, else the v1 rule chooses
+    without kubelet's list).
+    """
+
+    pods: Callable[[], frozenset[tuple[str, str]]]
+    on_failed: Callable[[Exception], bool] | None = None
+
+
 class PodAllocator:
     """Allocate and GetPreferredAllocation against the API server, for one node.
 
@@ -214,17 +250,13 @@ class PodAllocator:
     (`--resource-name`): with keys, a refused pod none of whose containers asks for it is no
     candidate (`pending.select_pending_pod`). With keys, `served` records what was handed out
     (`ServedEntries`); without them there is none and the annotations decide, as in HAMi.
-    `cache` and `writes` carry Allocate through an API server outage (the module docstring);
-    without them every read and write goes to the API, and a write that fails fails the pod.
-    `kubelet_pods` returns the (namespace, name) of the pods kubelet lists without a device of
-    `resource_name` (`podresources.PodResourcesClient.without_devices`), raising when kubelet
-    does not answer; it is asked only when two or more pods are pending on the node, and
-    `on_kubelet_pods_failed` gets each of its errors and answers whether the node claimed
-    in-flight/v2 recently (then several not-started candidates are no answer, else the v1 rule
-    chooses without kubelet's list).
+    `fallback` carries Allocate through an API server outage (the module docstring); without it
+    every read and write goes to the API, and a write that fails fails the pod. `kubelet` is
+    kubelet's PodResources answer (in-flight/v2, `KubeletAdmission`); `budgets` bound the API
+    calls (`AllocateBudgets`).
     `hamicore` says whether HAMi-core is installed (the daemon shares its watch with the
     register annotation and `/metrics`); None watches `config.hook_path` here, looking for
-    `libvgpu.so.<version>` first (`hamicore.HAMI_CORE_VERSION` when None). While HAMi-core
+    this release's `libvgpu.so.<hamicore.HAMI_CORE_VERSION>` first. While HAMi-core
     is missing, Allocate fails the pod (`allocate.check_hamicore`): no container runs
     without limits. `mig` (a dynamic-MIG node, `operatingmode: mig`) realises each container's
     MIG reservations instead of HAMi-core's directories (`mig.allocate.MigAllocateStep`); its
@@ -241,19 +273,12 @@ class PodAllocator:
         booking_keys: Callable[[], BookingKeys] | None = None,
         resource_name: str = RESOURCE_GPU,
         new_cache_id: Callable[[], str] = lambda: str(uuid.uuid4()),
-        version: str | None = None,
-        allocate_budget_seconds: float = ALLOCATE_BUDGET_SECONDS,
-        report_budget_seconds: float = REPORT_BUDGET_SECONDS,
-        preferred_budget_seconds: float = PREFERRED_BUDGET_SECONDS,
-        read_budget_seconds: float = READ_BUDGET_SECONDS,
-        cache: NodeCache | None = None,
-        writes: WriteBehind | None = None,
-        away_hold_seconds: float = AWAY_HOLD_SECONDS,
-        clock: Clock | None = None,
-        kubelet_pods: Callable[[], frozenset[tuple[str, str]]] | None = None,
-        on_kubelet_pods_failed: Callable[[Exception], bool] | None = None,
+        budgets: AllocateBudgets = AllocateBudgets(),
+        fallback: ApiFallback | None = None,
+        kubelet: KubeletAdmission | None = None,
         hamicore: HamiCoreWatch | None = None,
         mig: MigAllocateStep | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._kube = kube
         self._mig = mig
@@ -264,24 +289,21 @@ class PodAllocator:
         self._resource_name = resource_name
         self.served: ServedEntries | None = ServedEntries() if booking_keys is not None else None
         self._new_cache_id = new_cache_id
-        self._allocate_budget = allocate_budget_seconds
-        self._report_budget = report_budget_seconds
-        self._preferred_budget = preferred_budget_seconds
-        self._read_budget = read_budget_seconds
-        self._cache = cache
-        self._writes = writes
-        self._away_hold = away_hold_seconds
+        self._allocate_budget = budgets.allocate_seconds
+        self._report_budget = budgets.report_seconds
+        self._preferred_budget = budgets.preferred_seconds
+        self._read_budget = budgets.read_seconds
+        self._away_hold = budgets.away_hold_seconds
+        self._cache = fallback.cache if fallback is not None else None
+        self._writes = fallback.writes if fallback is not None else None
         self._clock: Clock = clock or SystemClock()
         self.hamicore = hamicore or HamiCoreWatch(
-            config.hook_path,
-            node_name=node_name,
-            version=version if version is not None else HAMI_CORE_VERSION,
-            clock=self._clock,
+            config.hook_path, node_name=node_name, clock=self._clock
         )
         self._away_since: float | None = None
         """When a read last found the API server away (monotonic), None once one succeeds."""
-        self._kubelet_pods = kubelet_pods
-        self._on_kubelet_pods_failed = on_kubelet_pods_failed
+        self._kubelet_pods = kubelet.pods if kubelet is not None else None
+        self._on_kubelet_pods_failed = kubelet.on_failed if kubelet is not None else None
         self._kubelet_pods_lock = threading.Lock()
         self._kubelet_pods_failing = False
         """Set by a failed `kubelet_pods` call (logged once), cleared by the next success."""

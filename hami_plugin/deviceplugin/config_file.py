@@ -2,70 +2,56 @@
 
 The config file (`--config-file`) is YAML and accepts two shapes at once:
 
-* HAMi's device ConfigMap (`/device-config.yaml`): a top-level `nvidia:` mapping with
-  `deviceSplitCount`, `deviceMemoryScaling`, `deviceCoreScaling`, `libCudaLogLevel`,
-  `resourceCountName`, `disableCoreLimit`, `preConfiguredDeviceMemory`, `enableNumaTopology`
-  (HAMi's chart writes `devicePlugin.enableNumaTopology` there) and `migProfileAllowlist`
-  (dynamic MIG, `deviceplugin.operating_mode`); keys matched case-insensitively with Go's
-  field-name folding, `protocol.gojson.fold_name`, as HAMi's decoding does; the scheduler's
-  keys in the same section are ignored);
+* HAMi's device ConfigMap (`/device-config.yaml`), read as HAMi reads it
+  (`config.device_config`: the `nvidia:` keys spelled exactly as HAMi's): the keys of its
+  `nvidia:` section that the `OptionTable` names (`hami_key`: `deviceSplitCount`,
+  `resourceCountName`, `migProfileAllowlist`, ...); the scheduler's keys there and other
+  vendors' sections are ignored;
 * our own flat keys, named like the `DevicePluginSettings` fields (`split_count: 4`), which win
   over the `nvidia:` section.
 
 Per-node overrides use HAMi's shape (`docs/hami-reference.md` 4.1): `nodeconfig: [{name,
 devicesplitcount, devicememoryscaling, devicecorescaling, operatingmode, ...}]`, either inside
 the config file or in a separate `--node-config-file` (HAMi's `/config/config.json`; JSON is
-valid YAML). The entry whose `name` equals the node name overrides only the fields it sets. Its
-keys are folded as Go folds them too.
+valid YAML). The entry whose `name` equals the node name overrides only the fields it sets.
+HAMi reads these entries with encoding/json (plugin/server.go:128-137), which matches keys
+case-insensitively, so they are matched with Go's folding (`protocol.gojson.fold_name`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from hami_plugin.config import ConfigError, Layer, read_yaml
+from hami_plugin.config.device_config import read_device_config
 from hami_plugin.protocol.gojson import fold_name
 
-__all__ = ["NODE_KEYS", "NVIDIA_KEYS", "config_file_layer", "node_config_entries", "node_layer"]
+__all__ = ["ConfigFileShape", "config_file_layer", "node_config_entries", "node_layer"]
 
 logger = logging.getLogger(__name__)
 
-NVIDIA_KEYS = {
-    "deviceSplitCount": "split_count",
-    "deviceMemoryScaling": "memory_scaling",
-    "deviceCoreScaling": "cores_scaling",
-    "resourceCountName": "resource_name",
-    "libCudaLogLevel": "libcuda_log_level",
-    "disableCoreLimit": "disable_core_limit",
-    "preConfiguredDeviceMemory": "preconfigured_device_memory_mib",
-    "enableNumaTopology": "enable_numa_topology",
-    "migProfileAllowlist": "mig_profile_allowlist",
-}
-"""The `nvidia:` keys of HAMi's device ConfigMap and the setting each sets."""
-
-NODE_KEYS = {
-    "devicesplitcount": "split_count",
-    "devicememoryscaling": "memory_scaling",
-    "devicecorescaling": "cores_scaling",
-    "enablenumatopology": "enable_numa_topology",
-    "libcudaloglevel": "libcuda_log_level",
-    "preconfigureddevicememory": "preconfigured_device_memory_mib",
-    "enablegetpreferredallocation": "enable_preferred_allocation",
-    "migstrategy": "mig_strategy",
-    "operatingmode": "operating_mode",
-}
-"""The keys of a HAMi `nodeconfig` entry and the setting each overrides."""
-
-# The tables by folded key, as a key read from a file is matched (`fold_name`).
-_NVIDIA_FIELDS = {fold_name(key): setting for key, setting in NVIDIA_KEYS.items()}
-_NODE_FIELDS = {fold_name(key): setting for key, setting in NODE_KEYS.items()}
-# HAMi node-config keys we read but that only have one supported value here.
-_NODE_FIELDS_CHECKED: dict[str, str] = {}
-_NODE_FIELDS_IGNORED = frozenset({fold_name("name")})
+_NODE_NAME = fold_name("name")
 _NODE_FILTER_DEVICES = fold_name("filterdevices")
 _FILTER_UUID = fold_name("uuid")
 _FILTER_INDEX = fold_name("index")
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigFileShape:
+    """Which keys the files may set: `flat_keys` (setting names, at the top of the config
+    file), `hami_keys` (HAMi's `nvidia:` key -> setting) and `node_keys` (a `nodeconfig`
+    entry's key -> setting)."""
+
+    flat_keys: frozenset[str]
+    hami_keys: Mapping[str, str]
+    node_keys: Mapping[str, str]
+
+    @property
+    def folded_node_keys(self) -> dict[str, str]:
+        """`node_keys` by folded key, as a key read from a file is matched."""
+        return {fold_name(key): setting for key, setting in self.node_keys.items()}
 
 
 def _filter_devices_values(raw: object, where: str) -> dict[str, object]:
@@ -85,28 +71,18 @@ def _filter_devices_values(raw: object, where: str) -> dict[str, object]:
     return values
 
 
-def config_file_layer(path: str, flat_keys: frozenset[str]) -> tuple[Layer, list[object]]:
+def config_file_layer(path: str, shape: ConfigFileShape) -> tuple[Layer, list[object]]:
     """Read the config file at `path` into its settings layer and its `nodeconfig` entries.
 
-    `flat_keys` are the setting names the file may set directly. Raises ConfigError naming the
-    file and the key at fault.
+    Raises ConfigError naming the file and the key at fault.
     """
-    document = read_yaml(path, "config file")
-    layer = Layer(f"config file {path}")
-    if document is None:
-        return layer, []
-    if not isinstance(document, Mapping):
-        raise ConfigError(f"{layer.label}: expected a mapping at the top level")
-    nvidia = document.get("nvidia")
-    if nvidia is not None:
-        if not isinstance(nvidia, Mapping):
-            raise ConfigError(f"{layer.label}: 'nvidia' must be a mapping")
-        for key, value in nvidia.items():
-            name = _NVIDIA_FIELDS.get(fold_name(str(key)))
-            if name is not None and value is not None:
-                layer.put(name, value, f"nvidia.{key}")
+    config = read_device_config(path, "config file")
+    layer = Layer(config.label)
+    for key, value in config.nvidia.items():
+        if key in shape.hami_keys:
+            layer.put(shape.hami_keys[key], value, f"nvidia.{key}")
     node_entries: list[object] = []
-    for key, value in document.items():
+    for key, value in config.document.items():
         name = str(key)
         if name == "nvidia":
             continue
@@ -117,22 +93,25 @@ def config_file_layer(path: str, flat_keys: frozenset[str]) -> tuple[Layer, list
         elif name == "filter_devices":
             for setting, item in _filter_devices_values(value, f"{layer.label}: {name}").items():
                 layer.put(setting, item, name)
-        elif name in flat_keys:
+        elif name in shape.flat_keys:
             layer.put(name, value, name)
         elif not isinstance(value, Mapping | list):
             # Mappings and lists are other vendors' sections of HAMi's ConfigMap; a scalar we
             # do not know is most likely a typo.
-            known = ", ".join(sorted(flat_keys))
+            known = ", ".join(sorted(shape.flat_keys))
             raise ConfigError(f"{layer.label}: unknown setting {name!r} (known: {known})")
     return layer, node_entries
 
 
-def node_layer(entries: Sequence[object], node_name: str, source: str) -> Layer | None:
+def node_layer(
+    entries: Sequence[object], node_name: str, source: str, shape: ConfigFileShape
+) -> Layer | None:
     """The override layer for `node_name` from HAMi `nodeconfig` entries, if one names it.
 
-    Raises ConfigError for a malformed entry or a mode this plugin does not support.
+    Raises ConfigError for a malformed entry or a value the setting's grammar refuses later.
     """
     label = f"nodeconfig entry for {node_name!r} in {source}"
+    settings = shape.folded_node_keys
     for position, entry in enumerate(entries):
         if not isinstance(entry, Mapping):
             raise ConfigError(f"{source}: nodeconfig[{position}] must be a mapping")
@@ -141,19 +120,13 @@ def node_layer(entries: Sequence[object], node_name: str, source: str) -> Layer 
         layer = Layer(label)
         for key, value in entry.items():
             name = fold_name(str(key))
-            if value is None or name in _NODE_FIELDS_IGNORED:
+            if value is None or name == _NODE_NAME:
                 continue
-            if name in _NODE_FIELDS_CHECKED:
-                expected = _NODE_FIELDS_CHECKED[name]
-                if str(value).lower() != expected:
-                    raise ConfigError(
-                        f"{label}: {key}={value!r} is not supported (only {expected!r})"
-                    )
-            elif name == _NODE_FILTER_DEVICES:
+            if name == _NODE_FILTER_DEVICES:
                 for setting, item in _filter_devices_values(value, f"{label}: {key}").items():
                     layer.put(setting, item, str(key))
-            elif name in _NODE_FIELDS:
-                layer.put(_NODE_FIELDS[name], value, str(key))
+            elif name in settings:
+                layer.put(settings[name], value, str(key))
             else:
                 logger.warning("%s: ignoring unknown key %r", label, key)
         return layer

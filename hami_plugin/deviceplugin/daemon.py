@@ -19,52 +19,89 @@ missing, the register annotation marks every GPU unhealthy, `/metrics` reports
 `hami_device_plugin_hamicore_ready 0` and Allocate fails the pod; kubelet's device list keeps
 NVML's health (a pod bound meanwhile gets the message naming the file, not kubelet's).
 
-Heavy imports (grpc, kubernetes, the NVML adapter) happen in `run`, so `hami --help` stays fast.
+The sub-command (`deviceplugin.command`) resolves the settings and imports this module only
+when it runs, so `hami --help` does not load grpc, kubernetes or NVML.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import logging
-import os
-import signal
+import math
 import threading
-from collections.abc import Callable, Sequence
-from types import FrameType
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from hami_plugin.clock import Clock, SystemClock
-from hami_plugin.config import ConfigError
+from hami_plugin.config import EXIT_USAGE, ConfigError
 from hami_plugin.config.keys import BookingKeyFile
+from hami_plugin.deviceplugin.allocate import AllocateConfig
+from hami_plugin.deviceplugin.allocator import ApiFallback, KubeletAdmission, PodAllocator
+from hami_plugin.deviceplugin.board import DeviceBoard
+from hami_plugin.deviceplugin.cdi import build_cdi_spec, read_mig_minors, write_cdi_spec
+from hami_plugin.deviceplugin.hamicore import HamiCoreCheck, HamiCoreWatch
+from hami_plugin.deviceplugin.health import HealthChange, HealthMonitor
+from hami_plugin.deviceplugin.inventory import build_register_devices, build_vgpu_devices
+from hami_plugin.deviceplugin.kubelet import KubeletRegistrar, RestartWatch
+from hami_plugin.deviceplugin.metrics import (
+    DevicePluginMetrics,
+    MetricsConfig,
+    NodePods,
+    start_device_plugin_metrics,
+)
+from hami_plugin.deviceplugin.mig.dynamic import DynamicMig
+from hami_plugin.deviceplugin.mig.nvml import NvmlMig
+from hami_plugin.deviceplugin.mig.static import MigStrategy
+from hami_plugin.deviceplugin.migserve import StaticMigError, StaticMigServers
+from hami_plugin.deviceplugin.monitor.containers import ContainerScanner, FeedbackLoop
+from hami_plugin.deviceplugin.nodecache import NodeCache
+from hami_plugin.deviceplugin.nvml import (
+    NvmlBackend,
+    NvmlError,
+    NvmlLoader,
+    NvmlUnavailable,
+    PhysicalGpu,
+)
+from hami_plugin.deviceplugin.podresources import PodResourcesClient
+from hami_plugin.deviceplugin.protocol_claim import ProtocolClaim
+from hami_plugin.deviceplugin.register import PairScores, RegisterPublisher
+from hami_plugin.deviceplugin.server import DevicePluginService
 from hami_plugin.deviceplugin.settings import (
     DevicePluginSettings,
-    add_arguments,
-    resolve_settings,
 )
-from hami_plugin.protocol.hostpaths import VGPU_LOCK_HOST_PATH
-
-if TYPE_CHECKING:
-    from hami_plugin.deviceplugin.board import DeviceBoard
-    from hami_plugin.deviceplugin.hamicore import HamiCoreCheck, HamiCoreWatch
-    from hami_plugin.deviceplugin.health import HealthChange, HealthMonitor
-    from hami_plugin.deviceplugin.kubelet import KubeletRegistrar, RestartWatch
-    from hami_plugin.deviceplugin.metrics import DevicePluginMetrics
-    from hami_plugin.deviceplugin.mig.dynamic import DynamicMig
-    from hami_plugin.deviceplugin.migserve import StaticMigServers
-    from hami_plugin.deviceplugin.nvml import NvmlBackend, NvmlLoader, PhysicalGpu
-    from hami_plugin.deviceplugin.protocol_claim import ProtocolClaim
-    from hami_plugin.deviceplugin.register import RegisterPublisher
-    from hami_plugin.kube.api import AllocateApi
+from hami_plugin.deviceplugin.writebehind import WriteBehind
+from hami_plugin.kube.api import DevicePluginApi
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.kube.errors import KubeError
+from hami_plugin.lifecycle import StopSignal
+from hami_plugin.protocol import codec
+from hami_plugin.protocol.hostpaths import VGPU_LOCK_HOST_PATH, containers_dir
+from hami_plugin.protocol.model import OperatingMode
 
 logger = logging.getLogger(__name__)
 
-_SIGNAL_POLL_SECONDS = 0.5
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
-EXIT_USAGE = 2
 NVML_RETRY_SECONDS = 10.0
+
+
+class _ServeError(Exception):
+    """A part serving needs could not be built: the one line logged before exit status 1."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Serving:
+    """The parts `_serve` starts and stops (`_build`)."""
+
+    fallback: ApiFallback
+    pods: NodePods
+    podresources: PodResourcesClient | None
+    registrar: KubeletRegistrar
+    health: HealthMonitor
+    publisher: RegisterPublisher
+    scanner: ContainerScanner
+    feedback: FeedbackLoop | None
 
 
 class DevicePluginDaemon:
@@ -82,7 +119,7 @@ class DevicePluginDaemon:
         settings: DevicePluginSettings,
         *,
         load_nvml: NvmlLoader,
-        kube: AllocateApi | None = None,
+        kube: DevicePluginApi | None = None,
         restart_watch: RestartWatch | None = None,
         vgpulock_path: str = VGPU_LOCK_HOST_PATH,
         sysfs_root: str = "/sys",
@@ -98,6 +135,7 @@ class DevicePluginDaemon:
         self._sysfs_root = sysfs_root
         self._nvml_retry = nvml_retry_seconds
         self._stop = threading.Event()
+        self.stop_signal = StopSignal(self.stop, self._stop)
         self._lock = threading.Lock()
         self._gpus: list[PhysicalGpu] = []
         self._backend: NvmlBackend | None = None
@@ -107,8 +145,8 @@ class DevicePluginDaemon:
         self._register_uuids: tuple[str, ...] = ()
         self.dynamic_mig: DynamicMig | None = None
         """Dynamic MIG (`operatingmode: mig`): the MIG instances of this node's pods."""
-        self._scores: tuple[tuple[str, ...], str] | None = None
-        """The register UUIDs the last `hami.io/node-nvidia-score` value was measured for."""
+        self._scores: PairScores | None = None
+        """`hami.io/node-nvidia-score` (`--enable-topology-score`, while serving)."""
         self.hamicore: HamiCoreWatch | None = None
         """Whether HAMi-core is installed under the hook path (while serving)."""
         self.protocol: ProtocolClaim | None = None
@@ -127,20 +165,35 @@ class DevicePluginDaemon:
 
     def run(self) -> int:
         """Start everything, wait for `stop()`, tear down. Returns the exit status."""
-        from hami_plugin.deviceplugin.nvml import NvmlBackend, NvmlUnavailable
-
-        settings = self.settings
-        if settings.booking_key_file is not None:
+        if self.settings.booking_key_file is not None:
             try:
-                self._booking_keys = BookingKeyFile(settings.booking_key_file, clock=self._clock)
+                self._booking_keys = BookingKeyFile(
+                    self.settings.booking_key_file, clock=self._clock
+                )
             except ConfigError as error:
                 logger.error("%s", error)
                 return EXIT_USAGE
         try:
-            nvml = self._load_nvml(settings.nvml, settings.fake_gpus)
-        except (NvmlUnavailable, ValueError) as error:
+            backend = self._start_nvml()
+        except _ServeError as error:
             logger.error("%s", error)
             return EXIT_FAILURE
+        if backend is None:
+            return EXIT_OK  # stopped while waiting for NVML
+        self._backend = backend
+        try:
+            return self._serve(backend)
+        finally:
+            backend.shutdown()
+
+    def _start_nvml(self) -> NvmlBackend | None:
+        """NVML, started; None when `stop()` came while waiting for it
+        (`--fail-on-init-error=false`). Raises _ServeError."""
+        settings = self.settings
+        try:
+            nvml = self._load_nvml(settings.nvml, settings.fake_gpus)
+        except (NvmlUnavailable, ValueError) as error:
+            raise _ServeError(str(error)) from error
         backend = NvmlBackend(
             nvml,
             self._sysfs_root,
@@ -153,8 +206,7 @@ class DevicePluginDaemon:
                 break
             except NvmlUnavailable as error:
                 if settings.fail_on_init_error:
-                    logger.error("%s", error)
-                    return EXIT_FAILURE
+                    raise _ServeError(str(error)) from error
                 if not logged:
                     logger.error(
                         "%s; advertising no GPUs and retrying every %g s "
@@ -163,38 +215,14 @@ class DevicePluginDaemon:
                         self._nvml_retry,
                     )
                     logged = True
-                if self._stop.wait(self._nvml_retry):
-                    return EXIT_OK
+                if self.stop_signal.wait(self._nvml_retry):
+                    return None
         if logged:
             logger.info("NVML is available now")
-        self._backend = backend
-        try:
-            return self._serve(backend)
-        finally:
-            backend.shutdown()
+        return backend
 
     def _serve(self, backend: NvmlBackend) -> int:
-        from hami_plugin.deviceplugin.allocate import AllocateConfig
-        from hami_plugin.deviceplugin.allocator import PodAllocator
-        from hami_plugin.deviceplugin.board import DeviceBoard
-        from hami_plugin.deviceplugin.cdi import build_cdi_spec, write_cdi_spec
-        from hami_plugin.deviceplugin.hamicore import HamiCoreWatch
-        from hami_plugin.deviceplugin.health import HealthMonitor
-        from hami_plugin.deviceplugin.kubelet import KubeletRegistrar
-        from hami_plugin.deviceplugin.metrics import NodePods, start_device_plugin_metrics
-        from hami_plugin.deviceplugin.monitor.containers import ContainerScanner, FeedbackLoop
-        from hami_plugin.deviceplugin.nodecache import NodeCache
-        from hami_plugin.deviceplugin.nvml import NvmlError
-        from hami_plugin.deviceplugin.podresources import PodResourcesClient
-        from hami_plugin.deviceplugin.protocol_claim import ProtocolClaim
-        from hami_plugin.deviceplugin.register import RegisterPublisher
-        from hami_plugin.deviceplugin.server import DevicePluginService
-        from hami_plugin.deviceplugin.writebehind import WriteBehind
-        from hami_plugin.kube.client import KubeClient
-        from hami_plugin.kube.errors import KubeError
-        from hami_plugin.protocol.hostpaths import containers_dir
-
-        settings = self.settings
+        """Serve the GPUs NVML lists until `stop()`; returns the exit status."""
         keys = self._booking_keys
         if keys is None:
             # Once, after NVML: a node that cannot start says only why (one line).
@@ -205,196 +233,263 @@ class DevicePluginDaemon:
         else:
             logger.info("serving only bookings signed by the scheduler (keys from %s)", keys.path)
         try:
-            gpus = backend.scan()
-        except NvmlError as error:
-            logger.error("cannot list GPUs: %s", error)
+            gpus = self._scan(backend)
+            self.static_mig = self._static_mig(backend, gpus)
+            self._write_cdi_spec(gpus)
+            kube, owned_kube = self._kube_client()
+        except _ServeError as error:
+            logger.error("%s", error)
             return EXIT_FAILURE
-        if settings.mig_strategy != "none":  # static MIG: NVIDIA's device map (mig.static)
-            from hami_plugin.deviceplugin.cdi import read_mig_minors
-            from hami_plugin.deviceplugin.migserve import StaticMigError, StaticMigServers
-
-            try:
-                self.static_mig = StaticMigServers.for_daemon(backend, gpus, settings)
-            except (StaticMigError, NvmlError) as error:
-                logger.error("%s", error)
-                return EXIT_FAILURE
-        static_mig = self.static_mig
-        if settings.device_list.any_cdi:
-            # Once at start, as HAMi (plugin-manager.go:78-80): Allocate's CDI names must resolve.
-            try:
-                mig_devices = static_mig.mig_devices if static_mig is not None else ()
-                spec = build_cdi_spec(gpus, mig_devices, read_mig_minors() if mig_devices else {})
-                write_cdi_spec(spec, settings.cdi_spec_dir)
-            except OSError as error:
-                logger.error("unable to create the CDI spec file: %s", error)
-                return EXIT_FAILURE
-        owned_kube = None
-        kube = self._kube
-        if kube is None:
-            try:
-                kube = owned_kube = KubeClient.from_config(settings.kubeconfig, clock=self._clock)
-            except KubeError as error:
-                logger.error("%s", error)
-                return EXIT_FAILURE
         self._set_gpus(gpus)
-        board = self.board = DeviceBoard()
+        self.board = DeviceBoard()
         self._refresh_devices()
-        # One watch of this node's pods (and one of the Node) serves the metrics, the container
-        # scan and Allocate while the API server is away; a `kube` without watches (FakeKube)
-        # is asked every time instead, and Allocate writes straight to it.
-        cache: NodeCache | None = None
-        writes: WriteBehind | None = None
-        if isinstance(kube, KubeClient):
-            cache = NodeCache(kube, settings.node_name)
-            writes = WriteBehind(kube)
-            pods = NodePods.from_cache(cache, clock=self._clock)
-        else:
-            pods = NodePods.from_kube(kube, settings.node_name, clock=self._clock)
+        serving = self._build(backend, kube)
+        try:
+            self._start(serving, gpus)
+            self.metrics = self._start_metrics(backend, kube, serving)
+            self.started.set()
+            self.stop_signal.wait(math.inf)
+            logger.info("stopping: removing %s", serving.registrar.socket_path)
+        finally:
+            self._teardown(serving, owned_kube)
+        logger.info("device plugin stopped")
+        return EXIT_OK
+
+    # --- what serving needs, one builder each ----------------------------------------------
+
+    @staticmethod
+    def _scan(backend: NvmlBackend) -> list[PhysicalGpu]:
+        try:
+            return backend.scan()
+        except NvmlError as error:
+            raise _ServeError(f"cannot list GPUs: {error}") from error
+
+    def _static_mig(
+        self, backend: NvmlBackend, gpus: Sequence[PhysicalGpu]
+    ) -> StaticMigServers | None:
+        """Static MIG (`--mig-strategy single|mixed`): NVIDIA's device map (`mig.static`)."""
+        if self.settings.mig_strategy == MigStrategy.NONE:
+            return None
+        try:
+            return StaticMigServers.for_daemon(backend, gpus, self.settings)
+        except (StaticMigError, NvmlError) as error:
+            raise _ServeError(str(error)) from error
+
+    def _write_cdi_spec(self, gpus: Sequence[PhysicalGpu]) -> None:
+        """With a CDI strategy, once at start, as HAMi (plugin-manager.go:78-80): Allocate's CDI
+        names must resolve."""
+        if not self.settings.device_list.any_cdi:
+            return
+        static_mig = self.static_mig
+        try:
+            mig_devices = static_mig.mig_devices if static_mig is not None else ()
+            spec = build_cdi_spec(gpus, mig_devices, read_mig_minors() if mig_devices else {})
+            write_cdi_spec(spec, self.settings.cdi_spec_dir)
+        except OSError as error:
+            raise _ServeError(f"unable to create the CDI spec file: {error}") from error
+
+    def _kube_client(self) -> tuple[DevicePluginApi, KubeClient | None]:
+        """The client given, or one from the kubeconfig (returned second: closed at the end)."""
+        if self._kube is not None:
+            return self._kube, None
+        try:
+            kube = KubeClient.from_config(self.settings.kubeconfig, clock=self._clock)
+        except KubeError as error:
+            raise _ServeError(str(error)) from error
+        return kube, kube
+
+    def _build(self, backend: NvmlBackend, kube: DevicePluginApi) -> _Serving:
+        """Every part that serves, built (none started). One watch of this node's pods (and
+        one of the Node) serves the metrics, the container scan and Allocate while the API
+        server is away."""
+        settings, clock = self.settings, self._clock
+        fallback = ApiFallback(NodeCache(kube, settings.node_name), WriteBehind(kube))
+        pods = NodePods.from_cache(fallback.cache, clock=clock)
         # Kubelet's PodResources API tells interchangeable in-flight pods apart (in-flight/v2).
-        kubelet_pods: Callable[[], frozenset[tuple[str, str]]] | None = None
         podresources = None
         if settings.pod_resources_socket:
             podresources = PodResourcesClient(settings.pod_resources_socket)
-            kubelet_pods = functools.partial(podresources.without_devices, settings.resource_name)
-        protocol = self.protocol = ProtocolClaim(podresources, clock=self._clock)
-        if settings.operating_mode == "mig":  # before serving, as HAMi (server.go:290-312)
-            from hami_plugin.deviceplugin.mig.dynamic import DynamicMig
-
-            self.dynamic_mig = DynamicMig.for_daemon(
-                backend, settings, kube, lambda: self._gpus, cache, keys
-            )
+        self.protocol = ProtocolClaim(podresources, clock=clock)
+        if settings.operating_mode == OperatingMode.MIG:  # before serving, as HAMi (server.go:290)
+            self.dynamic_mig = self._dynamic_mig(backend, kube, fallback.cache)
             self.dynamic_mig.start(self._stop)
         # Looked at now (one log line either way), on every Allocate, register round and scrape.
-        hamicore = self.hamicore = HamiCoreWatch(
+        self.hamicore = HamiCoreWatch(
             settings.hook_path,
             node_name=settings.node_name,
-            clock=self._clock,
+            clock=clock,
             on_change=self._on_hamicore_change,
         )
-        hamicore.current()
+        self.hamicore.current()
+        static_mig = self.static_mig
+        self._health = HealthMonitor(
+            backend,
+            settings.health,
+            self._on_health_change,
+            clock=clock,
+            mig_event=static_mig.on_event if static_mig is not None else None,
+        )
+        # HAMi-core's per-container shared regions: read for /metrics, cleaned up and
+        # arbitrated by priority (HAMi's vGPU monitor), over the node's one pod watch.
+        scanner = ContainerScanner(
+            containers_dir(settings.hook_path),
+            pods,
+            resync_interval_seconds=settings.vgpu_resync_interval_seconds,
+            pod_refresh_seconds=0.0,  # the watch keeps the list current
+            clock=clock,
+        )
+        return _Serving(
+            fallback=fallback,
+            pods=pods,
+            podresources=podresources,
+            registrar=self._registrar(kube, fallback, podresources),
+            health=self._health,
+            publisher=self._register_publisher(backend, kube),
+            scanner=scanner,
+            feedback=FeedbackLoop(scanner) if settings.priority_feedback else None,
+        )
+
+    def _dynamic_mig(
+        self, backend: NvmlBackend, kube: DevicePluginApi, cache: NodeCache
+    ) -> DynamicMig:
+        """Dynamic MIG (`operatingmode: mig`) over NVML's MIG calls on the daemon's session."""
+        keys = self._booking_keys
+        return DynamicMig(
+            NvmlMig(backend.nvml),
+            node_name=self.settings.node_name,
+            kube=kube,
+            gpus=lambda: self._gpus,
+            device_list=self.settings.device_list,
+            keys=keys.keys if keys is not None else None,
+            cache=cache,
+            allowlist=self.settings.mig_profile_allowlist,
+        )
+
+    def _registrar(
+        self,
+        kube: DevicePluginApi,
+        fallback: ApiFallback,
+        podresources: PodResourcesClient | None,
+    ) -> KubeletRegistrar:
+        """Allocate and its gRPC service, registered with kubelet as `--resource-name`."""
+        settings, keys, dynamic_mig = self.settings, self._booking_keys, self.dynamic_mig
+        kubelet = None
+        if podresources is not None:
+            kubelet = KubeletAdmission(
+                functools.partial(podresources.without_devices, settings.resource_name),
+                self._on_kubelet_pods_failed,
+            )
+        config = AllocateConfig(
+            hook_path=settings.hook_path,
+            memory_scaling=settings.memory_scaling,
+            libcuda_log_level=settings.libcuda_log_level,
+            disable_core_limit=settings.disable_core_limit,
+            enable_preferred_allocation=settings.enable_preferred_allocation,
+            vgpulock_host_path=self._vgpulock_path,
+            device_list=settings.device_list,
+            mig_mode=dynamic_mig is not None,
+        )
         allocator = PodAllocator(
             kube,
             settings.node_name,
-            AllocateConfig(
-                hook_path=settings.hook_path,
-                memory_scaling=settings.memory_scaling,
-                libcuda_log_level=settings.libcuda_log_level,
-                disable_core_limit=settings.disable_core_limit,
-                enable_preferred_allocation=settings.enable_preferred_allocation,
-                vgpulock_host_path=self._vgpulock_path,
-                device_list=settings.device_list,
-                mig_mode=self.dynamic_mig is not None,
-            ),
+            config,
             booking_keys=keys.keys if keys is not None else None,
             resource_name=settings.resource_name,
-            cache=cache,
-            writes=writes,
+            fallback=fallback,
+            kubelet=kubelet,
+            hamicore=self.hamicore,
+            mig=dynamic_mig.step if dynamic_mig is not None else None,
             clock=self._clock,
-            kubelet_pods=kubelet_pods,
-            on_kubelet_pods_failed=self._on_kubelet_pods_failed,
-            hamicore=hamicore,
-            mig=self.dynamic_mig.step if self.dynamic_mig is not None else None,
         )
+        assert self.board is not None
         service = DevicePluginService(
-            board, allocator, preferred_allocation=settings.enable_preferred_allocation
+            self.board, allocator, preferred_allocation=settings.enable_preferred_allocation
         )
-        registrar = self.registrar = KubeletRegistrar(
+        self.registrar = KubeletRegistrar(
             service,
             plugin_dir=settings.device_plugin_path,
             socket_name=settings.socket_name,
             resource_name=settings.resource_name,
             watch=self._restart_watch,
         )
-        health = self._health = HealthMonitor(
-            backend,
-            settings,
-            self._on_health_change,
-            clock=self._clock,
-            mig_event=static_mig.on_event if static_mig is not None else None,
-        )
-        # Our Allocate tells several in-flight pods apart: the scheduler may skip HAMi's lock.
-        publisher = self._publisher = RegisterPublisher(
+        return self.registrar
+
+    def _register_publisher(self, backend: NvmlBackend, kube: DevicePluginApi) -> RegisterPublisher:
+        """The node's register annotation and the protocol claim: our Allocate tells several
+        in-flight pods apart, so the scheduler may skip HAMi's lock."""
+        assert self.protocol is not None
+        also_annotate = self.protocol.annotations
+        if self.settings.enable_topology_score:
+            self._scores = PairScores(backend.pair_scores)
+            also_annotate = self._annotations_with_scores
+        self._publisher = RegisterPublisher(
             kube,
-            settings.node_name,
+            self.settings.node_name,
             self._register_value,
-            interval_seconds=settings.register_interval_seconds,
-            also_annotate=(
-                self._annotations_with_scores
-                if settings.enable_topology_score
-                else protocol.annotations
-            ),
-            on_written=protocol.written,
+            interval_seconds=self.settings.register_interval_seconds,
+            also_annotate=also_annotate,
+            on_written=self.protocol.written,
         )
-        # HAMi-core's per-container shared regions: read for /metrics, cleaned up and
-        # arbitrated by priority (HAMi's vGPU monitor), over one watch of this node's pods and
-        # one set of files.
-        scanner = ContainerScanner(
-            containers_dir(settings.hook_path),
-            pods,
-            resync_interval_seconds=settings.vgpu_resync_interval_seconds,
-            pod_refresh_seconds=0.0,  # the watch keeps the list current
+        return self._publisher
+
+    def _start(self, serving: _Serving, gpus: Sequence[PhysicalGpu]) -> None:
+        serving.fallback.cache.start(self._stop)
+        serving.fallback.writes.start()
+        static_mig = self.static_mig
+        if static_mig is None or static_mig.plan.vgpu_served:
+            serving.registrar.start()  # under `single` the MIG devices take nvidia.com/gpu
+        if static_mig is not None:
+            static_mig.start()
+        serving.health.start(gpus)
+        serving.publisher.start()
+        if serving.feedback is not None:
+            serving.feedback.start()
+
+    def _start_metrics(
+        self, backend: NvmlBackend, kube: DevicePluginApi, serving: _Serving
+    ) -> DevicePluginMetrics | None:
+        """`/metrics`, over the parts serving (None: off or unusable, logged)."""
+        keys, board, hamicore = self._booking_keys, self.board, self.hamicore
+        assert board is not None and hamicore is not None
+        mig_device_info = None
+        if self.static_mig is not None and serving.podresources is not None:
+            mig_device_info = self.static_mig.device_info_from(serving.podresources)
+        elif self.dynamic_mig is not None:
+            mig_device_info = self.dynamic_mig.device_info
+        settings = self.settings
+        return start_device_plugin_metrics(
+            MetricsConfig(settings.node_name, settings.hook_path, settings.metrics_bind_address),
+            backend=backend,
+            gpus=lambda: self._gpus,
+            devices=lambda: board.devices,
+            kube=kube,
+            scanner=serving.scanner,
+            pods=serving.pods,
             clock=self._clock,
+            booking_keys=keys.keys if keys is not None else None,
+            hamicore=hamicore.current,
+            mig_device_info=mig_device_info,
         )
-        feedback = FeedbackLoop(scanner) if settings.priority_feedback else None
-        try:
-            if cache is not None and writes is not None:
-                cache.start(self._stop)
-                writes.start()
-            if static_mig is None or static_mig.plan.vgpu_served:
-                registrar.start()  # under `single` the MIG devices take nvidia.com/gpu
-            if static_mig is not None:
-                static_mig.start()
-            health.start(gpus)
-            publisher.start()
-            if feedback is not None:
-                feedback.start()
-            self.metrics = start_device_plugin_metrics(
-                settings,
-                backend=backend,
-                gpus=lambda: self._gpus,
-                devices=lambda: board.devices,
-                kube=kube,
-                scanner=scanner,
-                pods=pods,
-                clock=self._clock,
-                booking_keys=keys.keys if keys is not None else None,
-                hamicore=hamicore.current,
-                mig_device_info=(
-                    static_mig.device_info_from(podresources)
-                    if static_mig is not None and podresources is not None
-                    else self.dynamic_mig.device_info
-                    if self.dynamic_mig is not None
-                    else None
-                ),
-            )
-            self.started.set()
-            # Waking twice a second lets the main thread run a signal handler: the kernel may
-            # hand the process's SIGTERM to any thread, and then nothing interrupts an untimed
-            # wait here (the pod would be SIGKILLed at the end of its grace period).
-            while not self._stop.wait(_SIGNAL_POLL_SECONDS):
-                pass
-            logger.info("stopping: removing %s", registrar.socket_path)
-        finally:
-            if self.metrics is not None:
-                self.metrics.stop()
-            if feedback is not None:
-                feedback.stop()
-            scanner.close()
-            if static_mig is not None:
-                static_mig.stop()
-            registrar.stop()
-            if writes is not None:
-                writes.stop()
-            publisher.stop()
-            publisher.withdraw()  # bounded; the scheduler falls back to HAMi's node lock
-            health.stop()
-            board.close()
-            if podresources is not None:
-                podresources.close()
-            if owned_kube is not None:
-                owned_kube.close()
-        logger.info("device plugin stopped")
-        return EXIT_OK
+
+    def _teardown(self, serving: _Serving, owned_kube: KubeClient | None) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
+        if serving.feedback is not None:
+            serving.feedback.stop()
+        serving.scanner.close()
+        if self.static_mig is not None:
+            self.static_mig.stop()
+        serving.registrar.stop()
+        serving.fallback.writes.stop()
+        serving.publisher.stop()
+        serving.publisher.withdraw()  # bounded; the scheduler falls back to HAMi's node lock
+        serving.health.stop()
+        if self.board is not None:
+            self.board.close()
+        if serving.podresources is not None:
+            serving.podresources.close()
+        if owned_kube is not None:
+            owned_kube.close()
 
     # --- state ----------------------------------------------------------------------------
 
@@ -405,7 +500,11 @@ class DevicePluginDaemon:
                 return False
             self._gpus = list(gpus)
         for gpu in gpus:
-            if gpu.mig_enabled and self.settings.mig_strategy == "none" and not self._mig_mode:
+            if (
+                gpu.mig_enabled
+                and self.settings.mig_strategy == MigStrategy.NONE
+                and not self._mig_mode
+            ):
                 logger.warning(
                     "GPU %s (index %d) has MIG enabled: not advertised (--mig-strategy none)",
                     gpu.uuid,
@@ -420,17 +519,15 @@ class DevicePluginDaemon:
     @property
     def _mig_mode(self) -> bool:
         """Dynamic MIG: MIG-enabled GPUs are this node's to split (`operatingmode: mig`)."""
-        return self.settings.operating_mode == "mig"
+        return self.settings.operating_mode == OperatingMode.MIG
 
     def _unhealthy(self) -> frozenset[str]:
         return self._health.unhealthy if self._health is not None else frozenset()
 
     def _refresh_devices(self) -> None:
-        from hami_plugin.deviceplugin.inventory import build_vgpu_devices
-
         with self._lock:
             gpus = list(self._gpus)
-        devices = build_vgpu_devices(gpus, self._unhealthy(), self.settings)
+        devices = build_vgpu_devices(gpus, self._unhealthy(), self.settings.inventory)
         if self.board is not None and self.board.publish(devices):
             unhealthy = sum(1 for d in devices if not d.healthy)
             logger.info("advertising %d devices (%d unhealthy)", len(devices), unhealthy)
@@ -459,10 +556,6 @@ class DevicePluginDaemon:
 
     def _register_value(self) -> str:
         """Rescan the GPUs (inventory changes show up here) and encode the register value."""
-        from hami_plugin.deviceplugin.inventory import build_register_devices
-        from hami_plugin.deviceplugin.nvml import NvmlError
-        from hami_plugin.protocol import codec
-
         if self._backend is not None:
             try:
                 gpus = self._backend.scan()
@@ -479,7 +572,7 @@ class DevicePluginDaemon:
         devices = build_register_devices(
             gpus,
             self._unhealthy(),
-            self.settings,
+            self.settings.inventory,
             hamicore_ready=hamicore_ready,
             mig_devices=None
             if self.dynamic_mig is None
@@ -491,81 +584,13 @@ class DevicePluginDaemon:
         return codec.encode_node_devices(devices)
 
     def _annotations_with_scores(self) -> dict[str, str]:
-        """The protocol claim plus `hami.io/node-nvidia-score` (`--enable-topology-score`).
-
-        As HAMi's register.go:279-300: the scores of the registered GPUs
-        (`CalculateGPUScore(GetDevicesUUIDList(devices))`), measured again only when that list
-        changes (HAMi: when the register value changes); a failed measurement fails the round,
-        so neither annotation is written until it succeeds.
-        """
-        from hami_plugin.protocol.topology import (
-            NODE_NVIDIA_SCORE_ANNOTATION,
-            encode_pair_scores,
-        )
-
+        """The protocol claim plus `hami.io/node-nvidia-score` (`register.PairScores`)."""
         wanted = dict(self.protocol.annotations()) if self.protocol is not None else {}
-        uuids = self._register_uuids
-        if self._backend is None or not uuids:
-            return wanted
-        if self._scores is None or self._scores[0] != uuids:
-            scores, asymmetric = self._backend.pair_scores(uuids)
-            if asymmetric:
-                logger.warning(
-                    "AsymmetricGPUP2PLink: one or more GPU pairs on this node have asymmetric "
-                    "P2P link data; affected pairs scored 0 (possible NVLink hardware or "
-                    "driver issue)"
-                )
-            self._scores = (uuids, encode_pair_scores(scores))
-        wanted[NODE_NVIDIA_SCORE_ANNOTATION] = self._scores[1]
+        if self._scores is not None:
+            wanted.update(self._scores.annotation(self._register_uuids))
         return wanted
 
     def _rewatch(self, gpus: Sequence[PhysicalGpu]) -> None:
         if self._health is not None and not self._stop.is_set():
             self._health.stop()
             self._health.start(gpus)
-
-
-# --- the sub-command ------------------------------------------------------------------------------
-
-
-def register(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser], load_nvml: NvmlLoader
-) -> None:
-    """Add `hami device-plugin`, its daemon getting NVML from `load_nvml`."""
-    parser = subparsers.add_parser(
-        "device-plugin",
-        help="run the node daemon: kubelet device plugin for vGPUs",
-        description="Advertise each GPU as vGPU slots to kubelet, answer Allocate with "
-        "HAMi-core's environment, and publish the node's GPUs for the scheduler.",
-    )
-    add_arguments(parser)
-    parser.set_defaults(func=functools.partial(run, load_nvml=load_nvml))
-
-
-def _configure_logging() -> None:
-    level_name = os.environ.get("LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(
-        level=getattr(logging, level_name, logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-
-
-def run(args: argparse.Namespace, load_nvml: NvmlLoader) -> int:
-    """Run the daemon until SIGTERM/SIGINT; returns the exit status."""
-    _configure_logging()
-    try:
-        settings = resolve_settings(args, os.environ)
-    except ConfigError as error:
-        logger.error("%s", error)
-        return EXIT_USAGE
-    if settings.debug_logging:
-        logging.getLogger().setLevel(logging.DEBUG)  # HAMi's -v 4 and above
-    daemon = DevicePluginDaemon(settings, load_nvml=load_nvml)
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        logger.info("received %s", signal.Signals(signum).name)
-        daemon.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    return daemon.run()

@@ -4,7 +4,7 @@ A producer, as the NVIDIA plugin does it (docs/kubelet-deviceplugin.md 3.2,
 docs/hami-reference.md 4.3): watch XidCriticalError (+ ECC, masked by what the GPU supports) on an
 NVML event set, skip the Xids that are application errors, and report the GPU unhealthy; a failing
 wait marks every GPU unhealthy. Unlike NVIDIA and HAMi, a GPU comes back: once it has had no error
-for `health_recovery_seconds` and answers NVML again, it is reported healthy (logged).
+for `HealthConfig.recovery_seconds` and answers NVML again, it is reported healthy (logged).
 
 `HealthTracker` holds the decisions (pure, clock passed in); `HealthMonitor` runs the NVML wait
 loop on one thread and calls `on_change` for each change. The consumer (the daemon) marks all
@@ -27,7 +27,6 @@ from hami_plugin.deviceplugin.nvml import (
     NvmlError,
     PhysicalGpu,
 )
-from hami_plugin.deviceplugin.settings import DevicePluginSettings
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +44,34 @@ class HealthChange:
     reason: str
 
 
+DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+"""Xids that are application errors, not GPU faults (NVIDIA plugin and HAMi ignore them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    """What decides a GPU's health (`DP_DISABLE_HEALTHCHECKS`, `DP_ENABLE_HEALTHCHECKS`,
+    `--health-recovery-seconds`, `--health-wait-ms`).
+
+    `only_xids`, when set, are the only Xids that count; otherwise every Xid outside
+    `ignored_xids` does. `recovery_seconds` 0 turns recovery off.
+    """
+
+    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    only_xids: frozenset[int] | None = None
+    disabled: bool = False
+    recovery_seconds: float = 300.0
+    wait_ms: int = 5000
+
+    def xid_is_critical(self, xid: int) -> bool:
+        """True when an XidCriticalError event with this Xid should mark the GPU unhealthy."""
+        if self.disabled:
+            return False
+        if self.only_xids is not None:
+            return xid in self.only_xids
+        return xid not in self.ignored_xids
+
+
 class HealthTracker:
     """Which GPUs are unhealthy and since when; what an event or the passing time changes.
 
@@ -54,11 +81,11 @@ class HealthTracker:
     def __init__(
         self,
         uuids: Iterable[str],
-        settings: DevicePluginSettings,
+        config: HealthConfig,
         carried: HealthTracker | None = None,
     ) -> None:
         """Watch `uuids`; `carried` hands over the unhealthy state of the watched GPUs."""
-        self._settings = settings
+        self._config = config
         self._watched = list(dict.fromkeys(uuids))
         self._last_error_at: dict[str, float] = {}
         if carried is not None:
@@ -100,7 +127,7 @@ class HealthTracker:
                 event.data,
             )
             return []
-        if not self._settings.xid_is_critical(xid):
+        if not self._config.xid_is_critical(xid):
             logger.info("GPU %s: Xid %d ignored (application error)", event.uuid or "?", xid)
             return []
         if event.uuid is None:
@@ -112,7 +139,7 @@ class HealthTracker:
 
     def recovery_candidates(self, now: float) -> list[str]:
         """Unhealthy GPUs without an error for the recovery window (none when it is 0)."""
-        window = self._settings.health_recovery_seconds
+        window = self._config.recovery_seconds
         if window <= 0:
             return []
         return [uuid for uuid, since in self._last_error_at.items() if now - since >= window]
@@ -124,7 +151,7 @@ class HealthMonitor:
     def __init__(
         self,
         backend: NvmlBackend,
-        settings: DevicePluginSettings,
+        config: HealthConfig,
         on_change: Callable[[HealthChange], None],
         clock: Clock | None = None,
         *,
@@ -134,13 +161,13 @@ class HealthMonitor:
         handled there (static MIG, `migserve`), so the GPU itself keeps its health."""
         self._mig_event = mig_event
         self._backend = backend
-        self._settings = settings
+        self._config = config
         self._on_change = on_change
         self._clock: Clock = clock or SystemClock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._tracker = HealthTracker((), settings)
+        self._tracker = HealthTracker((), config)
 
     @property
     def unhealthy(self) -> frozenset[str]:
@@ -162,9 +189,9 @@ class HealthMonitor:
         with self._lock:
             # A restart (new GPU list) keeps what is known about GPUs still present.
             self._tracker = HealthTracker(
-                (gpu.uuid for gpu in gpus), self._settings, carried=self._tracker
+                (gpu.uuid for gpu in gpus), self._config, carried=self._tracker
             )
-        if self._settings.healthchecks_disabled:
+        if self._config.disabled:
             logger.warning("health checks disabled (DP_DISABLE_HEALTHCHECKS)")
             return
         try:
@@ -202,7 +229,7 @@ class HealthMonitor:
                 logger.exception("health change handler failed for GPU %s", change.uuid)
 
     def _run(self, event_set: Any, unregistered: set[str]) -> None:
-        slice_ms = min(self._settings.health_wait_ms, _MAX_WAIT_SLICE_MS)
+        slice_ms = min(self._config.wait_ms, _MAX_WAIT_SLICE_MS)
         try:
             while not self._stop.is_set():
                 try:
@@ -247,7 +274,7 @@ class HealthMonitor:
                 if not self._register(event_set, uuid):
                     continue
                 unregistered.discard(uuid)
-            reason = f"no errors for {self._settings.health_recovery_seconds:g} s and NVML answers"
+            reason = f"no errors for {self._config.recovery_seconds:g} s and NVML answers"
             with self._lock:
                 changes = self._tracker.mark_healthy(uuid, reason)
             self._emit(changes)

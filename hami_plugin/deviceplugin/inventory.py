@@ -10,9 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from hami_plugin.deviceplugin.operating_mode import MODE_MIG
-from hami_plugin.deviceplugin.settings import DevicePluginSettings
-from hami_plugin.protocol.model import MODE_HAMI_CORE, GpuDevice
+from hami_plugin.protocol.model import GpuDevice, OperatingMode
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +31,20 @@ class PhysicalGpu:
     def card_type(self) -> str:
         """The card type HAMi registers: the NVML name, prefixed `NVIDIA-` unless it has it."""
         return self.name if self.name.startswith("NVIDIA") else f"NVIDIA-{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryConfig:
+    """What turns the node's GPUs into devices: the settings of the same names, and the node's
+    operating mode (on a dynamic-MIG node MIG-enabled GPUs are offered)."""
+
+    split_count: int = 10
+    memory_scaling: float = 1.0
+    cores_scaling: float = 1.0
+    enable_numa_topology: bool = False
+    filter_uuids: frozenset[str] = frozenset()
+    filter_indexes: frozenset[int] = frozenset()
+    operating_mode: OperatingMode = OperatingMode.HAMI_CORE
 
 
 def vgpu_device_ids(gpu_uuid: str, split_count: int) -> list[str]:
@@ -69,33 +81,31 @@ class VgpuDevice:
     """NUMA node to report to kubelet; None when topology is disabled or unknown."""
 
 
-def advertised_gpus(
-    gpus: Sequence[PhysicalGpu], settings: DevicePluginSettings
-) -> list[PhysicalGpu]:
+def advertised_gpus(gpus: Sequence[PhysicalGpu], config: InventoryConfig) -> list[PhysicalGpu]:
     """The GPUs this plugin offers: MIG-enabled ones and `filterdevices` matches left out."""
     return [
         gpu
         for gpu in gpus
-        if (not gpu.mig_enabled or settings.operating_mode == MODE_MIG)
-        and gpu.uuid not in settings.filter_uuids
-        and gpu.index not in settings.filter_indexes
+        if (not gpu.mig_enabled or config.operating_mode == OperatingMode.MIG)
+        and gpu.uuid not in config.filter_uuids
+        and gpu.index not in config.filter_indexes
     ]
 
 
 def build_vgpu_devices(
-    gpus: Sequence[PhysicalGpu], unhealthy: Collection[str], settings: DevicePluginSettings
+    gpus: Sequence[PhysicalGpu], unhealthy: Collection[str], config: InventoryConfig
 ) -> list[VgpuDevice]:
     """`split_count` kubelet devices per advertised GPU; all slots of a GPU share its health.
 
     `unhealthy` holds physical UUIDs. The caller logs skipped MIG-enabled GPUs.
     """
     devices: list[VgpuDevice] = []
-    for gpu in advertised_gpus(gpus, settings):
-        numa = gpu.numa_node if settings.enable_numa_topology and gpu.numa_node >= 0 else None
+    for gpu in advertised_gpus(gpus, config):
+        numa = gpu.numa_node if config.enable_numa_topology and gpu.numa_node >= 0 else None
         healthy = gpu.uuid not in unhealthy
         devices.extend(
             VgpuDevice(id=device_id, gpu_uuid=gpu.uuid, healthy=healthy, numa_node=numa)
-            for device_id in vgpu_device_ids(gpu.uuid, settings.split_count)
+            for device_id in vgpu_device_ids(gpu.uuid, config.split_count)
         )
     return devices
 
@@ -103,7 +113,7 @@ def build_vgpu_devices(
 def build_register_devices(
     gpus: Sequence[PhysicalGpu],
     unhealthy: Collection[str],
-    settings: DevicePluginSettings,
+    config: InventoryConfig,
     *,
     hamicore_ready: bool = True,
     mig_devices: Mapping[str, GpuDevice] | None = None,
@@ -121,20 +131,20 @@ def build_register_devices(
     `mig.dynamic.DynamicMig.register_devices`; HAMi-core is not needed there), and a GPU
     without one is not registered.
     """
-    if settings.operating_mode == MODE_MIG:
+    if config.operating_mode == OperatingMode.MIG:
         entries = mig_devices or {}
-        return [entries[g.uuid] for g in advertised_gpus(gpus, settings) if g.uuid in entries]
+        return [entries[g.uuid] for g in advertised_gpus(gpus, config) if g.uuid in entries]
     return [
         GpuDevice(
             uuid=gpu.uuid,
             index=gpu.index,
-            split_count=settings.split_count,
-            memory_mib=int(gpu.memory_mib * settings.memory_scaling),
-            cores_percent=int(settings.cores_scaling * 100),
+            split_count=config.split_count,
+            memory_mib=int(gpu.memory_mib * config.memory_scaling),
+            cores_percent=int(config.cores_scaling * 100),
             type=gpu.card_type,
             numa_node=max(gpu.numa_node, 0),
-            mode=MODE_HAMI_CORE,
+            mode=OperatingMode.HAMI_CORE,
             healthy=hamicore_ready and gpu.uuid not in unhealthy,
         )
-        for gpu in advertised_gpus(gpus, settings)
+        for gpu in advertised_gpus(gpus, config)
     ]

@@ -73,7 +73,6 @@ if TYPE_CHECKING:
     from hami_plugin.deviceplugin.hamicore import HamiCoreCheck
     from hami_plugin.deviceplugin.nodecache import NodeCache
     from hami_plugin.deviceplugin.nvml import GpuUsage, NvmlBackend
-    from hami_plugin.deviceplugin.settings import DevicePluginSettings
     from hami_plugin.metrics.families import Collector
     from hami_plugin.protocol.objects import PodInfo
 
@@ -427,6 +426,16 @@ def _hamicore_family() -> GaugeMetricFamily:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    """What the device plugin's `/metrics` is configured with: the node it reports, HAMi-core's
+    hook directory (the containers' shared regions) and `--metrics-bind-address`."""
+
+    node_name: str
+    hook_path: str
+    bind_address: str
+
+
 class DevicePluginMetrics:
     """The device plugin daemon's running `/metrics` endpoint and the region scanner it reads.
 
@@ -453,7 +462,7 @@ class DevicePluginMetrics:
 
 
 def start_device_plugin_metrics(
-    settings: DevicePluginSettings,
+    config: MetricsConfig,
     *,
     backend: NvmlBackend,
     gpus: Callable[[], Sequence[PhysicalGpu]],
@@ -466,7 +475,7 @@ def start_device_plugin_metrics(
     hamicore: Callable[[], HamiCoreCheck] | None = None,
     mig_device_info: Callable[[], Sequence[MigDeviceInfo]] | None = None,
 ) -> DevicePluginMetrics | None:
-    """Serve the device plugin daemon's `/metrics` on `settings.metrics_bind_address`.
+    """Serve the device plugin daemon's `/metrics` on `config.bind_address`.
 
     One fresh registry, one `ScrapeGuard` over two collectors: `node` (this module) and `vgpu`
     (per-container usage from HAMi-core's regions, `deviceplugin.monitor.vgpu`). Both share one
@@ -484,13 +493,13 @@ def start_device_plugin_metrics(
     is one error line and never stops the daemon from serving GPUs.
     """
     if pods is None:
-        pods = NodePods.from_kube(kube, settings.node_name, clock=clock)
+        pods = NodePods.from_kube(kube, config.node_name, clock=clock)
     owns_scanner = scanner is None
     if scanner is None:
-        scanner = ContainerScanner(containers_dir(settings.hook_path), pods, clock=clock)
+        scanner = ContainerScanner(containers_dir(config.hook_path), pods, clock=clock)
     collectors: dict[str, Collector] = {
         "node": NodeCollector(
-            settings.node_name,
+            config.node_name,
             read_usage=backend.read_usage,
             gpus=gpus,
             devices=devices,
@@ -498,14 +507,14 @@ def start_device_plugin_metrics(
             booking_keys=booking_keys,
             hamicore=hamicore,
         ),
-        "vgpu": VgpuCollector(scanner, settings.node_name, clock=clock),
+        "vgpu": VgpuCollector(scanner, config.node_name, clock=clock),
     }
     if mig_device_info is not None:
         collectors["mig"] = MigInfoCollector(mig_device_info)
     try:
         registry = guarded_registry(collectors, clock)
         registry.register(BuildInfoCollector())
-        server = start_metrics_server(settings.metrics_bind_address, registry)
+        server = start_metrics_server(config.bind_address, registry)
     except MetricsServerError as error:
         logger.error("%s; running without metrics", error)
         server = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-from hami_plugin.kube.client import KubeClient
+from hami_plugin.kube.api import WatchApi
 from hami_plugin.kube.informer import Informer
 from hami_plugin.protocol.objects import NodeInfo, PodInfo, read_node, read_pod
 
@@ -37,7 +37,7 @@ class _IgnoreEvents:
 class NodeCache:
     """The watch-backed view of one node: `pods()` and `node()` (thread-safe snapshots)."""
 
-    def __init__(self, kube: KubeClient, node_name: str) -> None:
+    def __init__(self, kube: WatchApi, node_name: str) -> None:
         self.node_name = node_name
         self._pods: Informer[PodInfo] = Informer(
             kube,

@@ -20,10 +20,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from hami_plugin.kube.api import NodeApi
 from hami_plugin.protocol.model import ANNOTATION_NODE_REGISTER
+from hami_plugin.protocol.topology import (
+    NODE_NVIDIA_SCORE_ANNOTATION,
+    DeviceScore,
+    encode_pair_scores,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -161,3 +166,32 @@ class RegisterPublisher:
             timeout = self._interval if done else min(self._interval, RETRY_AFTER_ERROR_SECONDS)
             self._wake.wait(timeout)
             self._wake.clear()
+
+
+class PairScores:
+    """`hami.io/node-nvidia-score` of the registered GPUs (`--enable-topology-score`).
+
+    As HAMi's register.go:279-300: the scores of the registered GPUs
+    (`CalculateGPUScore(GetDevicesUUIDList(devices))`, here `measure`: `NvmlBackend.pair_scores`),
+    measured again only when that list changes (HAMi: when the register value changes); a failed
+    measurement raises, so the round fails and neither annotation is written until it succeeds.
+    """
+
+    def __init__(self, measure: Callable[[Sequence[str]], tuple[list[DeviceScore], bool]]) -> None:
+        self._measure = measure
+        self._last: tuple[tuple[str, ...], str] | None = None
+
+    def annotation(self, uuids: tuple[str, ...]) -> dict[str, str]:
+        """The annotation for the GPUs `uuids` (none for no GPU)."""
+        if not uuids:
+            return {}
+        if self._last is None or self._last[0] != uuids:
+            scores, asymmetric = self._measure(uuids)
+            if asymmetric:
+                logger.warning(
+                    "AsymmetricGPUP2PLink: one or more GPU pairs on this node have asymmetric "
+                    "P2P link data; affected pairs scored 0 (possible NVLink hardware or "
+                    "driver issue)"
+                )
+            self._last = (uuids, encode_pair_scores(scores))
+        return {NODE_NVIDIA_SCORE_ANNOTATION: self._last[1]}

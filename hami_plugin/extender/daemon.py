@@ -7,9 +7,9 @@ election].
 `SchedulerDaemon` runs in-process too (tests, benchmarks): inject the `KubeClient`, a clock, an
 observer or an elector factory; `start()` returns once the HTTP port is bound (`port`), `ready`
 is set once the first lists are in, `stop()` shuts down (thread-safe, idempotent), `run()` is
-start + wait + shutdown. SIGTERM/SIGINT in the CLI: stop accepting, let filter/bind calls in
-progress finish (a bind waiting for a lock gives up and rolls back), release what this process
-holds (a lock taken by a bind in progress, the Lease), exit 0.
+start + wait + shutdown. SIGTERM/SIGINT in the CLI (`extender.command`): stop accepting, let
+filter/bind calls in progress finish (a bind waiting for a lock gives up and rolls back),
+release what this process holds (a lock taken by a bind in progress, the Lease), exit 0.
 
 Leader election: with `--leader-elect`, `hami_plugin.extender.leader.LeaderElector` (a
 `Elector`); without it this replica always leads. Only the leader answers filter/bind, runs the
@@ -18,43 +18,47 @@ recovery loop and writes handshakes; every replica keeps its state warm from the
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
-import signal
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from types import FrameType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from hami_plugin.config import ConfigError
+from hami_plugin.clock import Clock, SystemClock
+from hami_plugin.config.keys import BookingKeyFile
+from hami_plugin.extender.bind import Binder
+from hami_plugin.extender.events import EventRecorder
+from hami_plugin.extender.http import EXTENDER_ROUTES, WEBHOOK_ROUTES, ExtenderApp
+from hami_plugin.extender.httpserver import ExtenderServer
+from hami_plugin.extender.leader import ElectionConfig, LeaderElector
+from hami_plugin.extender.metrics import SchedulerMetrics
+from hami_plugin.extender.observer import SchedulerObserver
+from hami_plugin.extender.recovery import Recovery
+from hami_plugin.extender.requeue import Requeuer
 from hami_plugin.extender.settings import (
     SchedulerConfig,
-    add_arguments,
-    resolve_config,
 )
+from hami_plugin.extender.state import SchedulerState
+from hami_plugin.extender.tls import TlsFiles
+from hami_plugin.kube.client import KubeClient
+from hami_plugin.kube.errors import KubeError
+from hami_plugin.kube.informer import Informer, ListWatchOptions
+from hami_plugin.lifecycle import StopSignal
+from hami_plugin.metrics.server import DISABLED, MetricsServerError
+from hami_plugin.protocol.objects import read_node, read_pod
+from hami_plugin.scheduler.book.book import BookSettings
+from hami_plugin.scheduler.ledger import TrackedPod
+from hami_plugin.scheduler.quota import read_resource_quota
+from hami_plugin.scheduler.usage import NodeUsage
+from hami_plugin.scheduler.webhook import QuotaCheck
 
-if TYPE_CHECKING:
-    from hami_plugin.clock import Clock
-    from hami_plugin.extender.events import EventRecorder
-    from hami_plugin.extender.httpserver import ExtenderServer
-    from hami_plugin.extender.observer import SchedulerObserver
-    from hami_plugin.extender.requeue import Requeuer
-    from hami_plugin.extender.state import SchedulerState
-    from hami_plugin.kube.client import KubeClient
-    from hami_plugin.kube.informer import Informer
-    from hami_plugin.scheduler.ledger import TrackedPod
-    from hami_plugin.scheduler.usage import NodeUsage
-
-__all__ = ["Elector", "ElectorFactory", "SchedulerDaemon", "StartError", "register", "run"]
+__all__ = ["EXIT_FAILURE", "EXIT_OK", "Elector", "ElectorFactory", "SchedulerDaemon", "StartError"]
 
 logger = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
-EXIT_USAGE = 2
-_SIGNAL_POLL_SECONDS = 0.5
 
 
 class StartError(Exception):
@@ -111,11 +115,6 @@ class SchedulerDaemon:
         recovery_interval_seconds: float = 5.0,
         watch_timeout_seconds: int = 300,
     ) -> None:
-        from hami_plugin.clock import SystemClock
-        from hami_plugin.config.keys import BookingKeyFile
-        from hami_plugin.extender.state import SchedulerState
-        from hami_plugin.scheduler.book.book import BookSettings
-
         self.config = config
         self._kube = kube
         self._owned_kube: KubeClient | None = None
@@ -148,6 +147,8 @@ class SchedulerDaemon:
                 "author can book GPUs"
             )
         self._stop = threading.Event()
+        self.stop_signal = StopSignal(self.stop, self._stop)
+        """What `run`'s main thread waits on: `stop()`, or SIGTERM/SIGINT once installed."""
         self._stopped = threading.Event()
         self._start_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -212,150 +213,165 @@ class SchedulerDaemon:
         """Bind the port and start every thread; returns at once. Raises OSError when the
         address cannot be bound, KubeError without a usable Kubernetes configuration, StartError
         when the metrics endpoint cannot start."""
-        from hami_plugin.extender.bind import Binder
-        from hami_plugin.extender.events import EventRecorder
-        from hami_plugin.extender.http import EXTENDER_ROUTES, WEBHOOK_ROUTES, ExtenderApp
-        from hami_plugin.extender.httpserver import ExtenderServer
-        from hami_plugin.extender.recovery import Recovery
-        from hami_plugin.extender.tls import TlsFiles
-        from hami_plugin.kube.client import KubeClient
-        from hami_plugin.kube.informer import Informer
-        from hami_plugin.protocol.objects import read_node, read_pod
-        from hami_plugin.scheduler.quota import read_resource_quota
-        from hami_plugin.scheduler.webhook import QuotaCheck
-
-        config = self.config
         with self._start_lock:
             if self._server is not None:
                 return
-            kube = self._kube
-            if kube is None:
-                kube = self._kube = self._owned_kube = KubeClient.from_config(
-                    config.kubeconfig,
-                    clock=self.state.clock,
-                    qps=config.kube_qps,
-                    burst=config.kube_burst,
-                    timeout_seconds=config.kube_timeout_seconds,
-                )
+            kube = self._kube_client()
             self._start_metrics()
             events = self._events = EventRecorder(
-                kube, config.scheduler_name, clock=self.state.clock
+                kube, self.config.scheduler_name, clock=self.state.clock
             )
-            binder = Binder(
-                self.state,
-                kube,
-                events,
-                node_lock_timeout=config.node_lock_timeout,
-                retry_timeout_seconds=config.node_lock_retry_timeout_seconds,
-                stop=self._stop,
-            )
-            app = ExtenderApp(
-                self.state,
-                binder,
-                # the webhook denies a pod beyond its namespace's GPU quota as HAMi's does
-                replace(
-                    config.webhook,
-                    quota=QuotaCheck(self.state.settings, self.state.fits_quota),
-                ),
-                events,
-                self.is_leader,
-                self.readiness,
-                max_body_bytes=config.max_body_bytes,
-            )
-            tls = (
-                TlsFiles(
-                    config.cert_file,
-                    config.key_file,
-                    client_ca_file=config.client_ca_file,
-                    clock=self.state.clock,
-                )
-                if config.tls
-                else None
-            )
-            if config.webhook_host is None:
-                server = self._server = ExtenderServer(
-                    config.http_host, config.http_port, app, tls=tls
-                )
-            else:
-                # the API server and kubelet present no client certificate: the webhook and
-                # the probes get a listener of their own, without the client CA
-                server = self._server = ExtenderServer(
-                    config.http_host, config.http_port, app.only(EXTENDER_ROUTES), tls=tls
-                )
-                self._webhook_server = ExtenderServer(
-                    config.webhook_host,
-                    config.webhook_port,
-                    app.only(WEBHOOK_ROUTES),
-                    tls=TlsFiles(config.cert_file, config.key_file, clock=self.state.clock),
-                    name="webhook-http",
-                )
-            selector = ",".join(f"{k}={v}" for k, v in config.node_label_selector.items())
-            self.pod_informer = Informer(
-                kube,
-                "/api/v1/pods",
-                read_pod,
-                lambda pod: pod.key,
-                self.state.pod_events,
-                name="pods",
-                watch_timeout_seconds=self._watch_timeout,
-                clock=self.state.clock,
-            )
-            self.node_informer = Informer(
-                kube,
-                "/api/v1/nodes",
-                read_node,
-                lambda node: node.name,
-                self.state.node_events,
-                name="nodes",
-                label_selector=selector or None,
-                watch_timeout_seconds=self._watch_timeout,
-            )
-            # HAMi's ResourceQuota informer (pkg/scheduler/scheduler.go:376-382)
-            self.quota_informer = Informer(
-                kube,
-                "/api/v1/resourcequotas",
-                read_resource_quota,
-                lambda quota: quota.key,
-                self.state.quota_events,
-                name="resourcequotas",
-                watch_timeout_seconds=self._watch_timeout,
-            )
-            recovery = Recovery(
-                self.state,
-                kube,
-                events,
-                self.is_leader,
-                allocation_timeout_seconds=config.allocation_timeout_seconds,
-                node_lock_timeout=config.node_lock_timeout,
-                interval_seconds=self._recovery_interval,
-                watch_failed_at=self._pod_watch_failed_at,
-            )
-            if config.leader_elect:
+            self._server, self._webhook_server = self._http_servers(self._app(kube, events))
+            self._make_informers(kube)
+            recovery = self._recovery(kube, events)
+            if self.config.leader_elect:
                 self._elector = self._make_elector(kube)
             events.start()
-            self.state.expect_quota_list()  # ready once the quota list is in too
-            self._spawn("informer-pods", self.pod_informer.run, self._stop)
-            self._spawn("informer-nodes", self.node_informer.run, self._stop)
-            self._spawn("informer-resourcequotas", self.quota_informer.run, self._stop)
-            self._spawn("recovery", recovery.run, self._stop)
-            if config.requeue_qps > 0:
-                self._spawn("requeue", self._make_requeuer(kube).run, self._stop)
-            self._spawn("ready", self._watch_ready)
-            if self._elector is not None:
-                self._spawn("leader-election", self._campaign, self._elector)
-            server.start()
-            logger.info(
-                "hami scheduler serving on %s (%s%s)",
-                self.url,
-                "leader election on" if config.leader_elect else "always leader",
-                ", client certificates required" if config.client_ca_file else "",
-            )
-            if self._webhook_server is not None:
-                self._webhook_server.start()
-                logger.info(
-                    "webhook and probes on https://%s:%d", config.webhook_host, self.webhook_port
-                )
+            self._spawn_loops(kube, recovery)
+            self._serve_http()
             self.started.set()
+
+    # --- what `start` needs, one builder each ---------------------------------------------
+
+    def _kube_client(self) -> KubeClient:
+        """The client given, or one from the kubeconfig (owned: closed at shutdown)."""
+        if self._kube is None:
+            config = self.config
+            self._kube = self._owned_kube = KubeClient.from_config(
+                config.kubeconfig,
+                clock=self.state.clock,
+                qps=config.kube_qps,
+                burst=config.kube_burst,
+                timeout_seconds=config.kube_timeout_seconds,
+            )
+        return self._kube
+
+    def _app(self, kube: KubeClient, events: EventRecorder) -> ExtenderApp:
+        """Filter, bind, the webhook and the probes, as routes."""
+        config = self.config
+        binder = Binder(
+            self.state,
+            kube,
+            events,
+            node_lock_timeout=config.node_lock_timeout,
+            retry_timeout_seconds=config.node_lock_retry_timeout_seconds,
+            stop=self._stop,
+        )
+        return ExtenderApp(
+            self.state,
+            binder,
+            # the webhook denies a pod beyond its namespace's GPU quota as HAMi's does
+            replace(config.webhook, quota=QuotaCheck(self.state.settings, self.state.fits_quota)),
+            events,
+            self.is_leader,
+            self.readiness,
+            max_body_bytes=config.max_body_bytes,
+        )
+
+    def _http_servers(self, app: ExtenderApp) -> tuple[ExtenderServer, ExtenderServer | None]:
+        """The extender's listener and, with `--webhook-bind`, the webhook's own (bound when
+        started)."""
+        config, clock = self.config, self.state.clock
+        tls = None
+        if config.tls:
+            tls = TlsFiles(
+                config.cert_file, config.key_file, client_ca_file=config.client_ca_file, clock=clock
+            )
+        if config.webhook_host is None:
+            return ExtenderServer(config.http_host, config.http_port, app, tls=tls), None
+        # the API server and kubelet present no client certificate: the webhook and the probes
+        # get a listener of their own, without the client CA
+        extender = ExtenderServer(
+            config.http_host, config.http_port, app.only(EXTENDER_ROUTES), tls=tls
+        )
+        webhook = ExtenderServer(
+            config.webhook_host,
+            config.webhook_port,
+            app.only(WEBHOOK_ROUTES),
+            tls=TlsFiles(config.cert_file, config.key_file, clock=clock),
+            name="webhook-http",
+        )
+        return extender, webhook
+
+    def _make_informers(self, kube: KubeClient) -> None:
+        """The pod, node and ResourceQuota watches that feed the state."""
+        state = self.state
+        options = ListWatchOptions(watch_timeout_seconds=self._watch_timeout)
+        selector = ",".join(f"{k}={v}" for k, v in self.config.node_label_selector.items())
+        self.pod_informer = Informer(
+            kube,
+            "/api/v1/pods",
+            read_pod,
+            lambda pod: pod.key,
+            state.pod_events,
+            name="pods",
+            options=options,
+            clock=state.clock,
+        )
+        self.node_informer = Informer(
+            kube,
+            "/api/v1/nodes",
+            read_node,
+            lambda node: node.name,
+            state.node_events,
+            name="nodes",
+            label_selector=selector or None,
+            options=options,
+        )
+        # HAMi's ResourceQuota informer (pkg/scheduler/scheduler.go:376-382)
+        self.quota_informer = Informer(
+            kube,
+            "/api/v1/resourcequotas",
+            read_resource_quota,
+            lambda quota: quota.key,
+            state.quota_events,
+            name="resourcequotas",
+            options=options,
+        )
+
+    def _recovery(self, kube: KubeClient, events: EventRecorder) -> Recovery:
+        """The loop that fails pods stuck allocating and frees stale node locks."""
+        return Recovery(
+            self.state,
+            kube,
+            events,
+            self.is_leader,
+            allocation_timeout_seconds=self.config.allocation_timeout_seconds,
+            node_lock_timeout=self.config.node_lock_timeout,
+            interval_seconds=self._recovery_interval,
+            watch_failed_at=self._pod_watch_failed_at,
+        )
+
+    def _spawn_loops(self, kube: KubeClient, recovery: Recovery) -> None:
+        """The watches, the recovery and requeue loops, readiness and the election."""
+        assert self.pod_informer and self.node_informer and self.quota_informer
+        self.state.expect_quota_list()  # ready once the quota list is in too
+        self._spawn("informer-pods", self.pod_informer.run, self._stop)
+        self._spawn("informer-nodes", self.node_informer.run, self._stop)
+        self._spawn("informer-resourcequotas", self.quota_informer.run, self._stop)
+        self._spawn("recovery", recovery.run, self._stop)
+        if self.config.requeue_qps > 0:
+            self._spawn("requeue", self._make_requeuer(kube).run, self._stop)
+        self._spawn("ready", self._watch_ready)
+        if self._elector is not None:
+            self._spawn("leader-election", self._campaign, self._elector)
+
+    def _serve_http(self) -> None:
+        """Bind and serve the listeners; one log line each."""
+        config = self.config
+        assert self._server is not None
+        self._server.start()
+        logger.info(
+            "hami scheduler serving on %s (%s%s)",
+            self.url,
+            "leader election on" if config.leader_elect else "always leader",
+            ", client certificates required" if config.client_ca_file else "",
+        )
+        if self._webhook_server is not None:
+            self._webhook_server.start()
+            logger.info(
+                "webhook and probes on https://%s:%d", config.webhook_host, self.webhook_port
+            )
 
     def _pod_watch_failed_at(self) -> float | None:
         informer = self.pod_informer
@@ -365,11 +381,8 @@ class SchedulerDaemon:
         if self._observer is not None:
             self.state.attach_observer(self._observer)
             return
-        if self.config.metrics_bind_address.strip() == "0":
+        if self.config.metrics_bind_address.strip() == DISABLED:
             return
-        from hami_plugin.extender.metrics import SchedulerMetrics
-        from hami_plugin.metrics.server import MetricsServerError
-
         metrics = SchedulerMetrics(
             _View(self), clock=self.state.clock, quotas=self.state.quota_entries
         )
@@ -382,8 +395,6 @@ class SchedulerDaemon:
     def _make_elector(self, kube: KubeClient) -> Elector:
         if self._elector_factory is not None:
             return self._elector_factory(kube, self._started_leading, self._stopped_leading)
-        from hami_plugin.extender.leader import ElectionConfig, LeaderElector
-
         config = self.config
         try:
             election = ElectionConfig.from_flags(
@@ -408,8 +419,6 @@ class SchedulerDaemon:
     def _make_requeuer(self, kube: KubeClient) -> Requeuer:
         """The loop that asks kube-scheduler to retry the GPU pods it parked while this replica
         could not answer (`hami_plugin.extender.requeue`)."""
-        from hami_plugin.extender.requeue import Requeuer
-
         informer = self.pod_informer
         assert informer is not None
         state = self.state
@@ -488,60 +497,12 @@ class SchedulerDaemon:
 
     def run(self) -> int:
         """Start, serve until `stop()`, shut down. Returns the exit status."""
-        from hami_plugin.kube.errors import KubeError
-
         try:
             self.start()
         except (OSError, KubeError, StartError) as error:
             logger.error("cannot start: %s", error)
             self.shutdown(5)
             return EXIT_FAILURE
-        # Waking twice a second lets the main thread run a signal handler: the kernel may hand
-        # a process's SIGTERM to any thread, and then nothing interrupts an untimed wait here.
-        while not self._stop.wait(_SIGNAL_POLL_SECONDS):
-            pass
+        self.stop_signal.wait(math.inf)
         self.shutdown()
         return EXIT_OK
-
-
-# --- the sub-command ------------------------------------------------------------------------------
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add `hami scheduler`."""
-    parser = subparsers.add_parser(
-        "scheduler",
-        help="run the kube-scheduler extender: filter, bind, admission webhook",
-        description="Serve kube-scheduler's extender calls (POST /filter, /bind), the "
-        "admission webhook (POST /webhook) and probes (GET /healthz, /readyz) for "
-        "HAMi-compatible GPU sharing.",
-    )
-    add_arguments(parser)
-    parser.set_defaults(func=run)
-
-
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run the daemon until SIGTERM/SIGINT; returns the exit status."""
-    _configure_logging(args.log_level)
-    try:
-        config = resolve_config(args, os.environ)
-        logging.getLogger().setLevel(config.log_level.upper())  # --debug, -v
-        daemon = SchedulerDaemon(config)
-    except ConfigError as error:
-        logger.error("%s", error)
-        return EXIT_USAGE
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        logger.info("received %s: shutting down", signal.Signals(signum).name)
-        daemon.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    return daemon.run()

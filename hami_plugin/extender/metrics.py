@@ -69,6 +69,7 @@ from hami_plugin.metrics.families import (
     Metric,
 )
 from hami_plugin.metrics.server import MetricsServer, ScrapeGuard, start_metrics_server
+from hami_plugin.protocol.model import OperatingMode
 
 if TYPE_CHECKING:
     from hami_plugin.clock import Clock
@@ -234,7 +235,7 @@ def _add_mig(node: NodeUsage, mig_instance: GaugeMetricFamily) -> None:
     """HAMi metrics.go:205-231: the runtime-ready reservations of MIG-mode GPUs."""
     for position, allocations in enumerate(node.mig_in_use):
         device = node.devices[position]
-        if device.mode != "mig":
+        if device.mode != OperatingMode.MIG:
             continue
         for allocation in allocations:
             if not allocation.runtime_ready:

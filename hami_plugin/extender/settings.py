@@ -1,13 +1,15 @@
 """`hami scheduler`'s configuration: flags (HAMi's names), environment and the device config
 file, resolved and validated once at start (precedence: flag > environment > file > default).
-Nothing reads the environment after `resolve_config`: the pod's own name and namespace (for
-leader election) and `$KUBECONFIG` are resolved here too.
+`OPTIONS` declares every setting (`config.options`); nothing reads the environment after
+`resolve_config`: the pod's own name and namespace (for leader election) and `$KUBECONFIG` are
+resolved here too.
 
 Booleans and durations are Go's (`--leader-elect=true`, `5m`, `28s`, `1m30s`), as HAMi's pflag
-flags take them (`hami_plugin.config.values`). HAMi's underscore
-spellings `--http_bind`, `--cert_file`, `--key_file` are accepted as aliases of the kebab-case
-flags. `--device-config-file` is HAMi's device ConfigMap (`device-config.yaml`); its `nvidia:`
-section gives the request defaults and resource names (`docs/hami-reference.md` 3.12).
+flags take them (`hami_plugin.config.values`). HAMi's underscore spellings `--http_bind`,
+`--cert_file`, `--key_file` are accepted as aliases of the kebab-case flags.
+`--device-config-file` is HAMi's device ConfigMap (`device-config.yaml`, read as
+`config.device_config` reads it); its `nvidia:` section gives the request defaults and resource
+names (`docs/hami-reference.md` 3.12).
 
 HAMi's klog and client flags that its users carry in `extraArgs` work too: `--debug` and `-v`
 (`--v`) set the log level (`-v` 4 and above, or `--debug`: debug; HAMi's `--debug` sets a
@@ -19,7 +21,6 @@ limit and per-request timeout, with client-go's meanings of 0 and negative value
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,10 +29,8 @@ from typing import Any
 
 from hami_plugin.config import (
     KLOG_DEBUG_VERBOSITY,
+    LOG_LEVELS,
     ConfigError,
-    add_bool_flag,
-    env_layer,
-    flag_layer,
     parse_bool,
     parse_duration,
     parse_float,
@@ -39,26 +38,18 @@ from hami_plugin.config import (
     parse_klog_verbosity,
     parse_optional_str,
     parse_setting,
-    read_yaml,
-    resolve,
+    parse_str,
 )
+from hami_plugin.config.device_config import DeviceConfig, read_device_config
 from hami_plugin.config.keys import load_booking_keys
-from hami_plugin.protocol.codec import (
-    AnnotationError,
-    parse_gpu_policy,
-    parse_node_policy,
-)
+from hami_plugin.config.options import Option, OptionTable
+from hami_plugin.protocol.address import BindAddress, parse_host_port
+from hami_plugin.protocol.codec import AnnotationError, parse_gpu_policy, parse_node_policy
 from hami_plugin.scheduler.mig import parse_mig_profile_allowlist
 from hami_plugin.scheduler.settings import ResourceNames, SchedulerSettings
 from hami_plugin.scheduler.webhook import GpuCorePolicy, WebhookSettings
 
-__all__ = [
-    "SchedulerConfig",
-    "add_arguments",
-    "parse_host_port",
-    "read_device_config",
-    "resolve_config",
-]
+__all__ = ["OPTIONS", "SchedulerConfig", "add_arguments", "resolve_config"]
 
 DEFAULT_HTTP_BIND = "127.0.0.1:8080"
 DEFAULT_HTTPS_BIND = "0.0.0.0:443"
@@ -66,7 +57,6 @@ ENV_NODE_LOCK_EXPIRE = "HAMI_NODELOCK_EXPIRE"
 ENV_BOOKING_KEY_FILE = "HAMI_BOOKING_KEY_FILE"
 ENV_POD_NAME = "POD_NAME"
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
-LOG_LEVELS = ("debug", "info", "warning", "error")
 KUBE_DEFAULT_QPS = 5.0
 KUBE_DEFAULT_BURST = 10
 """client-go's `rest.DefaultQPS` and `rest.DefaultBurst`, HAMi's defaults of `--kube-qps` and
@@ -134,27 +124,7 @@ class SchedulerConfig:
         return bool(self.cert_file and self.key_file)
 
 
-def parse_host_port(text: str) -> tuple[str, int]:
-    """`host:port`, `:port` (every interface) or `[v6]:port`. Raises ConfigError."""
-    value = text.strip()
-    host, colon, port_text = value.rpartition(":")
-    if not colon:
-        raise ConfigError(f"address {text!r} has no port (expected host:port)")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ConfigError(f"address {text!r}: {host!r} is not an IPv6 address") from None
-    elif ":" in host:
-        raise ConfigError(f"address {text!r}: write an IPv6 address in brackets")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ConfigError(f"address {text!r}: port {port_text!r} is not a number") from None
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"address {text!r}: port {port} is outside 0..65535")
-    return host or "0.0.0.0", port
+# --- the grammars of the scheduler's own flags ---------------------------------------------------
 
 
 def _positive_duration(raw: object) -> timedelta:
@@ -171,327 +141,17 @@ def _duration_or_zero(raw: object) -> timedelta:
     return value
 
 
-def _duration(text: object, flag: str) -> timedelta:
-    return parse_setting(flag, text, _positive_duration)
-
-
-def _election_timings(args: argparse.Namespace) -> tuple[int, float, float]:
-    """Lease duration (whole seconds: what a Lease carries), renew deadline and retry period,
-    checked as client-go checks them."""
-    from hami_plugin.extender.leader import ElectionConfig
-
-    lease = math.ceil(
-        _duration(args.leader_elect_lease_duration, "--leader-elect-lease-duration").total_seconds()
-    )
-    renew = _duration(args.leader_elect_renew_deadline, "--leader-elect-renew-deadline")
-    retry = _duration(args.leader_elect_retry_period, "--leader-elect-retry-period")
-    try:
-        ElectionConfig(
-            namespace="-",
-            name="-",
-            identity="-",
-            lease_duration_seconds=lease,
-            renew_deadline_seconds=renew.total_seconds(),
-            retry_period_seconds=retry.total_seconds(),
-        )
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    return lease, renew.total_seconds(), retry.total_seconds()
-
-
-def _label_selector(text: str) -> dict[str, str]:
+def _label_selector(raw: object) -> dict[str, str]:
     selector: dict[str, str] = {}
-    for item in text.split(","):
+    for item in parse_str(raw).split(","):
         item = item.strip()
         if not item:
             continue
         key, equals, value = item.partition("=")
         if not equals or not key.strip():
-            raise ConfigError(f"--node-label-selector: {item!r} is not key=value")
+            raise ValueError(f"{item!r} is not key=value")
         selector[key.strip()] = value.strip()
     return selector
-
-
-_NVIDIA_KEYS: dict[str, type] = {
-    "resourceCountName": str,
-    "resourceMemoryName": str,
-    "resourceMemoryPercentageName": str,
-    "resourceCoreName": str,
-    "resourcePriorityName": str,
-    "overwriteEnv": bool,
-    "defaultMemory": int,
-    "defaultCores": int,
-    "defaultGPUNum": int,
-    "memoryFactor": int,
-    "gpuCorePolicy": str,
-    "runtimeClassName": str,
-}
-
-
-def read_device_config(path: str) -> dict[str, Any]:
-    """The `nvidia:` keys the scheduler uses from HAMi's device config YAML (other keys and
-    vendors are ignored). Raises ConfigError naming the file and the key."""
-    document = read_yaml(path, "--device-config-file")
-    if document is None:
-        return {}
-    if not isinstance(document, Mapping):
-        raise ConfigError(f"--device-config-file {path}: expected a mapping at the top")
-    section = document.get("nvidia") or {}
-    if not isinstance(section, Mapping):
-        raise ConfigError(f"--device-config-file {path}: `nvidia` must be a mapping")
-    values: dict[str, Any] = {}
-    for key, kind in _NVIDIA_KEYS.items():
-        if key not in section or section[key] is None:
-            continue
-        value = section[key]
-        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ConfigError(f"--device-config-file {path}: nvidia.{key} must be an integer")
-        if kind is not int and not isinstance(value, kind):
-            raise ConfigError(
-                f"--device-config-file {path}: nvidia.{key} must be a {kind.__name__}"
-            )
-        values[key] = value
-    allowlist = section.get("migProfileAllowlist")
-    if allowlist is not None:
-        # Not used to schedule (a MIG GPU registers its profiles), but a bad one stops the
-        # scheduler at start, as HAMi's InitNvidiaDevice does (device.go:171-173).
-        try:
-            parse_mig_profile_allowlist(allowlist)
-        except ValueError as error:
-            raise ConfigError(
-                f"--device-config-file {path}: invalid MIG profile allowlist: {error}"
-            ) from None
-    return values
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add every flag of `hami scheduler`, each with its one-line help."""
-    add = parser.add_argument
-    add(
-        "--kubeconfig",
-        metavar="PATH",
-        help="kubeconfig file (env KUBECONFIG, else in-cluster)",
-    )
-    add(
-        "--http-bind",
-        "--http_bind",
-        metavar="HOST:PORT",
-        help=f"filter/bind/webhook/probes address ({DEFAULT_HTTP_BIND}; TLS: {DEFAULT_HTTPS_BIND})",
-    )
-    add(
-        "--cert-file",
-        "--cert_file",
-        metavar="PATH",
-        default="",
-        help="TLS certificate (PEM): HTTPS with --key-file",
-    )
-    add("--key-file", "--key_file", metavar="PATH", default="", help="TLS private key (PEM)")
-    add(
-        "--client-ca-file",
-        metavar="PATH",
-        default="",
-        help="CA (PEM) whose client certificates alone may call /filter and /bind (needs "
-        "--webhook-bind)",
-    )
-    add(
-        "--webhook-bind",
-        metavar="HOST:PORT",
-        default="",
-        help="serve /webhook and the probes on their own TLS listener (same certificate)",
-    )
-    add(
-        "--scheduler-name",
-        default="hami-scheduler",
-        metavar="NAME",
-        help="schedulerName the webhook sets on GPU pods, and the events' source (hami-scheduler)",
-    )
-    add(
-        "--node-scheduler-policy",
-        default="binpack",
-        metavar="P",
-        help="node policy: binpack or spread (binpack)",
-    )
-    add(
-        "--gpu-scheduler-policy",
-        default="spread",
-        metavar="P",
-        help="default GPU policy: binpack, spread, topology-aware, mutex or a chain (spread)",
-    )
-    add(
-        "--node-lock-timeout",
-        metavar="DURATION",
-        help=f"age at which a node lock is stale (5m; env {ENV_NODE_LOCK_EXPIRE})",
-    )
-    add(
-        "--node-lock-retry-timeout",
-        default="28s",
-        metavar="DURATION",
-        help="how long a bind waits for a node lock or an in-flight pod (28s)",
-    )
-    add(
-        "--allocation-timeout",
-        default="2m",
-        metavar="DURATION",
-        help="a pod still allocating after this is marked failed and its GPUs freed (2m)",
-    )
-    add(
-        "--filter-booking-ttl",
-        default="30s",
-        metavar="DURATION",
-        help="how long a filter booking that no bind follows holds its GPUs (30s)",
-    )
-    add(
-        "--requeue-qps",
-        type=float,
-        default=20.0,
-        metavar="N",
-        help="once able to answer again, ask kube-scheduler to retry the GPU pods it parked, at "
-        "most N pod patches a second; 0 turns it off (20)",
-    )
-    add(
-        "--burst-look-ahead",
-        type=int,
-        default=16,
-        metavar="N",
-        help="when the bind would wait on the node the policy ranks first (a node lock, or a pod "
-        "in flight kubelet could confuse with this one), answer the first of the next N fitting "
-        "nodes in policy order where it would not; 0 always answers the policy's first (16)",
-    )
-    add(
-        "--requeue-window",
-        default="60s",
-        metavar="DURATION",
-        help="how long after becoming able to answer parked pods are looked for (60s)",
-    )
-    add_bool_flag(
-        parser,
-        "--leader-elect",
-        default="false",
-        help="elect one active replica through a Lease (false)",
-    )
-    add(
-        "--leader-elect-resource-name",
-        default="",
-        metavar="NAME",
-        help="the Lease's name (hami-scheduler-extender)",
-    )
-    add(
-        "--leader-elect-resource-namespace",
-        default="",
-        metavar="NS",
-        help=f"the Lease's namespace (env {ENV_POD_NAMESPACE}, else kube-system)",
-    )
-    add(
-        "--leader-elect-lease-duration",
-        default="15s",
-        metavar="DURATION",
-        help="how long a lease holds after its last renewal; followers wait this long (15s)",
-    )
-    add(
-        "--leader-elect-renew-deadline",
-        default="10s",
-        metavar="DURATION",
-        help="the leader steps down when it could not renew for this long (10s)",
-    )
-    add(
-        "--leader-elect-retry-period",
-        default="2s",
-        metavar="DURATION",
-        help="how often the lease is renewed or tried (2s)",
-    )
-    add(
-        "--node-label-selector",
-        default="",
-        metavar="K=V,...",
-        help="schedule GPUs only on nodes with all these labels (default: every node)",
-    )
-    add(
-        "--metrics-bind-address",
-        default=":9395",
-        metavar="HOST:PORT",
-        help="Prometheus /metrics address; 0 turns it off (:9395)",
-    )
-    add(
-        "--device-config-file",
-        metavar="PATH",
-        help="HAMi's device config YAML; its nvidia: section sets defaults and resource names",
-    )
-    add(
-        "--booking-key-file",
-        metavar="PATH",
-        help="booking keys, one per line (the first signs): sign bookings at bind, count only "
-        f"signed ones (env {ENV_BOOKING_KEY_FILE}; default: trust every booking, as HAMi)",
-    )
-    add_bool_flag(
-        parser,
-        "--force-overwrite-default-scheduler",
-        default="true",
-        help="the webhook also takes pods of default-scheduler (true)",
-    )
-    add(
-        "--max-body-bytes",
-        type=int,
-        default=1024 * 1024,
-        metavar="N",
-        help="largest filter/bind request body (1048576)",
-    )
-    add("--log-level", default="info", choices=LOG_LEVELS, help="log level (info)")
-    add_bool_flag(
-        parser,
-        "--debug",
-        help="log at debug level, as --log-level=debug (HAMi's flag; false)",
-    )
-    add(
-        "-v",
-        "--v",
-        dest="v",
-        metavar="N",
-        help=f"klog verbosity, as HAMi's -v: {KLOG_DEBUG_VERBOSITY} and above logs at debug "
-        "level, below changes nothing (0)",
-    )
-    add(
-        "--kube-qps",
-        metavar="QPS",
-        help="client-side limit on Kubernetes API calls a second; 0: client-go's "
-        f"{KUBE_DEFAULT_QPS:g}; negative: none (default: none, unless --kube-burst is given)",
-    )
-    add(
-        "--kube-burst",
-        metavar="N",
-        help="API calls that may go at once under --kube-qps; 0: client-go's "
-        f"{KUBE_DEFAULT_BURST} (default {KUBE_DEFAULT_BURST})",
-    )
-    add(
-        "--kube-timeout",
-        metavar="SECONDS",
-        help="timeout of each Kubernetes API request: whole seconds, as HAMi, or a Go duration; "
-        "0: the client's own (10s)",
-    )
-
-
-def _listeners(args: argparse.Namespace, http: tuple[str, int]) -> tuple[str, str | None, int]:
-    """The client CA and the webhook's own address (None: on the extender listener), checked
-    against each other and the TLS pair. Raises ConfigError."""
-    client_ca, webhook_bind = args.client_ca_file or "", args.webhook_bind or ""
-    tls = bool(args.cert_file and args.key_file)
-    if client_ca and not tls:
-        raise ConfigError("--client-ca-file needs --cert-file and --key-file")
-    if client_ca and not webhook_bind:
-        raise ConfigError(
-            "--client-ca-file: the API server calls the webhook without a client certificate: "
-            "give --webhook-bind"
-        )
-    if not webhook_bind:
-        return client_ca, None, 0
-    if not tls:
-        raise ConfigError(
-            "--webhook-bind: the API server calls webhooks over HTTPS only: "
-            "give --cert-file and --key-file"
-        )
-    host, port = parse_host_port(webhook_bind)
-    if port != 0 and (host, port) == http:
-        raise ConfigError(f"--webhook-bind {webhook_bind}: the same address as --http-bind")
-    return client_ca, host, port
 
 
 def _kube_qps(raw: object) -> float:
@@ -524,7 +184,190 @@ def _kube_timeout(raw: object) -> timedelta:
     return value
 
 
-def _kube_client(args: argparse.Namespace) -> tuple[float | None, int | None, float | None]:
+def _pod_field(raw: object) -> str:
+    return parse_str(raw).strip()
+
+
+OPTIONS = OptionTable(
+    (
+        Option("kubeconfig", ("--kubeconfig",), parse_optional_str, env="KUBECONFIG",
+               metavar="PATH", help="kubeconfig file (env KUBECONFIG, else in-cluster)"),
+        Option("http_bind", ("--http-bind", "--http_bind"), parse_optional_str,
+               metavar="HOST:PORT", help=f"filter/bind/webhook/probes address "
+               f"({DEFAULT_HTTP_BIND}; TLS: {DEFAULT_HTTPS_BIND})"),
+        Option("cert_file", ("--cert-file", "--cert_file"), parse_str, default="",
+               metavar="PATH", help="TLS certificate (PEM): HTTPS with --key-file"),
+        Option("key_file", ("--key-file", "--key_file"), parse_str, default="", metavar="PATH",
+               help="TLS private key (PEM)"),
+        Option("client_ca_file", ("--client-ca-file",), parse_str, default="", metavar="PATH",
+               help="CA (PEM) whose client certificates alone may call /filter and /bind (needs "
+               "--webhook-bind)"),
+        Option("webhook_bind", ("--webhook-bind",), parse_str, default="", metavar="HOST:PORT",
+               help="serve /webhook and the probes on their own TLS listener (same "
+               "certificate)"),
+        Option("scheduler_name", ("--scheduler-name",), parse_str, default="hami-scheduler",
+               metavar="NAME", help="schedulerName the webhook sets on GPU pods, and the "
+               "events' source (hami-scheduler)"),
+        Option("node_scheduler_policy", ("--node-scheduler-policy",), parse_str,
+               default="binpack", metavar="P", help="node policy: binpack or spread (binpack)"),
+        Option("gpu_scheduler_policy", ("--gpu-scheduler-policy",), parse_str,
+               default="spread", metavar="P", help="default GPU policy: binpack, spread, "
+               "topology-aware, mutex or a chain (spread)"),
+        Option("node_lock_timeout", ("--node-lock-timeout",), _positive_duration,
+               env=ENV_NODE_LOCK_EXPIRE, default="5m", metavar="DURATION",
+               help=f"age at which a node lock is stale (5m; env {ENV_NODE_LOCK_EXPIRE})"),
+        Option("node_lock_retry_timeout", ("--node-lock-retry-timeout",), _duration_or_zero,
+               default="28s", metavar="DURATION",
+               help="how long a bind waits for a node lock or an in-flight pod (28s)"),
+        Option("allocation_timeout", ("--allocation-timeout",), _positive_duration,
+               default="2m", metavar="DURATION", help="a pod still allocating after this is "
+               "marked failed and its GPUs freed (2m)"),
+        Option("filter_booking_ttl", ("--filter-booking-ttl",), _positive_duration,
+               default="30s", metavar="DURATION",
+               help="how long a filter booking that no bind follows holds its GPUs (30s)"),
+        Option("requeue_qps", ("--requeue-qps",), parse_float, flag_type=float, default=20.0,
+               metavar="N", help="once able to answer again, ask kube-scheduler to retry the "
+               "GPU pods it parked, at most N pod patches a second; 0 turns it off (20)"),
+        Option("burst_look_ahead", ("--burst-look-ahead",), parse_int, flag_type=int,
+               default=16, metavar="N", help="when the bind would wait on the node the policy "
+               "ranks first (a node lock, or a pod in flight kubelet could confuse with this "
+               "one), answer the first of the next N fitting nodes in policy order where it "
+               "would not; 0 always answers the policy's first (16)"),
+        Option("requeue_window", ("--requeue-window",), _positive_duration, default="60s",
+               metavar="DURATION", help="how long after becoming able to answer parked pods "
+               "are looked for (60s)"),
+        Option("leader_elect", ("--leader-elect",), parse_bool, default="false",
+               help="elect one active replica through a Lease (false)"),
+        Option("leader_elect_resource_name", ("--leader-elect-resource-name",), parse_str,
+               default="", metavar="NAME", help="the Lease's name (hami-scheduler-extender)"),
+        Option("leader_elect_resource_namespace", ("--leader-elect-resource-namespace",),
+               parse_str, default="", metavar="NS",
+               help=f"the Lease's namespace (env {ENV_POD_NAMESPACE}, else kube-system)"),
+        Option("leader_elect_lease_duration", ("--leader-elect-lease-duration",),
+               _positive_duration, default="15s", metavar="DURATION", help="how long a lease "
+               "holds after its last renewal; followers wait this long (15s)"),
+        Option("leader_elect_renew_deadline", ("--leader-elect-renew-deadline",),
+               _positive_duration, default="10s", metavar="DURATION",
+               help="the leader steps down when it could not renew for this long (10s)"),
+        Option("leader_elect_retry_period", ("--leader-elect-retry-period",),
+               _positive_duration, default="2s", metavar="DURATION",
+               help="how often the lease is renewed or tried (2s)"),
+        Option("node_label_selector", ("--node-label-selector",), _label_selector, default="",
+               metavar="K=V,...", help="schedule GPUs only on nodes with all these labels "
+               "(default: every node)"),
+        Option("metrics_bind_address", ("--metrics-bind-address",), parse_str, default=":9395",
+               metavar="HOST:PORT", help="Prometheus /metrics address; 0 turns it off (:9395)"),
+        Option("device_config_file", ("--device-config-file",), parse_optional_str,
+               metavar="PATH", help="HAMi's device config YAML; its nvidia: section sets "
+               "defaults and resource names"),
+        Option("booking_key_file", ("--booking-key-file",), parse_optional_str,
+               env=ENV_BOOKING_KEY_FILE, metavar="PATH", help="booking keys, one per line (the "
+               "first signs): sign bookings at bind, count only signed ones (env "
+               f"{ENV_BOOKING_KEY_FILE}; default: trust every booking, as HAMi)"),
+        Option("force_overwrite_default_scheduler", ("--force-overwrite-default-scheduler",),
+               parse_bool, default="true",
+               help="the webhook also takes pods of default-scheduler (true)"),
+        Option("max_body_bytes", ("--max-body-bytes",), parse_int, flag_type=int,
+               default=1024 * 1024, metavar="N",
+               help="largest filter/bind request body (1048576)"),
+        Option("log_level", ("--log-level",), parse_str, choices=LOG_LEVELS, default="info",
+               help="log level (info)"),
+        Option("debug", ("--debug",), parse_bool, default="false",
+               help="log at debug level, as --log-level=debug (HAMi's flag; false)"),
+        Option("verbosity", ("-v", "--v"), parse_klog_verbosity, default=0, metavar="N",
+               help=f"klog verbosity, as HAMi's -v: {KLOG_DEBUG_VERBOSITY} and above logs at "
+               "debug level, below changes nothing (0)"),
+        Option("kube_qps", ("--kube-qps",), _kube_qps, metavar="QPS",
+               help="client-side limit on Kubernetes API calls a second; 0: client-go's "
+               f"{KUBE_DEFAULT_QPS:g}; negative: none (default: none, unless --kube-burst is "
+               "given)"),
+        Option("kube_burst", ("--kube-burst",), _kube_burst, metavar="N",
+               help="API calls that may go at once under --kube-qps; 0: client-go's "
+               f"{KUBE_DEFAULT_BURST} (default {KUBE_DEFAULT_BURST})"),
+        Option("kube_timeout", ("--kube-timeout",), _kube_timeout, metavar="SECONDS",
+               help="timeout of each Kubernetes API request: whole seconds, as HAMi, or a Go "
+               "duration; 0: the client's own (10s)"),
+        Option("pod_name", (), _pod_field, env=ENV_POD_NAME, default=""),
+        Option("pod_namespace", (), _pod_field, env=ENV_POD_NAMESPACE, default=""),
+    )
+)  # fmt: skip
+"""Every setting of `hami scheduler`, in `--help` order."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every flag of `hami scheduler`, each with its one-line help."""
+    OPTIONS.add_to(parser)
+
+
+# --- what the resolved values make ----------------------------------------------------------
+
+
+def _bind_address(flag: str, text: str) -> BindAddress:
+    """`text` as a listen address (`protocol.address`), `:port` as every IPv4 interface.
+    Raises ConfigError naming `flag`."""
+    address = parse_setting(flag, text, lambda raw: parse_host_port(str(raw)))
+    return BindAddress(address.host or "0.0.0.0", address.port)
+
+
+@dataclass(frozen=True, slots=True)
+class _Listeners:
+    http: BindAddress
+    client_ca_file: str
+    webhook: BindAddress | None
+
+
+def _listeners(values: Mapping[str, Any]) -> _Listeners:
+    """The extender's address, the client CA and the webhook's own address (None: on the
+    extender listener), checked against each other and the TLS pair. Raises ConfigError."""
+    cert, key = values["cert_file"], values["key_file"]
+    if bool(cert) != bool(key):
+        raise ConfigError("--cert-file and --key-file go together")
+    bind_text = values.get("http_bind") or (DEFAULT_HTTPS_BIND if cert else DEFAULT_HTTP_BIND)
+    http = _bind_address("--http-bind", bind_text)
+    client_ca, webhook_bind = values["client_ca_file"], values["webhook_bind"]
+    if client_ca and not cert:
+        raise ConfigError("--client-ca-file needs --cert-file and --key-file")
+    if client_ca and not webhook_bind:
+        raise ConfigError(
+            "--client-ca-file: the API server calls the webhook without a client certificate: "
+            "give --webhook-bind"
+        )
+    if not webhook_bind:
+        return _Listeners(http, client_ca, None)
+    if not cert:
+        raise ConfigError(
+            "--webhook-bind: the API server calls webhooks over HTTPS only: "
+            "give --cert-file and --key-file"
+        )
+    webhook = _bind_address("--webhook-bind", webhook_bind)
+    if webhook.port != 0 and webhook == http:
+        raise ConfigError(f"--webhook-bind {webhook_bind}: the same address as --http-bind")
+    return _Listeners(http, client_ca, webhook)
+
+
+def _election_timings(values: Mapping[str, Any]) -> tuple[int, float, float]:
+    """Lease duration (whole seconds: what a Lease carries), renew deadline and retry period,
+    checked as client-go checks them."""
+    from hami_plugin.extender.leader import ElectionConfig
+
+    lease = math.ceil(values["leader_elect_lease_duration"].total_seconds())
+    renew = values["leader_elect_renew_deadline"].total_seconds()
+    retry = values["leader_elect_retry_period"].total_seconds()
+    try:
+        ElectionConfig(
+            namespace="-",
+            name="-",
+            identity="-",
+            lease_duration_seconds=lease,
+            renew_deadline_seconds=renew,
+            retry_period_seconds=retry,
+        )
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return lease, renew, retry
+
+
+def _kube_client(values: Mapping[str, Any]) -> tuple[float | None, int | None, float | None]:
     """`--kube-qps`, `--kube-burst` and `--kube-timeout` as the client takes them: (qps, burst,
     timeout seconds), None where the client keeps its own behaviour.
 
@@ -534,78 +377,74 @@ def _kube_client(args: argparse.Namespace) -> tuple[float | None, int | None, fl
     of 0 is client-go's "none"; here each request keeps the client's own timeout instead (a
     request without one could hang a bind for ever).
     """
-    qps = burst = None
-    if args.kube_qps is not None:
-        qps = parse_setting("--kube-qps", args.kube_qps, _kube_qps)
-    if args.kube_burst is not None:
-        burst = parse_setting("--kube-burst", args.kube_burst, _kube_burst)
+    qps, burst = values.get("kube_qps"), values.get("kube_burst")
     timeout = None
-    if args.kube_timeout is not None:
-        seconds = parse_setting("--kube-timeout", args.kube_timeout, _kube_timeout)
-        timeout = seconds.total_seconds() or None
+    if "kube_timeout" in values:
+        timeout = values["kube_timeout"].total_seconds() or None
     if (qps is None and burst is None) or (qps is not None and qps < 0):
         return None, None, timeout
     return qps or KUBE_DEFAULT_QPS, burst or KUBE_DEFAULT_BURST, timeout
 
 
-def _log_level(args: argparse.Namespace) -> str:
+def _log_level(values: Mapping[str, Any]) -> str:
     """`--log-level`, raised to debug by HAMi's `--debug` or `-v` 4 and above."""
-    debug = args.debug is not None and parse_setting("--debug", args.debug, parse_bool)
-    verbosity = 0
-    if args.v is not None:
-        verbosity = parse_setting("-v", args.v, parse_klog_verbosity)
-    if debug or verbosity >= KLOG_DEBUG_VERBOSITY:
+    if values["debug"] or values["verbosity"] >= KLOG_DEBUG_VERBOSITY:
         return "debug"
-    return str(args.log_level)
+    return str(values["log_level"])
 
 
-# The settings a flag or the environment may set (flag > environment).
-_FLAGS = {
-    "node_lock_timeout": "--node-lock-timeout",
-    "kubeconfig": "--kubeconfig",
-    "booking_key_file": "--booking-key-file",
+_NVIDIA_KINDS: dict[str, type] = {
+    "resourceCountName": str,
+    "resourceMemoryName": str,
+    "resourceMemoryPercentageName": str,
+    "resourceCoreName": str,
+    "resourcePriorityName": str,
+    "overwriteEnv": bool,
+    "defaultMemory": int,
+    "defaultCores": int,
+    "defaultGPUNum": int,
+    "memoryFactor": int,
+    "gpuCorePolicy": str,
+    "runtimeClassName": str,
 }
-_ENV = {
-    "node_lock_timeout": ENV_NODE_LOCK_EXPIRE,
-    "kubeconfig": "KUBECONFIG",
-    "booking_key_file": ENV_BOOKING_KEY_FILE,
-}
+"""The `nvidia:` keys the scheduler uses, and the YAML type each must have."""
 
 
-def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> SchedulerConfig:
-    """Turn parsed flags, the environment and the device config into a validated config.
-    Raises ConfigError with one line naming what is wrong."""
-    cert, key = args.cert_file or "", args.key_file or ""
-    if bool(cert) != bool(key):
-        raise ConfigError("--cert-file and --key-file go together")
-    bind_text = args.http_bind or (DEFAULT_HTTPS_BIND if cert else DEFAULT_HTTP_BIND)
-    host, port = parse_host_port(bind_text)
-    client_ca, webhook_host, webhook_port = _listeners(args, (host, port))
+def _device_values(config: DeviceConfig) -> dict[str, Any]:
+    """The `nvidia:` values the scheduler uses from HAMi's device config (other keys and
+    vendors are ignored). Raises ConfigError naming the file and the key."""
+    values: dict[str, Any] = {}
+    for key, kind in _NVIDIA_KINDS.items():
+        if key not in config.nvidia:
+            continue
+        value = config.nvidia[key]
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{config.label}: nvidia.{key} must be an integer")
+        if kind is not int and not isinstance(value, kind):
+            raise ConfigError(f"{config.label}: nvidia.{key} must be a {kind.__name__}")
+        values[key] = value
+    allowlist = config.nvidia.get("migProfileAllowlist")
+    if allowlist is not None:
+        # Not used to schedule (a MIG GPU registers its profiles), but a bad one stops the
+        # scheduler at start, as HAMi's InitNvidiaDevice does (device.go:171-173).
+        try:
+            parse_mig_profile_allowlist(allowlist)
+        except ValueError as error:
+            raise ConfigError(f"{config.label}: invalid MIG profile allowlist: {error}") from None
+    return values
+
+
+def _placement(values: Mapping[str, Any]) -> tuple[SchedulerSettings, WebhookSettings]:
+    """The scheduler's and the webhook's settings: the policy flags and the device config."""
     try:
-        node_policy = parse_node_policy(args.node_scheduler_policy, key="--node-scheduler-policy")
-        gpu_policy = parse_gpu_policy(args.gpu_scheduler_policy, key="--gpu-scheduler-policy")
+        node_policy = parse_node_policy(
+            values["node_scheduler_policy"], key="--node-scheduler-policy"
+        )
+        gpu_policy = parse_gpu_policy(values["gpu_scheduler_policy"], key="--gpu-scheduler-policy")
     except AnnotationError as error:
         raise ConfigError(str(error)) from None
-    layers = [env_layer(env, _ENV), flag_layer(args, _FLAGS)]
-    lock_timeout = resolve("node_lock_timeout", _positive_duration, layers) or timedelta(minutes=5)
-    retry = parse_setting(
-        "--node-lock-retry-timeout", args.node_lock_retry_timeout, _duration_or_zero
-    )
-    allocation = _duration(args.allocation_timeout, "--allocation-timeout")
-    ttl = _duration(args.filter_booking_ttl, "--filter-booking-ttl")
-    requeue_window = _duration(args.requeue_window, "--requeue-window")
-    if not math.isfinite(args.requeue_qps) or args.requeue_qps < 0:
-        raise ConfigError("--requeue-qps must be a number >= 0")
-    if args.burst_look_ahead < 0:
-        raise ConfigError("--burst-look-ahead must be a whole number >= 0")
-    lease, renew, retry_period = _election_timings(args)
-    kube_qps, kube_burst, kube_timeout = _kube_client(args)
-    if args.max_body_bytes < 1024:
-        raise ConfigError("--max-body-bytes must be at least 1024")
-    device = read_device_config(args.device_config_file) if args.device_config_file else {}
-    booking_key_file = resolve("booking_key_file", parse_optional_str, layers) or ""
-    if booking_key_file:
-        load_booking_keys(booking_key_file)  # unreadable or no valid key: a start error
+    path = values.get("device_config_file")
+    device = _device_values(read_device_config(path, "--device-config-file")) if path else {}
     defaults = ResourceNames()
     resources = ResourceNames(
         count=device.get("resourceCountName", defaults.count),
@@ -624,12 +463,8 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
             resources=resources,
         )
         webhook = WebhookSettings(
-            scheduler_name=args.scheduler_name,
-            force_overwrite_default_scheduler=parse_setting(
-                "--force-overwrite-default-scheduler",
-                args.force_overwrite_default_scheduler,
-                parse_bool,
-            ),
+            scheduler_name=values["scheduler_name"],
+            force_overwrite_default_scheduler=values["force_overwrite_default_scheduler"],
             default_gpu_num=device.get("defaultGPUNum", 1),
             overwrite_env=device.get("overwriteEnv", False),
             gpu_core_policy=GpuCorePolicy(device.get("gpuCorePolicy", "default")),
@@ -639,39 +474,66 @@ def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> Schedule
         )
     except ValueError as error:
         raise ConfigError(f"device config: {error}") from None
+    return settings, webhook
+
+
+def _check_limits(values: Mapping[str, Any]) -> None:
+    """The numeric flags argparse read: in range. Raises ConfigError."""
+    if not math.isfinite(values["requeue_qps"]) or values["requeue_qps"] < 0:
+        raise ConfigError("--requeue-qps must be a number >= 0")
+    if values["burst_look_ahead"] < 0:
+        raise ConfigError("--burst-look-ahead must be a whole number >= 0")
+    if values["max_body_bytes"] < 1024:
+        raise ConfigError("--max-body-bytes must be at least 1024")
+
+
+def resolve_config(
+    args: argparse.Namespace, env: Mapping[str, str] | None = None
+) -> SchedulerConfig:
+    """Turn parsed flags, the environment (`env`, else the process's) and the device config
+    into a validated config. Raises ConfigError with one line naming what is wrong."""
+    values = OPTIONS.resolve_args(args, env)
+    listeners = _listeners(values)
+    _check_limits(values)
+    lease, renew, retry_period = _election_timings(values)
+    kube_qps, kube_burst, kube_timeout = _kube_client(values)
+    settings, webhook = _placement(values)
+    booking_key_file = values.get("booking_key_file") or ""
+    if booking_key_file:
+        load_booking_keys(booking_key_file)  # unreadable or no valid key: a start error
     return SchedulerConfig(
-        kubeconfig=resolve("kubeconfig", parse_optional_str, layers),
-        http_host=host,
-        http_port=port,
-        cert_file=cert,
-        key_file=key,
-        client_ca_file=client_ca,
-        webhook_host=webhook_host,
-        webhook_port=webhook_port,
-        scheduler_name=args.scheduler_name,
+        kubeconfig=values.get("kubeconfig"),
+        http_host=listeners.http.host,
+        http_port=listeners.http.port,
+        cert_file=values["cert_file"],
+        key_file=values["key_file"],
+        client_ca_file=listeners.client_ca_file,
+        webhook_host=listeners.webhook.host if listeners.webhook is not None else None,
+        webhook_port=listeners.webhook.port if listeners.webhook is not None else 0,
+        scheduler_name=values["scheduler_name"],
         settings=settings,
         webhook=webhook,
-        node_lock_timeout=lock_timeout,
-        node_lock_retry_timeout_seconds=retry.total_seconds(),
-        allocation_timeout_seconds=allocation.total_seconds(),
-        filter_booking_ttl_seconds=ttl.total_seconds(),
-        requeue_qps=args.requeue_qps,
-        requeue_window_seconds=requeue_window.total_seconds(),
-        burst_look_ahead=args.burst_look_ahead,
-        leader_elect=parse_setting("--leader-elect", args.leader_elect, parse_bool),
-        leader_elect_resource_name=args.leader_elect_resource_name,
-        leader_elect_resource_namespace=args.leader_elect_resource_namespace,
+        node_lock_timeout=values["node_lock_timeout"],
+        node_lock_retry_timeout_seconds=values["node_lock_retry_timeout"].total_seconds(),
+        allocation_timeout_seconds=values["allocation_timeout"].total_seconds(),
+        filter_booking_ttl_seconds=values["filter_booking_ttl"].total_seconds(),
+        requeue_qps=values["requeue_qps"],
+        requeue_window_seconds=values["requeue_window"].total_seconds(),
+        burst_look_ahead=values["burst_look_ahead"],
+        leader_elect=values["leader_elect"],
+        leader_elect_resource_name=values["leader_elect_resource_name"],
+        leader_elect_resource_namespace=values["leader_elect_resource_namespace"],
         leader_elect_lease_duration_seconds=lease,
         leader_elect_renew_deadline_seconds=renew,
         leader_elect_retry_period_seconds=retry_period,
-        node_label_selector=_label_selector(args.node_label_selector),
-        metrics_bind_address=args.metrics_bind_address,
-        max_body_bytes=args.max_body_bytes,
+        node_label_selector=values["node_label_selector"],
+        metrics_bind_address=values["metrics_bind_address"],
+        max_body_bytes=values["max_body_bytes"],
         booking_key_file=booking_key_file,
-        log_level=_log_level(args),
+        log_level=_log_level(values),
         kube_qps=kube_qps,
         kube_burst=kube_burst,
         kube_timeout_seconds=kube_timeout,
-        pod_namespace=env.get(ENV_POD_NAMESPACE, "").strip(),
-        pod_name=env.get(ENV_POD_NAME, "").strip(),
+        pod_namespace=values["pod_namespace"],
+        pod_name=values["pod_name"],
     )

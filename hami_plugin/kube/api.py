@@ -8,7 +8,8 @@ A role protocol is built from the call groups below, so each call's signature is
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Protocol
 
@@ -18,8 +19,10 @@ from hami_plugin.kube.records import (
     ObjectList,
     ObjectRef,
     SecretRecord,
+    WatchEvent,
     WebhookConfigurationRecord,
 )
+from hami_plugin.kube.watch import WATCH_READ_TIMEOUT_SECONDS
 from hami_plugin.protocol.objects import NodeInfo, PodInfo
 
 __all__ = [
@@ -27,6 +30,7 @@ __all__ = [
     "BindApi",
     "CertsApi",
     "DeadlineApi",
+    "DevicePluginApi",
     "EventApi",
     "LeaseApi",
     "ListApi",
@@ -34,6 +38,7 @@ __all__ = [
     "NodeMetricsApi",
     "PodEventApi",
     "PodPatchApi",
+    "WatchApi",
 ]
 
 
@@ -116,11 +121,42 @@ class ListApi(Protocol):
     ) -> ObjectList: ...
 
 
+class WatchApi(Protocol):
+    """LIST a collection page by page, then WATCH it from the list's version: what an
+    `informer.Informer` keeps its store with."""
+
+    def list_pages(
+        self,
+        path: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = 500,
+    ) -> Iterator[ObjectList]: ...
+
+    def watch_objects(
+        self,
+        path: str,
+        resource_version: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_seconds: int = 300,
+        stop: threading.Event | None = None,
+        read_timeout_seconds: float = WATCH_READ_TIMEOUT_SECONDS,
+    ) -> Iterator[WatchEvent]: ...
+
+
 class AllocateApi(NodeApi, NodeMetricsApi, PodPatchApi, PodEventApi, Protocol):
     """The calls of the device plugin's Allocate: the node lock, the pending pods, the result.
 
     An implementation that also has `deadline(seconds)` gets its calls time-bounded.
     """
+
+
+class DevicePluginApi(AllocateApi, WatchApi, Protocol):
+    """Every call of the device-plugin daemon: Allocate's, and the watches of its node's pods
+    and Node (`deviceplugin.nodecache`)."""
 
 
 class BindApi(NodeApi, PodPatchApi, ListApi, DeadlineApi, Protocol):

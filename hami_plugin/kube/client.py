@@ -134,7 +134,7 @@ class KubeClient(CollectionCalls):
         burst: int | None = None,
         timeout_seconds: float | None = None,
     ) -> KubeClient:
-        """Connect with the kubeconfig file given, else `$KUBECONFIG`, else in-cluster config.
+        """Connect with the kubeconfig given (`--kubeconfig`, `$KUBECONFIG`), else in-cluster.
 
         `qps` and `burst` (`--kube-qps`, `--kube-burst`; both or neither): the client-side rate
         limit, none without them; `timeout_seconds` (`--kube-timeout`): each attempt's timeout

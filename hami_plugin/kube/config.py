@@ -1,9 +1,9 @@
-"""Where the Kubernetes client's configuration comes from: a kubeconfig file, `$KUBECONFIG` or
-the in-cluster service account, and how often its token is refreshed."""
+"""Where the Kubernetes client's configuration comes from: a kubeconfig file (`--kubeconfig` or
+`$KUBECONFIG`, which the commands resolve in `hami_plugin.config`) or the in-cluster service
+account, and how often its token is refreshed."""
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 
@@ -15,13 +15,13 @@ from hami_plugin.kube.errors import KubeError
 
 
 def load_configuration(kubeconfig: str | None = None) -> Configuration:
-    """The configuration of the kubeconfig file given, else `$KUBECONFIG`, else in-cluster,
-    with urllib3's own retries off (`hami_plugin.kube.retry` does the retrying).
+    """The configuration of the kubeconfig file given, else in-cluster, with urllib3's own
+    retries off (`hami_plugin.kube.retry` does the retrying).
 
     Raises KubeError naming the source tried when it does not give a usable configuration.
     """
     configuration = Configuration()
-    source = kubeconfig or os.environ.get("KUBECONFIG") or ""
+    source = kubeconfig or ""
     try:
         if source:
             # only here: the kubeconfig loader brings OAuth and its HTTP stack (in-cluster

@@ -6,8 +6,10 @@ and every read goes through the same `read_pod`/`read_node` as `KubeClient`'s), 
 and webhook configurations as records, and the events written. It keeps the API server's
 rules that callers depend on: a resourceVersion per write, the `resourceVersion` precondition
 (Conflict), merge patch with `None` deleting a key, create-twice and bind-elsewhere conflicts,
-NotFound. Failures are injected per call with `fail()`. Wire behaviour (HTTP, retries,
-watches) is the HTTP double's job: `hami_plugin.testing.apiserver`.
+NotFound. Failures are injected per call with `fail()`. Nodes and pods are watched as the API
+server streams them (`list_pages`, `watch_objects`: the informer's surface), from a history of
+every write. Wire behaviour (HTTP, retries, dropped watches) is the HTTP double's job:
+`hami_plugin.testing.apiserver`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import contextlib
 import copy
 import dataclasses
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -28,10 +31,12 @@ from hami_plugin.kube.records import (
     ObjectList,
     ObjectRef,
     SecretRecord,
+    WatchEvent,
     WebhookConfigurationRecord,
     event_body,
     event_patch,
 )
+from hami_plugin.kube.watch import WATCH_READ_TIMEOUT_SECONDS
 from hami_plugin.protocol.objects import NodeInfo, PodInfo, read_node, read_pod
 
 __all__ = ["FakeKube"]
@@ -55,6 +60,9 @@ class FakeKube:
     ) -> None:
         self._clock: Clock = clock or SystemClock()
         self._lock = threading.RLock()
+        self._written = threading.Condition(self._lock)
+        self._history: list[_Write] = []
+        self._last: dict[object, dict[str, Any]] = {}
         self._version = 0
         self._failures: dict[str, list[BaseException]] = {}
         self._always: dict[str, BaseException] = {}
@@ -77,7 +85,7 @@ class FakeKube:
         """Store a Node object (replacing one of the same name) at a new resourceVersion."""
         with self._lock:
             stored = self._stamp(obj)
-            self.nodes[read_node(stored).name] = stored
+            self.nodes[read_node(stored).name] = self._record("nodes", stored)
             return read_node(stored)
 
     def put_pod(self, obj: Mapping[str, Any]) -> PodInfo:
@@ -87,7 +95,7 @@ class FakeKube:
             stored = self._stamp(obj)
             pod = read_pod(stored)
             stored["metadata"].setdefault("namespace", pod.namespace)
-            self.pods[(pod.namespace, pod.name)] = stored
+            self.pods[(pod.namespace, pod.name)] = self._record("pods", stored)
             return read_pod(stored)
 
     def fail(self, call: str, error: BaseException, *, times: int | None = 1) -> None:
@@ -125,7 +133,7 @@ class FakeKube:
             node = self._node(name)
             self._check_version(node, resource_version, f"node {name}")
             self._merge(node, "annotations", annotations)
-            return read_node(self._restamp(node))
+            return read_node(self._record("nodes", self._restamp(node)))
 
     # --- pods -----------------------------------------------------------------------------
 
@@ -161,7 +169,7 @@ class FakeKube:
             self._merge(pod, "annotations", annotations)
             if labels is not None:
                 self._merge(pod, "labels", labels)
-            return read_pod(self._restamp(pod))
+            return read_pod(self._record("pods", self._restamp(pod)))
 
     def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
         """Set the pod's `spec.nodeName`. Raises NotFound, Conflict (bound elsewhere, another
@@ -174,7 +182,7 @@ class FakeKube:
             if (uid and current.uid != uid) or current.node_name not in ("", node):
                 raise Conflict(f"bind pod {namespace}/{name} to node {node}: HTTP 409", 409)
             spec["nodeName"] = node
-            self._restamp(pod)
+            self._record("pods", self._restamp(pod))
 
     # --- any collection -------------------------------------------------------------------
 
@@ -191,21 +199,57 @@ class FakeKube:
         Raises ValueError for another path or selector."""
         with self._lock:
             self._enter("list_objects")
-            parts = path.strip("/").split("/")
-            if parts == ["api", "v1", "nodes"]:
-                objects: Iterable[dict[str, Any]] = self.nodes.values()
-            elif parts == ["api", "v1", "pods"]:
-                objects = self.pods.values()
-            elif parts[:3] == ["api", "v1", "namespaces"] and parts[4:] == ["pods"]:
-                objects = [pod for key, pod in self.pods.items() if key[0] == parts[3]]
-            else:
-                raise ValueError(f"FakeKube cannot list {path!r}")
-            items = [
-                copy.deepcopy(obj)
-                for obj in objects
-                if _labels_match(obj, label_selector) and _fields_match(obj, field_selector)
-            ]
-            return ObjectList(items, str(self._version))
+            return self._list(path, label_selector, field_selector)
+
+    def list_pages(
+        self,
+        path: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = 500,
+    ) -> Iterator[ObjectList]:
+        """`list_objects` as `KubeClient.list_pages` pages it: here, always one page."""
+        with self._lock:
+            self._enter("list_pages")
+            listed = self._list(path, label_selector, field_selector)
+        yield listed
+
+    def watch_objects(
+        self,
+        path: str,
+        resource_version: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_seconds: int = 300,
+        stop: threading.Event | None = None,
+        read_timeout_seconds: float = WATCH_READ_TIMEOUT_SECONDS,
+    ) -> Iterator[WatchEvent]:
+        """The writes to `path`'s collection after `resource_version` ("" or "0": the objects
+        there now first, as ADDED), as the API server streams them (an object that stops
+        matching the selectors arrives as DELETED), until `timeout_seconds` pass or `stop` is
+        set. Raises ValueError for a path `list_objects` does not know."""
+        with self._lock:
+            self._enter("watch_objects")
+            kind = _collection(path)
+            listed = self._list(path, label_selector, field_selector)
+        if resource_version in ("", "0"):
+            yield from (WatchEvent("ADDED", obj) for obj in listed.items)
+            resource_version = listed.resource_version
+        seen = int(resource_version)
+        deadline = time.monotonic() + timeout_seconds
+        while not (stop is not None and stop.is_set()) and time.monotonic() < deadline:
+            with self._lock:
+                writes = [w for w in self._history if w.version > seen and w.kind == kind]
+                if not writes:
+                    self._written.wait(_WATCH_POLL_SECONDS)
+                    continue
+            for write in writes:
+                seen = write.version
+                event = write.event(path, label_selector, field_selector)
+                if event is not None:
+                    yield event
 
     def deadline(self, seconds: float) -> contextlib.AbstractContextManager[None]:
         """No time budget in memory: the calls take no time."""
@@ -375,6 +419,30 @@ class FakeKube:
 
     # --- internals ------------------------------------------------------------------------
 
+    def _list(
+        self, path: str, label_selector: str | None, field_selector: str | None
+    ) -> ObjectList:
+        kind = _collection(path)
+        objects: Iterable[dict[str, Any]] = (self.nodes if kind == "nodes" else self.pods).values()
+        items = [
+            copy.deepcopy(obj)
+            for obj in objects
+            if _in_path(obj, path)
+            and _labels_match(obj, label_selector)
+            and _fields_match(obj, field_selector)
+        ]
+        return ObjectList(items, str(self._version))
+
+    def _record(self, kind: str, stored: dict[str, Any]) -> dict[str, Any]:
+        """Keep a write of `stored` for the watches and wake them; returns `stored`."""
+        metadata = stored["metadata"]
+        key = (kind, metadata.get("namespace", ""), metadata.get("name", ""))
+        after = copy.deepcopy(stored)
+        self._history.append(_Write(self._version, kind, after, self._last.get(key)))
+        self._last[key] = after
+        self._written.notify_all()
+        return stored
+
     def _enter(self, call: str) -> None:
         self.calls.append(call)
         queued = self._failures.get(call)
@@ -447,6 +515,53 @@ class FakeKube:
             else:
                 values[name] = value
         obj["metadata"][key] = values
+
+
+_WATCH_POLL_SECONDS = 0.05  # how often an idle watch looks at its `stop` again
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Write:
+    """One write to a node or a pod: the object after it (`after`) and before it (None: it
+    created the object), at `version`."""
+
+    version: int
+    kind: str
+    after: dict[str, Any]
+    before: dict[str, Any] | None
+
+    def event(
+        self, path: str, label_selector: str | None, field_selector: str | None
+    ) -> WatchEvent | None:
+        """What a watch of `path` with these selectors sees of this write, if anything."""
+        now, then = (
+            obj is not None
+            and _in_path(obj, path)
+            and _labels_match(obj, label_selector)
+            and _fields_match(obj, field_selector)
+            for obj in (self.after, self.before)
+        )
+        if now:
+            return WatchEvent("MODIFIED" if then else "ADDED", self.after)
+        return WatchEvent("DELETED", self.after) if then else None
+
+
+def _collection(path: str) -> str:
+    """ "nodes" or "pods", the collections the fake keeps. Raises ValueError for another."""
+    parts = path.strip("/").split("/")
+    if parts == ["api", "v1", "nodes"]:
+        return "nodes"
+    if parts == ["api", "v1", "pods"] or (
+        parts[:3] == ["api", "v1", "namespaces"] and parts[4:] == ["pods"] and len(parts) == 5
+    ):
+        return "pods"
+    raise ValueError(f"FakeKube cannot list {path!r}")
+
+
+def _in_path(obj: Mapping[str, Any], path: str) -> bool:
+    """Whether `obj` is in the collection of `path` (all of it, or one namespace's pods)."""
+    parts = path.strip("/").split("/")
+    return len(parts) != 5 or obj.get("metadata", {}).get("namespace") == parts[3]
 
 
 def _selector(text: str | None) -> list[tuple[str, str | None]]:

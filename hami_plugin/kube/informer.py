@@ -30,10 +30,11 @@ import logging
 import random
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from hami_plugin.clock import Clock, SystemClock
-from hami_plugin.kube.client import KubeClient
+from hami_plugin.kube.api import WatchApi
 from hami_plugin.kube.errors import Gone, KubeError
 from hami_plugin.kube.records import WatchEvent, object_identity
 from hami_plugin.kube.retry import RetryPolicy
@@ -58,22 +59,37 @@ class InformerHandler(Protocol[_T_contra]):
         """The store holds a whole list (after the first list and after every relist)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ListWatchOptions:
+    """How an informer lists, watches and backs off.
+
+    `watch_timeout_seconds` is asked of the server per watch request (it ends the stream, the
+    informer resumes); `watch_read_timeout_seconds` is how long a silent stream lives; lists
+    are read `page_size` objects a page. Failures wait `initial_backoff_seconds` doubling to
+    `max_backoff_seconds`, with jitter.
+    """
+
+    watch_timeout_seconds: int = 300
+    watch_read_timeout_seconds: float = WATCH_READ_TIMEOUT_SECONDS
+    page_size: int = 500
+    initial_backoff_seconds: float = 0.5
+    max_backoff_seconds: float = 30.0
+
+
 class Informer(Generic[T]):
     """Keeps a local store of one collection (`path`, e.g. "/api/v1/pods") up to date.
 
-    `transform` turns an object (a list item or a watch event's object) into the stored `T`
-    and may raise on a malformed one; `key` names a `T` uniquely (e.g. "namespace/name").
-    Selectors are passed to the list and the watch as the API server applies them.
-    `watch_timeout_seconds` is asked of the server per watch request (it ends the stream, the
-    informer resumes); `watch_read_timeout_seconds` is how long a silent stream lives.
-    Failures wait `initial_backoff_seconds` doubling to `max_backoff_seconds`, with jitter;
-    `last_failure` is when the last one happened (on `clock.monotonic()`), so that a caller can
-    tell how long the watch has been healthy.
+    `client` is a `KubeClient` or anything with its list and watch (`kube.api.WatchApi`: the
+    in-memory `FakeKube` too). `transform` turns an object (a list item or a watch event's
+    object) into the stored `T` and may raise on a malformed one; `key` names a `T` uniquely
+    (e.g. "namespace/name"). Selectors are passed to the list and the watch as the API server
+    applies them. `last_failure` is when the last failure happened (on `clock.monotonic()`),
+    so that a caller can tell how long the watch has been healthy.
     """
 
     def __init__(
         self,
-        client: KubeClient,
+        client: WatchApi,
         path: str,
         transform: Callable[[dict[str, Any]], T],
         key: Callable[[T], str],
@@ -82,11 +98,7 @@ class Informer(Generic[T]):
         name: str,
         label_selector: str | None = None,
         field_selector: str | None = None,
-        watch_timeout_seconds: int = 300,
-        watch_read_timeout_seconds: float = WATCH_READ_TIMEOUT_SECONDS,
-        page_size: int = 500,
-        initial_backoff_seconds: float = 0.5,
-        max_backoff_seconds: float = 30.0,
+        options: ListWatchOptions = ListWatchOptions(),
         rng: random.Random | None = None,
         clock: Clock | None = None,
     ) -> None:
@@ -101,13 +113,13 @@ class Informer(Generic[T]):
         self.name = name
         self._label_selector = label_selector
         self._field_selector = field_selector
-        self._watch_timeout_seconds = watch_timeout_seconds
-        self._watch_read_timeout_seconds = watch_read_timeout_seconds
-        self._page_size = page_size
+        self._watch_timeout_seconds = options.watch_timeout_seconds
+        self._watch_read_timeout_seconds = options.watch_read_timeout_seconds
+        self._page_size = options.page_size
         # Only the backoff formula of RetryPolicy is used (one formula for the package).
         self._backoff = RetryPolicy(
-            initial_backoff_seconds=initial_backoff_seconds,
-            max_backoff_seconds=max_backoff_seconds,
+            initial_backoff_seconds=options.initial_backoff_seconds,
+            max_backoff_seconds=options.max_backoff_seconds,
         )
         self._rng = rng or random.Random()
         self._lock = threading.Lock()

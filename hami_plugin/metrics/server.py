@@ -20,11 +20,11 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from hami_plugin.clock import Clock, SystemClock
+from hami_plugin.protocol.address import BindAddress, parse_host_port
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -41,41 +41,18 @@ class MetricsServerError(Exception):
     """The metrics endpoint could not start; the message is the one log line to show."""
 
 
-@dataclass(frozen=True, slots=True)
-class BindAddress:
-    """Where the metrics endpoint listens. `host` "" means every IPv4 interface."""
-
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
-
-
 def parse_bind_address(text: str) -> BindAddress | None:
-    """Parse HAMi's `--metrics-bind-address`: `:9394`, `host:port`, `[::1]:9394`; `0` is off.
+    """Parse HAMi's `--metrics-bind-address`: `0` (off, None) or a listen address
+    (`protocol.address.parse_host_port`: `:9394`, `host:port`, `[::1]:9394`).
 
-    Returns None for `0`. Raises ValueError naming the problem (no port, a port outside
-    0..65535, a bare host, an unbracketed IPv6 address).
+    Raises ValueError naming the problem.
     """
     value = text.strip()
     if value == DISABLED:
         return None
-    if value.startswith("["):
-        host, bracket, rest = value[1:].partition("]")
-        if not bracket or not rest.startswith(":"):
-            raise ValueError(f"expected [address]:port, got {text!r}")
-        port_text = rest[1:]
-    else:
-        host, colon, port_text = value.rpartition(":")
-        if not colon:
-            raise ValueError(f"expected host:port, :port or 0 (off), got {text!r}")
-        if ":" in host:
-            raise ValueError(f"an IPv6 address needs brackets, [{host}]:{port_text}, got {text!r}")
-    if not port_text.isdigit() or int(port_text) > 65535:
-        raise ValueError(f"port must be a number from 0 to 65535, got {port_text!r} in {text!r}")
-    return BindAddress(host, int(port_text))
+    if ":" not in value:
+        raise ValueError(f"expected host:port, :port or 0 (off), got {text!r}")
+    return parse_host_port(text)
 
 
 class _QuietHandler(WSGIRequestHandler):

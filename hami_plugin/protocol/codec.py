@@ -42,7 +42,6 @@ from hami_plugin.protocol.model import (
     ANNOTATION_USE_GPUTYPE,
     ANNOTATION_USE_GPUUUID,
     ANNOTATION_VGPU_MODE,
-    MODE_HAMI_CORE,
     ContainerDevice,
     ContainerDevices,
     GpuDevice,
@@ -53,6 +52,7 @@ from hami_plugin.protocol.model import (
     MigPlacement,
     MigProfile,
     NodePolicy,
+    OperatingMode,
     PodDevices,
     PodGpuOptions,
     ScoringWeights,
@@ -378,7 +378,7 @@ def _decode_node_comma(value: str) -> tuple[GpuDevice, ...]:
             cores = _go_field(fields[3], "core", "ParseInt", bits=32)
             healthy = _go_health(fields[6])  # HAMi reads health (field 6) before numa (5)
             numa = _go_field(fields[5], "numa", "Atoi")
-            index, mode = 0, MODE_HAMI_CORE
+            index, mode = 0, OperatingMode.HAMI_CORE.value
             if len(fields) == 9:
                 index = _go_field(fields[7], "index", "Atoi")
                 if index < 0:

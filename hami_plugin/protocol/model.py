@@ -45,10 +45,19 @@ RESOURCE_GPU_MEMORY_PERCENTAGE = "nvidia.com/gpumem-percentage"
 RESOURCE_GPU_CORES = "nvidia.com/gpucores"
 RESOURCE_GPU_PRIORITY = "nvidia.com/priority"
 
-MODE_HAMI_CORE = "hami-core"
-
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
+
+
+class OperatingMode(enum.StrEnum):
+    """How a node shares its GPUs: a registered device's `mode`, and a node entry's
+    `operatingmode` (HAMi v2.10 pkg/device/nvidia/device.go:61-63; its `mps` is not
+    implemented here)."""
+
+    HAMI_CORE = "hami-core"
+    """HAMi-core's software limits on a shared GPU (HAMi's default)."""
+    MIG = "mig"
+    """A GPU split into MIG instances on demand (HAMi's `MigMode`)."""
 
 
 class BindPhase(enum.StrEnum):

@@ -375,6 +375,7 @@ def _explain_mig(
     """The MIG lines of `--explain`: for each fitting node, each MIG device's profile and
     placement and why the profiles before it in HAMi's order did not do; for each node that
     does not fit, why no profile of its MIG GPUs takes the pod's first GPU request."""
+    from hami_plugin.protocol.model import OperatingMode
     from hami_plugin.scheduler.fit import MigView
 
     requests = result.requests.containers
@@ -411,7 +412,7 @@ def _explain_mig(
         if first is None:
             continue
         for position, device in enumerate(usage.devices):
-            if device.mode != "mig":
+            if device.mode != OperatingMode.MIG:
                 continue
             memory = first.memory_on(device.memory_mib)
             why = _profile_reasons(device, list(usage.occupied(position)), memory, None)

@@ -64,6 +64,7 @@ from hami_plugin.protocol.model import (
     GpuPolicy,
     GpuPolicyName,
     MigPlacement,
+    OperatingMode,
     PodDevices,
     PodGpuOptions,
     ScoringWeights,
@@ -72,7 +73,7 @@ from hami_plugin.scheduler.mig import select_mig_candidate
 from hami_plugin.scheduler.policy import GpuOrder, SortKey, gpu_order, topology_choice
 from hami_plugin.scheduler.requests import ContainerRequest, PodRequests
 from hami_plugin.scheduler.score import device_score
-from hami_plugin.scheduler.usage import MODE_MIG, NodeUsage, collapse_pod_devices
+from hami_plugin.scheduler.usage import NodeUsage, collapse_pod_devices
 
 __all__ = [
     "FitContext",
@@ -221,10 +222,10 @@ class FitContext:
         """HAMi's `isMIGRequest`: the node has a MIG-mode candidate GPU and the pod's
         `vgpu-mode` (if set) names `mig`. Such a request skips the `NodeInsufficientDevice`
         count check (a MIG GPU can host several instances)."""
-        if self.vgpu_mode is not None and MODE_MIG not in self.vgpu_mode:
+        if self.vgpu_mode is not None and OperatingMode.MIG not in self.vgpu_mode:
             return False
         devices = node.devices
-        return any(devices[position].mode == MODE_MIG for position in node.candidates)
+        return any(devices[position].mode == OperatingMode.MIG for position in node.candidates)
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,7 +363,7 @@ def _walk(
                 reason = FitReason.CARD_COMPUTE_UNITS_EXHAUSTED
             elif (  # 15.
                 mig is not None
-                and device.mode == MODE_MIG
+                and device.mode == OperatingMode.MIG
                 and not _mig_filter(
                     device, mig.occupied(position), devices, picked, booked, memory_mib
                 )
@@ -383,7 +384,7 @@ def _walk(
                                 for chosen, mib in zip(picked, booked, strict=True)
                             ),
                         )
-                if mig is not None and device.mode == MODE_MIG:
+                if mig is not None and device.mode == OperatingMode.MIG:
                     index += 1  # the same MIG GPU again
                 continue
         counts[reason] = counts.get(reason, 0) + 1
@@ -478,7 +479,7 @@ def _add_mig_usage(
     out: list[ContainerDevice] = []
     for device_index, (position, booked) in enumerate(zip(positions, picked, strict=True)):
         device = devices[position]
-        if device.mode != MODE_MIG:
+        if device.mode != OperatingMode.MIG:
             out.append(booked)
             continue
         candidate = select_mig_candidate(

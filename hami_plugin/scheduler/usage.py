@@ -17,11 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hami_plugin.protocol.mig import MigAllocation
-from hami_plugin.protocol.model import MODE_HAMI_CORE, GpuDevice, MigPlacement, PodDevices
+from hami_plugin.protocol.model import GpuDevice, MigPlacement, OperatingMode, PodDevices
 from hami_plugin.scheduler.score import node_score
 
 __all__ = [
-    "MODE_MIG",
     "DeviceTally",
     "MigBooking",
     "NodeUsage",
@@ -31,9 +30,6 @@ __all__ = [
     "mig_booking",
     "nvidia_candidates",
 ]
-
-MODE_MIG = "mig"
-"""HAMi's `MigMode` (pkg/device/nvidia/device.go): a GPU split into MIG instances on demand."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +126,7 @@ def nvidia_candidates(devices: Sequence[GpuDevice]) -> tuple[int, ...]:
 
 def has_mig_device(devices: Sequence[GpuDevice], candidates: Sequence[int]) -> bool:
     """Whether a candidate GPU is in MIG mode (HAMi isMIGRequest's device test, score.go:54-68)."""
-    return any(devices[position].mode == MODE_MIG for position in candidates)
+    return any(devices[position].mode == OperatingMode.MIG for position in candidates)
 
 
 def make_node_usage(
@@ -206,20 +202,22 @@ def mig_booking(
         device = devices[position]
         remaining = left.get(uuid)
         if remaining:
-            if device.mode == MODE_HAMI_CORE:
+            if device.mode == OperatingMode.HAMI_CORE:
                 unhealthy.append(position)
                 continue
             in_use.append((position, remaining.pop(0)))
             continue
-        if device.mode == MODE_MIG:
+        if device.mode == OperatingMode.MIG:
             unhealthy.append(position)
     for uuid, remaining in left.items():
         if not remaining:
             continue
         position = positions.get(uuid)
         if position is None:
-            unhealthy.extend(p for p, device in enumerate(devices) if device.mode == MODE_MIG)
-        elif devices[position].mode != MODE_MIG:
+            unhealthy.extend(
+                p for p, device in enumerate(devices) if device.mode == OperatingMode.MIG
+            )
+        elif devices[position].mode != OperatingMode.MIG:
             unhealthy.append(position)
         else:
             in_use.extend((position, allocation) for allocation in remaining)

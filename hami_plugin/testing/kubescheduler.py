@@ -63,7 +63,7 @@ from typing import Any
 from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import KubeError
-from hami_plugin.kube.informer import Informer
+from hami_plugin.kube.informer import Informer, ListWatchOptions
 
 __all__ = ["Attempt", "KubeSchedulerStandIn", "Move", "is_pod_updated"]
 
@@ -71,6 +71,9 @@ logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
 
+_LIST_WATCH = ListWatchOptions(
+    watch_timeout_seconds=30, initial_backoff_seconds=0.1, max_backoff_seconds=1.0
+)
 REASON_UNSCHEDULABLE = "Unschedulable"
 REASON_SCHEDULER_ERROR = "SchedulerError"
 
@@ -236,12 +239,11 @@ class KubeSchedulerStandIn:
         self.attempts: list[Attempt] = []
         self._pods: Informer[JsonObject] = Informer(
             kube, "/api/v1/pods", dict, _key, _PodEvents(self), name="standin-pods",
-            watch_timeout_seconds=30, initial_backoff_seconds=0.1, max_backoff_seconds=1.0,
+            options=_LIST_WATCH,
         )  # fmt: skip
         self._nodes: Informer[JsonObject] = Informer(
             kube, "/api/v1/nodes", dict, lambda node: str(node["metadata"]["name"]),
-            _NodeEvents(self), name="standin-nodes",
-            watch_timeout_seconds=30, initial_backoff_seconds=0.1, max_backoff_seconds=1.0,
+            _NodeEvents(self), name="standin-nodes", options=_LIST_WATCH,
         )  # fmt: skip
 
     # --- what tests read ------------------------------------------------------------------------

@@ -66,13 +66,13 @@ from hami_plugin.protocol.model import (
     ANNOTATION_VGPU_MIG_ALLOCATIONS,
     ANNOTATION_VGPU_MODE,
     ANNOTATION_VGPU_NODE,
-    MODE_HAMI_CORE,
     NVIDIA_DEVICE_TYPE,
     ContainerDevice,
     GpuDevice,
     MigPlacement,
     MigProfile,
     NodePolicy,
+    OperatingMode,
 )
 from hami_plugin.protocol.objects import ContainerSpec, NodeInfo, PodInfo
 from hami_plugin.protocol.topology import (
@@ -90,7 +90,6 @@ from hami_plugin.testing.fakenvml.nvml import FakeNvml
 PHASES = ("topology", "mig")
 SPLIT = 10
 MEMORY_MIB = 81920
-MODE_MIG = "mig"
 
 # --- topology ---------------------------------------------------------------------------------
 
@@ -197,7 +196,7 @@ def build_topology_cluster(nodes: int, rng: random.Random) -> tuple[Ledger, list
                 cores_percent=100,
                 type=kind.card,
                 numa_node=index * 2 // kind.gpus,
-                mode=MODE_HAMI_CORE,
+                mode=OperatingMode.HAMI_CORE,
                 healthy=True,
             )
             for index in range(kind.gpus)
@@ -287,7 +286,7 @@ def mig_gpu(node: int, index: int) -> GpuDevice:
         cores_percent=100,
         type=A100_80GB,
         numa_node=index // 4,
-        mode=MODE_MIG,
+        mode=OperatingMode.MIG,
         healthy=True,
         mig_profiles=A100_80GB_PROFILES,
     )
@@ -302,7 +301,7 @@ def core_gpu(node: int, index: int) -> GpuDevice:
         cores_percent=100,
         type=A100_80GB,
         numa_node=index // 4,
-        mode=MODE_HAMI_CORE,
+        mode=OperatingMode.HAMI_CORE,
         healthy=True,
     )
 
@@ -464,8 +463,8 @@ def time_stream(
         "nodes_fitted_max": max(fitted),
     }
     if modes is not None:
-        row["placed_mig"] = by_mode[MODE_MIG]
-        row["placed_hami_core"] = by_mode[MODE_HAMI_CORE]
+        row["placed_mig"] = by_mode[OperatingMode.MIG]
+        row["placed_hami_core"] = by_mode[OperatingMode.HAMI_CORE]
     row.update(sorted(judged.items()))
     row["failure_reasons"] = dict(sorted(reasons.items()))
     return row
@@ -539,7 +538,7 @@ def run_mig(args: argparse.Namespace) -> None:
     common, ledger = _built(build)
     names, modes, counts = holder[0]
     common = {"phase": "mig", **common, **counts}
-    for mode in (None, MODE_MIG, MODE_HAMI_CORE):
+    for mode in (None, OperatingMode.MIG, OperatingMode.HAMI_CORE):
         label = f"1gpu-vgpu-mode-{mode}" if mode is not None else "1gpu-no-vgpu-mode"
         for policy in (NodePolicy.BINPACK, NodePolicy.SPREAD):
             pods = [

@@ -92,6 +92,22 @@ def test_a_first_run_creates_the_four_secrets_and_sets_the_ca_bundle(
     assert len(key) == 44 and parse_booking_keys([key]).keys == (key.encode(),)
 
 
+def test_without_the_flag_the_kubeconfig_is_kubeconfigs(
+    apiserver: FakeApiServer, kubeconfig_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `$KUBECONFIG` is read with the flags (`hami_plugin.config`), not by the client.
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig_path))
+
+    assert main(["certs"]) == 0
+
+    assert {s["metadata"]["name"] for s in apiserver.objects("secrets", NAMESPACE)} == {
+        CA,
+        SERVING,
+        CLIENT,
+        BOOKING,
+    }
+
+
 def test_a_second_run_writes_nothing(apiserver: FakeApiServer, kubeconfig_path: Path) -> None:
     add_webhook_configuration(apiserver)
     assert certs(kubeconfig_path) == 0

@@ -12,7 +12,7 @@ import pytest
 
 from hami_plugin.clock import ManualClock
 from hami_plugin.deviceplugin.allocate import AllocateConfig
-from hami_plugin.deviceplugin.allocator import PodAllocator
+from hami_plugin.deviceplugin.allocator import ApiFallback, PodAllocator
 from hami_plugin.deviceplugin.nodecache import CacheNotListedError, NodeCache
 from hami_plugin.deviceplugin.writebehind import WriteBehind
 from hami_plugin.kube.client import KubeClient
@@ -69,8 +69,7 @@ def allocator_parts(
         kube,
         NODE,
         AllocateConfig(hook_path=str(tmp_path / "hook"), vgpulock_host_path=str(tmp_path)),
-        cache=cache,
-        writes=writes,
+        fallback=ApiFallback(cache, writes),
         clock=clock,
     )
     try:

@@ -20,7 +20,7 @@ import yaml
 
 from hami_plugin.clock import ManualClock
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
-from hami_plugin.deviceplugin.settings import DevicePluginSettings
+from hami_plugin.deviceplugin.settings import DevicePluginSettings, NvmlSource
 from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol import codec
@@ -88,7 +88,7 @@ def running(
         metrics_bind_address="0",  # no /metrics port in wire tests
         node_name=NODE,
         device_plugin_path=sock_dir,
-        nvml="fake",
+        nvml=NvmlSource.FAKE,
         fake_gpus=str(gpus_file),
         split_count=SPLIT,
         hook_path=hook,

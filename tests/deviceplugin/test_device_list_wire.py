@@ -16,7 +16,7 @@ from hami_plugin.clock import ManualClock
 from hami_plugin.deviceplugin.api import api_pb2
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.device_list import parse_device_list_strategies
-from hami_plugin.deviceplugin.settings import DevicePluginSettings
+from hami_plugin.deviceplugin.settings import DevicePluginSettings, NvmlSource
 from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol.model import ContainerDevice
@@ -56,7 +56,7 @@ def start(
         metrics_bind_address="0",
         node_name=NODE,
         device_plugin_path=sock_dir,
-        nvml="fake",
+        nvml=NvmlSource.FAKE,
         fake_gpus=str(gpus_file),
         split_count=SPLIT,
         hook_path=hook,
@@ -164,7 +164,7 @@ def test_a_cdi_spec_that_cannot_be_written_stops_the_daemon(
         metrics_bind_address="0",
         node_name=NODE,
         device_plugin_path=sock_dir,
-        nvml="fake",
+        nvml=NvmlSource.FAKE,
         fake_gpus=str(gpus_file),
         pod_resources_socket="",
         device_list_strategies=parse_device_list_strategies("cdi-cri"),

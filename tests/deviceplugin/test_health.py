@@ -33,7 +33,7 @@ def xid_event(uuid: str | None, xid: int) -> GpuEvent:
 
 
 def test_critical_xid_marks_the_gpu_once() -> None:
-    tracker = HealthTracker([UUID_A, UUID_B], SETTINGS)
+    tracker = HealthTracker([UUID_A, UUID_B], SETTINGS.health)
     assert tracker.on_event(xid_event(UUID_A, 79), now=10.0) == [
         HealthChange(UUID_A, False, "Xid 79")
     ]
@@ -43,34 +43,34 @@ def test_critical_xid_marks_the_gpu_once() -> None:
 
 @pytest.mark.parametrize("xid", [13, 31, 43, 45, 68, 109])
 def test_application_xids_are_ignored(xid: int) -> None:
-    tracker = HealthTracker([UUID_A], SETTINGS)
+    tracker = HealthTracker([UUID_A], SETTINGS.health)
     assert tracker.on_event(xid_event(UUID_A, xid), now=0.0) == []
     assert tracker.unhealthy == frozenset()
 
 
 def test_settings_decide_which_xids_count() -> None:
     extra = replace(SETTINGS, ignored_xids=frozenset({79}))
-    assert HealthTracker([UUID_A], extra).on_event(xid_event(UUID_A, 79), 0.0) == []
-    assert HealthTracker([UUID_A], extra).on_event(xid_event(UUID_A, 13), 0.0) != []
+    assert HealthTracker([UUID_A], extra.health).on_event(xid_event(UUID_A, 79), 0.0) == []
+    assert HealthTracker([UUID_A], extra.health).on_event(xid_event(UUID_A, 13), 0.0) != []
     off = replace(SETTINGS, healthchecks_disabled=True)
-    assert HealthTracker([UUID_A], off).on_event(xid_event(UUID_A, 79), 0.0) == []
+    assert HealthTracker([UUID_A], off.health).on_event(xid_event(UUID_A, 79), 0.0) == []
 
 
 def test_ecc_and_other_events_do_not_change_health() -> None:
-    tracker = HealthTracker([UUID_A], SETTINGS)
+    tracker = HealthTracker([UUID_A], SETTINGS.health)
     assert tracker.on_event(GpuEvent(UUID_A, DBE, 0), 0.0) == []
     assert tracker.unhealthy == frozenset()
 
 
 def test_unknown_gpu_is_ignored_and_unnamed_gpu_marks_all() -> None:
-    tracker = HealthTracker([UUID_A, UUID_B], SETTINGS)
+    tracker = HealthTracker([UUID_A, UUID_B], SETTINGS.health)
     assert tracker.on_event(xid_event("GPU-elsewhere", 79), 0.0) == []
     changes = tracker.on_event(xid_event(None, 79), 0.0)
     assert [(c.uuid, c.healthy) for c in changes] == [(UUID_A, False), (UUID_B, False)]
 
 
 def test_recovery_window_starts_at_the_last_error() -> None:
-    tracker = HealthTracker([UUID_A], replace(SETTINGS, health_recovery_seconds=300))
+    tracker = HealthTracker([UUID_A], replace(SETTINGS, health_recovery_seconds=300).health)
     tracker.on_event(xid_event(UUID_A, 79), now=1000.0)
     assert tracker.recovery_candidates(1299.0) == []
     assert tracker.recovery_candidates(1300.0) == [UUID_A]
@@ -83,16 +83,16 @@ def test_recovery_window_starts_at_the_last_error() -> None:
 
 def test_carried_state_keeps_unhealthy_gpus_still_watched() -> None:
     settings = replace(SETTINGS, health_recovery_seconds=300)
-    old = HealthTracker([UUID_A, UUID_B], settings)
+    old = HealthTracker([UUID_A, UUID_B], settings.health)
     old.mark_all_unhealthy("wait failed", now=1000.0)
-    new = HealthTracker([UUID_B, "GPU-new"], settings, carried=old)
+    new = HealthTracker([UUID_B, "GPU-new"], settings.health, carried=old)
     assert new.unhealthy == frozenset({UUID_B})
     assert new.recovery_candidates(1299.0) == []
     assert new.recovery_candidates(1300.0) == [UUID_B]
 
 
 def test_recovery_zero_disables_it() -> None:
-    tracker = HealthTracker([UUID_A], replace(SETTINGS, health_recovery_seconds=0))
+    tracker = HealthTracker([UUID_A], replace(SETTINGS, health_recovery_seconds=0).health)
     tracker.mark_all_unhealthy("wait failed", 0.0)
     assert tracker.recovery_candidates(1e9) == []
 
@@ -136,7 +136,7 @@ class Harness:
         clock: Clock | None = None,
         on_change: Callable[[HealthChange], None] | None = None,
     ) -> HealthMonitor:
-        monitor = HealthMonitor(self.backend, settings, on_change or self.changes.put, clock)
+        monitor = HealthMonitor(self.backend, settings.health, on_change or self.changes.put, clock)
         self.monitors.append(monitor)
         return monitor
 
@@ -300,7 +300,7 @@ def test_event_set_failure_leaves_health_checks_off(
             raise NvmlError("NVML event set creation failed: Not Supported")
 
     backend = NoEventSets(harness.nvml)
-    monitor = HealthMonitor(backend, SETTINGS, harness.changes.put)
+    monitor = HealthMonitor(backend, SETTINGS.health, harness.changes.put)
     harness.monitors.append(monitor)
     monitor.start(GPUS)
     monitor.stop()

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hami_plugin.deviceplugin.inventory import (
+    InventoryConfig,
     PhysicalGpu,
     VgpuDevice,
     build_register_devices,
@@ -16,7 +17,6 @@ from hami_plugin.deviceplugin.inventory import (
     physical_uuid_of,
     vgpu_device_ids,
 )
-from hami_plugin.deviceplugin.settings import DevicePluginSettings
 from hami_plugin.protocol.model import GpuDevice
 
 UUID_A = "GPU-03f69c50-207a-2038-9b45-23cac89cb67a"
@@ -26,7 +26,7 @@ UUID_MIG = "GPU-9b45d1ae-4e70-2174-49af-23cac89cb67a"
 A100 = PhysicalGpu(UUID_A, 0, "NVIDIA A100-SXM4-80GB", 81920, 1, False, "00000000:10:00.0", 0)
 T4 = PhysicalGpu(UUID_B, 1, "Tesla T4", 15360, -1, False, "00000000:3B:00.0", 1)
 MIG = PhysicalGpu(UUID_MIG, 2, "NVIDIA A30", 24576, 0, True, "00000000:AF:00.0", 2)
-SETTINGS = DevicePluginSettings(node_name="n", split_count=3)
+SETTINGS = InventoryConfig(split_count=3)
 
 
 def test_vgpu_device_ids_are_hamis_form() -> None:

@@ -24,7 +24,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.monitor.feedback import BLOCKED
 from hami_plugin.deviceplugin.monitor.region import parse_region
-from hami_plugin.deviceplugin.settings import DevicePluginSettings, add_arguments, resolve_settings
+from hami_plugin.deviceplugin.settings import (
+    DevicePluginSettings,
+    NvmlSource,
+    add_arguments,
+    resolve_settings,
+)
 from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.retry import RetryPolicy
@@ -107,7 +112,7 @@ def running_device_plugin(
     settings = DevicePluginSettings(
         node_name=NODE,
         device_plugin_path=sock_dir,
-        nvml="fake",
+        nvml=NvmlSource.FAKE,
         fake_gpus=str(gpus_file),
         split_count=SPLIT,
         hook_path=str(hook),

@@ -18,7 +18,7 @@ from hami_plugin.cli import main
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
 from hami_plugin.deviceplugin.mig.devices import MigDevice
 from hami_plugin.deviceplugin.mig.nvml import NvmlMig
-from hami_plugin.deviceplugin.settings import DevicePluginSettings
+from hami_plugin.deviceplugin.settings import DevicePluginSettings, NvmlSource
 from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol import codec
@@ -33,6 +33,7 @@ from hami_plugin.protocol.model import (
     ANNOTATION_VGPU_NODE,
     ContainerDevice,
     MigPlacement,
+    OperatingMode,
 )
 from hami_plugin.protocol.signature import (
     ANNOTATION_BOOKING_SIGNATURE,
@@ -82,7 +83,7 @@ class Node:
         self.settings = DevicePluginSettings(
             node_name=NODE,
             device_plugin_path=sock_dir,
-            nvml="fake",
+            nvml=NvmlSource.FAKE,
             fake_gpus=str(self.gpus_file),
             split_count=SPLIT,
             hook_path=str(tmp_path / "hook"),  # no HAMi-core: a MIG node does not need it
@@ -90,7 +91,7 @@ class Node:
             metrics_bind_address="127.0.0.1:0",
             booking_key_file=str(key_file),
             pod_resources_socket="",
-            operating_mode="mig",
+            operating_mode=OperatingMode.MIG,
             mig_profile_allowlist=ALLOWLIST,
         )
         self.tmp_path = tmp_path

@@ -47,7 +47,6 @@ from hami_plugin.deviceplugin.mig.startup import (
     live_reservations,
     start_dynamic_mig,
 )
-from hami_plugin.deviceplugin.operating_mode import parse_mig_profile_allowlist
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.mig import MigAllocation, decode_mig_allocations, encode_mig_allocations
 from hami_plugin.protocol.model import (
@@ -65,7 +64,7 @@ from hami_plugin.protocol.signature import (
     ANNOTATION_BOOKING_SIGNATURE,
     BookingKeys,
 )
-from hami_plugin.scheduler.mig import AllowedMigProfiles
+from hami_plugin.scheduler.mig import AllowedMigProfiles, parse_mig_profile_allowlist
 from tests.bookings import signed_fields
 from tests.deviceplugin.mig_stub import A100_80GB, StubMigNvml, overlaps
 

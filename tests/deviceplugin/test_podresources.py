@@ -12,9 +12,10 @@ import grpc
 import pytest
 
 from hami_plugin.deviceplugin.allocate import AllocateConfig, AllocateFailure, FailureReason
-from hami_plugin.deviceplugin.allocator import PodAllocator
+from hami_plugin.deviceplugin.allocator import KubeletAdmission, PodAllocator
 from hami_plugin.deviceplugin.api.podresources import api_pb2 as podresources_pb2
 from hami_plugin.deviceplugin.api.podresources import api_pb2_grpc as podresources_pb2_grpc
+from hami_plugin.deviceplugin.hamicore import HamiCoreWatch
 from hami_plugin.deviceplugin.podresources import PodResourcesClient, PodResourcesError
 from hami_plugin.deviceplugin.preferred import PreferredRequest
 from hami_plugin.kube.client import KubeClient
@@ -209,9 +210,8 @@ def allocator(
         kube,
         NODE,
         AllocateConfig(hook_path=str(tmp_path / "hook"), vgpulock_host_path=str(tmp_path / "l")),
-        version="9.9.9",
-        kubelet_pods=kubelet_pods,
-        on_kubelet_pods_failed=kubelet_pods.report,
+        kubelet=KubeletAdmission(kubelet_pods, kubelet_pods.report),
+        hamicore=HamiCoreWatch(str(tmp_path / "hook"), node_name=NODE, version="9.9.9"),
     )
 
 

@@ -24,15 +24,16 @@ import yaml
 
 from hami_plugin.clock import ManualClock
 from hami_plugin.deviceplugin.allocate import AllocateConfig
-from hami_plugin.deviceplugin.allocator import PodAllocator
+from hami_plugin.deviceplugin.allocator import AllocateBudgets, PodAllocator
 from hami_plugin.deviceplugin.api import api_pb2, api_pb2_grpc
 from hami_plugin.deviceplugin.board import DeviceBoard
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
+from hami_plugin.deviceplugin.hamicore import HamiCoreWatch
 from hami_plugin.deviceplugin.inventory import VgpuDevice
 from hami_plugin.deviceplugin.kubelet import KubeletRegistrar
 from hami_plugin.deviceplugin.register import RegisterPublisher
 from hami_plugin.deviceplugin.server import DevicePluginService
-from hami_plugin.deviceplugin.settings import DevicePluginSettings
+from hami_plugin.deviceplugin.settings import DevicePluginSettings, NvmlSource
 from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import Retryable
@@ -109,7 +110,7 @@ class Stack:
 def make_allocator(
     kube: KubeClient, hook: str, vgpulock: str, *, align: bool = True, **budgets: Any
 ) -> PodAllocator:
-    """The allocator of the stack; `budgets` are PodAllocator's `*_budget_seconds`."""
+    """The allocator of the stack; `budgets` are `AllocateBudgets` fields."""
     return PodAllocator(
         kube,
         NODE,
@@ -119,8 +120,8 @@ def make_allocator(
         booking_keys=None,
         resource_name=RESOURCE_GPU,
         new_cache_id=lambda: CACHE_ID,
-        version="9.9.9",
-        **budgets,
+        budgets=AllocateBudgets(**budgets),
+        hamicore=HamiCoreWatch(hook, node_name=NODE, version="9.9.9"),
     )
 
 
@@ -208,7 +209,7 @@ def test_allocate_with_a_hanging_api_server_is_bounded_by_its_budget(
 ) -> None:
     # Production retry policy (10 s per attempt, 5 attempts: about a minute per call) with a
     # short Allocate budget: kubelet gets its answer when the budget is spent.
-    stack = stack_factory(RetryPolicy(), allocate_budget_seconds=0.5, report_budget_seconds=0.5)
+    stack = stack_factory(RetryPolicy(), allocate_seconds=0.5, report_seconds=0.5)
     add_pending_pod(stack.apiserver, "p", [[dev(GPU_A)]])
     stack.apiserver.inject_fault(hang_seconds=30, disconnect=True, times=None)
     error = stack.allocate_error([f"{GPU_A}-0"])
@@ -302,7 +303,7 @@ def test_a_kubelet_restart_during_a_hanging_allocate_re_registers_at_once(
     stack_factory: Callable[..., Stack],
 ) -> None:
     # The hung Allocate keeps its thread for its whole budget; re-registering must not wait.
-    stack = stack_factory(RetryPolicy(), allocate_budget_seconds=30, report_budget_seconds=1)
+    stack = stack_factory(RetryPolicy(), allocate_seconds=30, report_seconds=1)
     stack.apiserver.inject_fault(hang_seconds=30, disconnect=True, times=None)
     request = api_pb2.AllocateRequest()
     request.container_requests.add(devices_ids=[f"{GPU_A}-0"])
@@ -520,7 +521,7 @@ def test_preferred_with_odd_sizes_and_ids(stack: Stack) -> None:
 def test_preferred_while_the_api_server_hangs_still_answers(
     stack_factory: Callable[..., Stack],
 ) -> None:
-    stack = stack_factory(RetryPolicy(), preferred_budget_seconds=0.3)
+    stack = stack_factory(RetryPolicy(), preferred_seconds=0.3)
     add_pending_pod(stack.apiserver, "p", [[dev(GPU_B)]])
     stack.apiserver.inject_fault(hang_seconds=30, disconnect=True, times=None)
     assert stack.preferred(ALL, size=1) == [ALL[0]]
@@ -795,7 +796,7 @@ def test_a_gpu_that_vanishes_and_comes_back_and_a_broken_file(
         metrics_bind_address="0",  # no /metrics port in wire tests
         node_name=NODE,
         device_plugin_path=sock_dir,
-        nvml="fake",
+        nvml=NvmlSource.FAKE,
         fake_gpus=str(gpus_file),
         split_count=2,
         hook_path=str(tmp_path / "hook"),

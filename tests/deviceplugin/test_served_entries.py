@@ -14,6 +14,7 @@ import pytest
 
 from hami_plugin.deviceplugin.allocate import AllocateConfig, AllocationDecision
 from hami_plugin.deviceplugin.allocator import PodAllocationError, PodAllocator, ServedEntries
+from hami_plugin.deviceplugin.hamicore import HamiCoreWatch
 from hami_plugin.deviceplugin.preferred import PreferredRequest
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol import codec
@@ -50,7 +51,7 @@ def make_allocator(kube: KubeClient, tmp_path: Path, *, with_key: bool = True) -
         NODE,
         AllocateConfig(hook_path=str(tmp_path / "hook"), vgpulock_host_path=str(tmp_path / "l")),
         booking_keys=(lambda: KEYS) if with_key else None,
-        version="9.9.9",
+        hamicore=HamiCoreWatch(str(tmp_path / "hook"), node_name=NODE, version="9.9.9"),
     )
 
 

@@ -18,6 +18,7 @@ from hami_plugin.deviceplugin.allocate import AllocateConfig
 from hami_plugin.deviceplugin.allocator import PodAllocator
 from hami_plugin.deviceplugin.api import api_pb2, api_pb2_grpc
 from hami_plugin.deviceplugin.board import DeviceBoard
+from hami_plugin.deviceplugin.hamicore import HamiCoreWatch
 from hami_plugin.deviceplugin.inventory import VgpuDevice
 from hami_plugin.deviceplugin.server import DevicePluginService, PluginServer
 from hami_plugin.kube.client import KubeClient
@@ -64,7 +65,7 @@ def plugin(sock_dir: str, tmp_path: Path, kube: KubeClient) -> Iterator[Plugin]:
         NODE,
         AllocateConfig(hook_path=hook, vgpulock_host_path=vgpulock),
         new_cache_id=lambda: CACHE_ID,
-        version="9.9.9",
+        hamicore=HamiCoreWatch(hook, node_name=NODE, version="9.9.9"),
     )
     service = DevicePluginService(board, allocator)
     lost: list[str] = []

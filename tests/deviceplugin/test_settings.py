@@ -13,6 +13,7 @@ from hami_plugin.deviceplugin.device_list import DeviceListConfig, DeviceListStr
 from hami_plugin.deviceplugin.settings import (
     DEFAULT_IGNORED_XIDS,
     DevicePluginSettings,
+    NvmlSource,
     add_arguments,
     resolve_settings,
 )
@@ -76,7 +77,7 @@ def test_every_flag_has_an_env_variable() -> None:
         node_name="n1",
         kubeconfig="/k",
         device_plugin_path="/dp/",
-        nvml="fake",
+        nvml=NvmlSource.FAKE,
         fake_gpus="/gpus.yaml",
         split_count=3,
         memory_scaling=1.25,
@@ -206,21 +207,27 @@ def test_flat_keys_beat_the_nvidia_section(tmp_path: Path) -> None:
     assert settings.filter_indexes == frozenset({0})
 
 
-def test_nvidia_keys_match_case_insensitively(tmp_path: Path) -> None:
+def test_nvidia_keys_match_exactly_as_hamis_yaml_reader_matches_them(tmp_path: Path) -> None:
+    # HAMi reads the device config with gopkg.in/yaml.v2, whose keys match the `yaml:` tags
+    # exactly (pkg/scheduler/config/config.go:484-495): a key spelled otherwise sets nothing.
     config = tmp_path / "config.yaml"
     config.write_text("nvidia:\n  devicesplitcount: 3\n  DEVICEMEMORYSCALING: 0.5\n")
+    settings = resolve(["--node-name", "n", "--config-file", str(config)])
+    assert (settings.split_count, settings.memory_scaling) == (10, 1.0)
+    config.write_text("nvidia:\n  deviceSplitCount: 3\n  deviceMemoryScaling: 0.5\n")
     settings = resolve(["--node-name", "n", "--config-file", str(config)])
     assert (settings.split_count, settings.memory_scaling) == (3, 0.5)
 
 
 def test_config_keys_fold_as_go_folds_them(tmp_path: Path) -> None:
-    # Go's field-name folding (protocol.gojson.fold_name), not Python's lower(): the long s
+    # The nodeconfig entries are JSON to HAMi (encoding/json, plugin/server.go:128-137), matched
+    # with Go's field-name folding (protocol.gojson.fold_name), not Python's lower(): the long s
     # (U+017F) folds to S and the dotted capital I (U+0130) to I, where lower() leaves the one
     # and turns the other into two characters.
     config = tmp_path / "config.yaml"
     config.write_text(
-        "nvidia:\n  device\u017fplitCount: 3\n  dev\u0130ceCoreScaling: 0.5\n"
-        "nodeconfig:\n  - name: n\n    dev\u0130cememoryscaling: 2\n"
+        "nodeconfig:\n  - name: n\n    device\u017fplitCount: 3\n    dev\u0130ceCoreScaling: 0.5\n"
+        "    dev\u0130cememoryscaling: 2\n"
         "    filterdevices: {uu\u0130d: [GPU-x]}\n",
         encoding="utf-8",
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
-from hami_plugin.deviceplugin.settings import DevicePluginSettings
+from hami_plugin.deviceplugin.settings import DevicePluginSettings, NvmlSource
 from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol.inflight import ANNOTATION_ALLOCATE_PROTOCOL
@@ -49,7 +49,7 @@ def test_hgx_node_publishes_pair_scores(
         metrics_bind_address="0",
         node_name=NODE,
         device_plugin_path=sock_dir,
-        nvml="fake",
+        nvml=NvmlSource.FAKE,
         fake_gpus=str(gpus),
         hook_path=hook,
         register_interval_seconds=0.3,

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from hami_plugin.deviceplugin.daemon import DevicePluginDaemon
-from hami_plugin.deviceplugin.settings import DevicePluginSettings
+from hami_plugin.deviceplugin.settings import DevicePluginSettings, NvmlSource
 from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol import codec
@@ -78,7 +78,7 @@ def cluster(apiserver: FakeApiServer, tmp_path: Path) -> Iterator[Cluster]:
     settings = DevicePluginSettings(
         node_name=NODE,
         device_plugin_path=sock_dir,
-        nvml="fake",
+        nvml=NvmlSource.FAKE,
         fake_gpus=str(gpus_file),
         split_count=SPLIT,
         hook_path=str(tmp_path / "hook"),

@@ -21,9 +21,9 @@ from hami_plugin.protocol import codec
 from hami_plugin.protocol.model import (
     ANNOTATION_DEVICES_ALLOCATED,
     ANNOTATION_VGPU_NODE,
-    MODE_HAMI_CORE,
     ContainerDevice,
     GpuDevice,
+    OperatingMode,
 )
 from hami_plugin.protocol.objects import PodInfo, read_pod
 from hami_plugin.scheduler.ledger import Ledger, TrackedPod
@@ -55,7 +55,7 @@ class LedgerView:
 
 
 def gpu(uuid: str, index: int, memory_mib: int, gpu_type: str) -> GpuDevice:
-    return GpuDevice(uuid, index, 10, memory_mib, 100, gpu_type, 0, MODE_HAMI_CORE, True)
+    return GpuDevice(uuid, index, 10, memory_mib, 100, gpu_type, 0, OperatingMode.HAMI_CORE, True)
 
 
 def booked_pod(name: str, entries: tuple[tuple[ContainerDevice, ...], ...]) -> PodInfo:

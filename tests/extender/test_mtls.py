@@ -21,7 +21,7 @@ import pytest
 
 from hami_plugin.cli import build_parser
 from hami_plugin.config import ConfigError
-from hami_plugin.extender.daemon import EXIT_USAGE, run
+from hami_plugin.extender.command import EXIT_USAGE, run
 from hami_plugin.extender.settings import resolve_config
 from hami_plugin.testing.apiserver import FakeApiServer
 from tests.extender.certs import Authority, Issued, client_context

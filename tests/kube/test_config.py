@@ -30,18 +30,6 @@ def test_from_config_with_kubeconfig_file(
     assert apiserver.requests[0].headers["authorization"] == "Bearer s3cret"
 
 
-def test_from_config_reads_kubeconfig_env(
-    apiserver: FakeApiServer,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    apiserver.add_node("gpu-1")
-    monkeypatch.setenv("KUBECONFIG", str(apiserver.write_kubeconfig(tmp_path / "kc")))
-
-    with KubeClient.from_config(retry=FAST) as kube:
-        assert kube.get_node("gpu-1").name == "gpu-1"
-
-
 def test_bearer_token_is_read_from_the_configuration_again_on_a_later_attempt(
     apiserver: FakeApiServer,
 ) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import threading
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -10,7 +13,9 @@ from hami_plugin.clock import ManualClock
 from hami_plugin.kube.errors import Conflict, NotFound, Retryable
 from hami_plugin.kube.events import PodEvent
 from hami_plugin.kube.fake import FakeKube
+from hami_plugin.kube.informer import Informer
 from hami_plugin.kube.records import LeaseRecord, ObjectRef
+from hami_plugin.protocol.objects import PodInfo, read_pod
 from hami_plugin.testing.apiserver import make_container, make_node, make_pod
 
 
@@ -125,3 +130,62 @@ def test_injected_failures() -> None:
     kube.heal("get_node")
     assert kube.get_node("n1").name == "n1"
     assert kube.calls.count("get_node") == 7
+
+
+# --- the watch the informers use ----------------------------------------------------------------
+
+
+def test_the_watch_streams_the_writes_after_the_listed_version() -> None:
+    kube = FakeKube(
+        nodes=[make_node("gpu-1")],
+        pods=[make_pod("a", node_name="gpu-1"), make_pod("b", labels={"gpu": "on"})],
+    )
+    on_node = "spec.nodeName=gpu-1"
+    (page,) = kube.list_pages("/api/v1/pods", field_selector=on_node)
+    assert [pod["metadata"]["name"] for pod in page.items] == ["a"]
+
+    kube.bind_pod("default", "b", "", "gpu-1")  # now it matches: ADDED
+    kube.patch_pod_metadata("default", "a", {"hami.io/bind-phase": "success"})
+    kube.patch_node_annotations("gpu-1", {"x": "1"})  # another collection
+    kube.patch_pod_metadata("default", "b", {}, labels={"gpu": None})
+
+    events = kube.watch_objects("/api/v1/pods", page.resource_version, field_selector=on_node)
+    seen = [(e.type, e.object["metadata"]["name"]) for e in itertools.islice(events, 3)]
+    assert seen == [("ADDED", "b"), ("MODIFIED", "a"), ("MODIFIED", "b")]
+    selected = kube.watch_objects("/api/v1/pods", page.resource_version, label_selector="gpu=on")
+    assert [(e.type, e.resource_version) for e in itertools.islice(selected, 2)] == [
+        ("MODIFIED", str(int(page.resource_version) + 1)),
+        ("DELETED", kube.get_pod("default", "b").resource_version),  # stopped matching
+    ]
+
+
+def test_a_watch_ends_when_stopped_and_an_informer_keeps_its_store_from_it() -> None:
+    kube = FakeKube(pods=[make_pod("a", node_name="gpu-1")])
+    stop = threading.Event()
+    informer: Informer[PodInfo] = Informer(
+        kube, "/api/v1/pods", read_pod, lambda pod: pod.key, _Ignore(), name="pods"
+    )
+    thread = threading.Thread(target=informer.run, args=(stop,))
+    thread.start()
+    try:
+        assert informer.synced.wait(5)
+        kube.put_pod(make_pod("b", node_name="gpu-1"))
+        deadline = time.monotonic() + 5
+        while informer.get("default/b") is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert {pod.key for pod in informer.items()} == {"default/a", "default/b"}
+    finally:
+        stop.set()
+        thread.join(5)
+    assert not thread.is_alive()
+
+
+class _Ignore:
+    def on_upsert(self, new: object, old: object) -> None:
+        return None
+
+    def on_delete(self, old: object) -> None:
+        return None
+
+    def on_synced(self) -> None:
+        return None

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hami_plugin.kube.client import KubeClient
-from hami_plugin.kube.informer import Informer
+from hami_plugin.kube.informer import Informer, ListWatchOptions
 from hami_plugin.kube.retry import RetryPolicy
 from hami_plugin.protocol.objects import PodInfo, read_pod
 from hami_plugin.testing.apiserver import FakeApiServer
@@ -86,15 +86,22 @@ def store_of(informer: Informer[PodInfo]) -> dict[str, str]:
     return {pod_key(p): p.resource_version for p in informer.items()}
 
 
-def make_informer(kube: KubeClient, handler: Recorder, **kwargs: Any) -> Informer[PodInfo]:
-    options: dict[str, Any] = {
-        "name": "pods",
-        "initial_backoff_seconds": 0.01,
-        "max_backoff_seconds": 0.05,
-        "rng": random.Random(3),
-    }
-    options.update(kwargs)
-    return Informer(kube, "/api/v1/pods", read_pod, pod_key, handler, **options)
+def make_informer(
+    kube: KubeClient, handler: Recorder, *, label_selector: str | None = None, **options: Any
+) -> Informer[PodInfo]:
+    """An informer of every pod; `options` are `ListWatchOptions` fields."""
+    timing: dict[str, Any] = {"initial_backoff_seconds": 0.01, "max_backoff_seconds": 0.05}
+    return Informer(
+        kube,
+        "/api/v1/pods",
+        read_pod,
+        pod_key,
+        handler,
+        name="pods",
+        label_selector=label_selector,
+        options=ListWatchOptions(**(timing | options)),
+        rng=random.Random(3),
+    )
 
 
 @contextlib.contextmanager

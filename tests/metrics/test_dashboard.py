@@ -18,9 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hami_plugin.deviceplugin.inventory import VgpuDevice
-from hami_plugin.deviceplugin.metrics import start_device_plugin_metrics
+from hami_plugin.deviceplugin.metrics import MetricsConfig, start_device_plugin_metrics
 from hami_plugin.deviceplugin.nvml import NvmlBackend
-from hami_plugin.deviceplugin.settings import DevicePluginSettings
 from hami_plugin.extender.metrics import SchedulerMetrics
 from hami_plugin.kube.fake import FakeKube
 from hami_plugin.protocol.model import (
@@ -190,12 +189,9 @@ def exported_metric_names(tmp_path: Path) -> set[str]:
         labels={LABEL_VGPU_NODE: NODE},
         containers=[make_container("main")],
     )
-    settings = DevicePluginSettings(
-        node_name=NODE, hook_path=str(hook), metrics_bind_address="127.0.0.1:0"
-    )
     (physical,) = backend.scan()
     node_metrics = start_device_plugin_metrics(
-        settings,
+        MetricsConfig(node_name=NODE, hook_path=str(hook), bind_address="127.0.0.1:0"),
         backend=backend,
         gpus=lambda: [physical],
         devices=lambda: [VgpuDevice(f"{GPU}-0", GPU, True, None)],

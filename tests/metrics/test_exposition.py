@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from hami_plugin.metrics.exposition import CONTENT_TYPE, render_text
-from hami_plugin.metrics.server import BindAddress, MetricsServer
+from hami_plugin.metrics.server import MetricsServer
+from hami_plugin.protocol.address import BindAddress
 
 TYPES = [
     "gauge",

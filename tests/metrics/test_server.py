@@ -17,7 +17,6 @@ from prometheus_client.registry import CollectorRegistry
 
 from hami_plugin.clock import ManualClock
 from hami_plugin.metrics.server import (
-    BindAddress,
     MetricsServer,
     MetricsServerError,
     ScrapeGuard,
@@ -25,6 +24,7 @@ from hami_plugin.metrics.server import (
     parse_bind_address,
     start_metrics_server,
 )
+from hami_plugin.protocol.address import BindAddress
 
 LOOPBACK_ANY_PORT = BindAddress("127.0.0.1", 0)
 

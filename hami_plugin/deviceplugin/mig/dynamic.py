@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING
 
 from hami_plugin.deviceplugin.device_list import DeviceListConfig
 from hami_plugin.deviceplugin.inventory import PhysicalGpu
@@ -49,11 +48,6 @@ from hami_plugin.protocol.model import GpuDevice
 from hami_plugin.protocol.objects import PodInfo
 from hami_plugin.protocol.signature import BookingKeys
 from hami_plugin.scheduler.mig import AllowedMigProfiles
-
-if TYPE_CHECKING:
-    from hami_plugin.config.keys import BookingKeyFile
-    from hami_plugin.deviceplugin.nvml import NvmlBackend
-    from hami_plugin.deviceplugin.settings import DevicePluginSettings
 
 __all__ = ["RECONCILE_SECONDS", "DynamicMig", "mig_allocation_container_name"]
 
@@ -126,30 +120,6 @@ class DynamicMig:
             on_realised=self._realised,
             guard=self._rounds,
             claims=self.claims,
-        )
-
-    @classmethod
-    def for_daemon(
-        cls,
-        backend: NvmlBackend,
-        settings: DevicePluginSettings,
-        kube: NodeMetricsApi,
-        gpus: Callable[[], Sequence[PhysicalGpu]],
-        cache: NodeCache | None,
-        keys: BookingKeyFile | None,
-    ) -> DynamicMig:
-        """The daemon's: NVML's MIG calls on the daemon's NVML session (`mig.nvml.NvmlMig`)."""
-        from hami_plugin.deviceplugin.mig.nvml import NvmlMig
-
-        return cls(
-            NvmlMig(backend.nvml),
-            node_name=settings.node_name,
-            kube=kube,
-            gpus=gpus,
-            device_list=settings.device_list,
-            keys=keys.keys if keys is not None else None,
-            cache=cache,
-            allowlist=settings.mig_profile_allowlist,
         )
 
     # --- lookups ----------------------------------------------------------------------------

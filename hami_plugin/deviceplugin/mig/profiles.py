@@ -16,8 +16,7 @@ from collections.abc import Sequence
 
 from hami_plugin.deviceplugin.mig.devices import MigProfileInfo
 from hami_plugin.deviceplugin.mig.plan import GI_PROFILE_IDS, gi_profile_for
-from hami_plugin.deviceplugin.operating_mode import MODE_MIG
-from hami_plugin.protocol.model import GpuDevice, MigProfile
+from hami_plugin.protocol.model import GpuDevice, MigProfile, OperatingMode
 from hami_plugin.scheduler.mig import AllowedMigProfiles
 
 __all__ = [
@@ -106,7 +105,7 @@ def mig_register_device(
         cores_percent=100,
         type=card_type,
         numa_node=numa_node,
-        mode=MODE_MIG,
+        mode=OperatingMode.MIG,
         healthy=healthy,
         mig_profiles=registered,
     )

@@ -29,6 +29,7 @@ whole devices and nothing a tenant wrote is read.
 
 from __future__ import annotations
 
+import enum
 import logging
 import re
 from collections.abc import Collection, Mapping, Sequence
@@ -38,13 +39,10 @@ from typing import Protocol
 from hami_plugin.deviceplugin.mig.devices import MigDevice
 
 __all__ = [
-    "MIG_STRATEGIES",
-    "MIG_STRATEGY_MIXED",
-    "MIG_STRATEGY_NONE",
-    "MIG_STRATEGY_SINGLE",
     "NO_INSTANCE",
     "SINGLE_RESOURCE_NAME",
     "MigEvent",
+    "MigStrategy",
     "ScannedGpu",
     "ServedMigDevice",
     "StaticMigError",
@@ -57,11 +55,17 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MIG_STRATEGY_NONE = "none"
-MIG_STRATEGY_SINGLE = "single"
-MIG_STRATEGY_MIXED = "mixed"
-MIG_STRATEGIES = (MIG_STRATEGY_NONE, MIG_STRATEGY_SINGLE, MIG_STRATEGY_MIXED)
-"""NVIDIA's `spec.MigStrategyNone/Single/Mixed`, in main.go:238-244's order."""
+
+class MigStrategy(enum.StrEnum):
+    """NVIDIA's `spec.MigStrategyNone/Single/Mixed`, in main.go:238-244's order."""
+
+    NONE = "none"
+    """MIG-enabled GPUs are left out."""
+    SINGLE = "single"
+    """MIG devices replace the GPUs under `nvidia.com/gpu`."""
+    MIXED = "mixed"
+    """One `nvidia.com/mig-<profile>` resource per profile."""
+
 
 RESOURCE_PREFIX = "nvidia.com/"
 """`AddMIGResource` names resources `nvidia.com/<name>` (NVIDIA's api/config/v1)."""
@@ -116,7 +120,7 @@ class ServedMigDevice:
 class StaticMigPlan:
     """What the node serves: the MIG resources and whether the HAMi vGPU resource is served."""
 
-    strategy: str
+    strategy: MigStrategy
     mig_resources: Mapping[str, tuple[ServedMigDevice, ...]]
     """Resource name -> its MIG devices in (GPU index, MIG index) order; names sorted."""
     vgpu_served: bool
@@ -171,7 +175,7 @@ def _wrap(message: str) -> StaticMigError:
 
 
 def plan_static_mig(
-    strategy: str,
+    strategy: MigStrategy | str,
     gpus: Sequence[ScannedGpu],
     mig_devices: Mapping[int, Sequence[MigDevice]],
     *,
@@ -185,14 +189,16 @@ def plan_static_mig(
     `single`, a warning under `mixed`), one kind of MIG device under `single` (:200-213), and
     under `single` no mix of MIG and non-MIG GPUs (:114-116).
     """
-    if strategy not in MIG_STRATEGIES:
-        raise StaticMigError(f"unknown MIG strategy: {strategy}")  # main.go:243
-    if strategy == MIG_STRATEGY_NONE:
+    try:
+        strategy = MigStrategy(strategy)
+    except ValueError:
+        raise StaticMigError(f"unknown MIG strategy: {strategy}") from None  # main.go:243
+    if strategy == MigStrategy.NONE:
         return StaticMigPlan(strategy, {}, vgpu_served=True)
     ordered = sorted(gpus, key=lambda gpu: gpu.index)
     plain_gpus = [gpu for gpu in ordered if not gpu.mig_enabled]
     mig_gpus = [gpu for gpu in ordered if gpu.mig_enabled]
-    uniform = strategy == MIG_STRATEGY_SINGLE
+    uniform = strategy == MigStrategy.SINGLE
 
     resources: dict[str, list[ServedMigDevice]] = {}
     for gpu in mig_gpus:
