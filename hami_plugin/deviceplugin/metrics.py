@@ -68,7 +68,7 @@ from hami_plugin.protocol.booking import BookingKeys
 from hami_plugin.protocol.codec import AnnotationError, decode_pod_devices
 from hami_plugin.protocol.hostpaths import containers_dir
 from hami_plugin.protocol.model import ANNOTATION_DEVICES_ALLOCATED, ANNOTATION_VGPU_NODE
-from hami_plugin.scheduler.usage import collapse_pod_devices
+from hami_plugin.protocol.usage import collapse_pod_devices
 
 if TYPE_CHECKING:
     from hami_plugin.deviceplugin.hamicore import HamiCoreCheck

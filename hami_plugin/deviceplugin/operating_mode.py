@@ -4,13 +4,13 @@
 HAMi v2.10 reads `operatingmode` from the node's `nodeconfig` entry (plugin/server.go:128-155,
 default `hami-core`) and `migProfileAllowlist` from the device config's `nvidia:` section,
 validated at load (pkg/device/nvidia/device.go:109, 171-173, `ValidateMigProfileAllowlist`;
-the parser lives with the validation in `scheduler.mig`, which the scheduler uses too).
+the parser lives with the validation in `protocol.mig_allowlist`, which the scheduler uses too).
 `mig` turns on dynamic MIG (`deviceplugin.mig.dynamic`); HAMi's `mps` is not implemented.
 """
 
 from __future__ import annotations
 
-from hami_plugin.scheduler.mig import parse_mig_profile_allowlist
+from hami_plugin.protocol.mig_allowlist import parse_mig_profile_allowlist
 
 __all__ = [
     "MODE_HAMI_CORE",

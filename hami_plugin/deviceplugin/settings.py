@@ -63,8 +63,8 @@ from hami_plugin.deviceplugin.operating_mode import (
     parse_mig_profile_allowlist,
     parse_operating_mode,
 )
+from hami_plugin.protocol.mig_allowlist import AllowedMigProfiles
 from hami_plugin.protocol.model import RESOURCE_GPU
-from hami_plugin.scheduler.mig import AllowedMigProfiles
 
 logger = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ from hami_plugin.protocol.codec import (
     parse_gpu_policy,
     parse_node_policy,
 )
-from hami_plugin.scheduler.mig import parse_mig_profile_allowlist
+from hami_plugin.protocol.mig_allowlist import parse_mig_profile_allowlist
 from hami_plugin.scheduler.settings import ResourceNames, SchedulerSettings
 from hami_plugin.scheduler.webhook import GpuCorePolicy, WebhookSettings
 

@@ -58,6 +58,7 @@ from hami_plugin.protocol.model import (
     PodGpuOptions,
 )
 from hami_plugin.protocol.objects import PodInfo
+from hami_plugin.protocol.usage import collapse_pod_devices
 from hami_plugin.scheduler.fit import (
     NODE_UNREGISTERED,
     FitContext,
@@ -70,7 +71,7 @@ from hami_plugin.scheduler.ledger import Ledger
 from hami_plugin.scheduler.policy import prefers_higher_score
 from hami_plugin.scheduler.requests import PodRequests, pod_requests
 from hami_plugin.scheduler.settings import SchedulerSettings
-from hami_plugin.scheduler.usage import NodeUsage, collapse_pod_devices
+from hami_plugin.scheduler.usage import NodeUsage
 
 __all__ = ["FilterResult", "FitCache", "WouldWait", "assume", "decide", "pod_shape"]
 

@@ -68,11 +68,12 @@ from hami_plugin.protocol.model import (
     PodGpuOptions,
     ScoringWeights,
 )
+from hami_plugin.protocol.usage import collapse_pod_devices
 from hami_plugin.scheduler.mig import select_mig_candidate
 from hami_plugin.scheduler.policy import GpuOrder, SortKey, gpu_order, topology_choice
 from hami_plugin.scheduler.requests import ContainerRequest, PodRequests
 from hami_plugin.scheduler.score import device_score
-from hami_plugin.scheduler.usage import MODE_MIG, NodeUsage, collapse_pod_devices
+from hami_plugin.scheduler.usage import MODE_MIG, NodeUsage
 
 __all__ = [
     "FitContext",

@@ -81,11 +81,11 @@ from hami_plugin.protocol.topology import (
     DeviceScore,
     encode_pair_scores,
 )
+from hami_plugin.protocol.usage import DeviceTally
 from hami_plugin.scheduler.filter import FilterResult, assume, decide
 from hami_plugin.scheduler.ledger import Ledger
 from hami_plugin.scheduler.mig import select_mig_candidate
 from hami_plugin.scheduler.settings import SchedulerSettings
-from hami_plugin.scheduler.usage import DeviceTally
 
 PHASES = ("topology", "mig")
 SPLIT = 10

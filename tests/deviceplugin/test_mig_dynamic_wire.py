@@ -29,6 +29,7 @@ from hami_plugin.protocol.booking import (
     parse_booking_keys,
 )
 from hami_plugin.protocol.mig import MigAllocation, decode_mig_allocations, encode_mig_allocations
+from hami_plugin.protocol.mig_allowlist import AllowedMigProfiles
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -40,7 +41,6 @@ from hami_plugin.protocol.model import (
     ContainerDevice,
     MigPlacement,
 )
-from hami_plugin.scheduler.mig import AllowedMigProfiles
 from hami_plugin.testing.apiserver import FakeApiServer, make_container, make_pod
 from hami_plugin.testing.kubelet import FakeKubelet
 from tests.deviceplugin.conftest import FAST_RETRY

@@ -55,6 +55,7 @@ from hami_plugin.protocol.booking import (
     booking_fields,
 )
 from hami_plugin.protocol.mig import MigAllocation, decode_mig_allocations, encode_mig_allocations
+from hami_plugin.protocol.mig_allowlist import AllowedMigProfiles
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,
@@ -66,7 +67,6 @@ from hami_plugin.protocol.model import (
     MigProfile,
 )
 from hami_plugin.protocol.objects import ContainerSpec, PodInfo
-from hami_plugin.scheduler.mig import AllowedMigProfiles
 from tests.deviceplugin.mig_stub import A100_80GB, StubMigNvml, overlaps
 
 NODE = "mig-node"

@@ -46,9 +46,9 @@ from hami_plugin.deviceplugin.nodecache import CacheNotListedError, NodeCache
 from hami_plugin.deviceplugin.nvml import NvmlError
 from hami_plugin.kube.api import NodeMetricsApi
 from hami_plugin.protocol.booking import BookingKeys
+from hami_plugin.protocol.mig_allowlist import AllowedMigProfiles
 from hami_plugin.protocol.model import GpuDevice
 from hami_plugin.protocol.objects import PodInfo
-from hami_plugin.scheduler.mig import AllowedMigProfiles
 
 if TYPE_CHECKING:
     from hami_plugin.config.keys import BookingKeyFile
