@@ -375,7 +375,7 @@ def _explain_mig(
     """The MIG lines of `--explain`: for each fitting node, each MIG device's profile and
     placement and why the profiles before it in HAMi's order did not do; for each node that
     does not fit, why no profile of its MIG GPUs takes the pod's first GPU request."""
-    from hami_plugin.scheduler.fit import MigView
+    from hami_plugin.scheduler.mig import MigView
 
     requests = result.requests.containers
     lines: list[str] = []

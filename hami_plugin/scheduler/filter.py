@@ -59,15 +59,9 @@ from hami_plugin.protocol.model import (
 )
 from hami_plugin.protocol.objects import PodInfo
 from hami_plugin.protocol.usage import collapse_pod_devices
-from hami_plugin.scheduler.fit import (
-    NODE_UNREGISTERED,
-    FitContext,
-    FitFailure,
-    PodFit,
-    QuotaFit,
-    fit_pod,
-)
+from hami_plugin.scheduler.fit import NODE_UNREGISTERED, FitContext, FitFailure, QuotaFit
 from hami_plugin.scheduler.ledger import Ledger
+from hami_plugin.scheduler.pod_fit import PodFit, fit_pod
 from hami_plugin.scheduler.policy import prefers_higher_score
 from hami_plugin.scheduler.requests import PodRequests, pod_requests
 from hami_plugin.scheduler.settings import SchedulerSettings

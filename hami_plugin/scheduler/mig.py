@@ -7,17 +7,21 @@ A MIG-mode GPU registers its profiles with the placements NVML reports for each
 least memory of at least `m` (ties: fewer slices) that still has a placement overlapping no
 occupied one; a placement is searched from the highest start for `1g.` and `3g.` profiles and
 from the lowest for the others (HAMi's `preferHighMigPlacement`, which keeps the low slices
-free for the large profiles). Pure, no I/O.
+free for the large profiles). The fit checks a MIG-mode GPU with `has_mig_placement` against
+the placements in use during the pod's fit (`MigView`). Pure, no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hami_plugin.protocol.model import MigPlacement, MigProfile
+from hami_plugin.protocol.model import GpuDevice, MigPlacement, MigProfile
+from hami_plugin.scheduler.usage import NodeUsage
 
 __all__ = [
+    "MigView",
     "can_place_mig_profiles",
+    "has_mig_placement",
     "ordered_placements",
     "placements_overlap",
     "select_mig_candidate",
@@ -118,3 +122,44 @@ def can_place_mig_profiles(
         return False
 
     return place(0)
+
+
+class MigView:
+    """The MIG placements in use during one phase of a pod's fit (HAMi's node copy's
+    `MigAllocationsInUse`): the node's, plus what the phase's earlier containers booked."""
+
+    __slots__ = ("_extra", "_node")
+
+    def __init__(self, node: NodeUsage) -> None:
+        self._node = node
+        self._extra: dict[int, list[MigPlacement]] = {}
+
+    def occupied(self, position: int) -> list[MigPlacement]:
+        """The placements in use on the GPU at `position` (a new list)."""
+        return [*self._node.occupied(position), *self._extra.get(position, ())]
+
+    def add(self, position: int, placement: MigPlacement) -> None:
+        self._extra.setdefault(position, []).append(placement)
+
+
+def has_mig_placement(
+    device: GpuDevice,
+    occupied: list[MigPlacement],
+    devices: Sequence[GpuDevice],
+    passed: Sequence[int],
+    passed_memory_mib: Sequence[int],
+    memory_mib: int,
+) -> bool:
+    """HAMi's `CustomFilterRule` for a MIG-mode GPU (device.go:602-619): the container's GPUs
+    passed so far on the same GPU replayed, each with its own memory, onto the placements in
+    use (`occupied`, extended in place), and still a profile with a free placement for
+    `memory_mib`."""
+    profiles = device.mig_profiles
+    for position, mib in zip(passed, passed_memory_mib, strict=True):
+        if devices[position].uuid != device.uuid:
+            continue
+        candidate = select_mig_candidate(profiles, occupied, mib)
+        if candidate is None:
+            return False
+        occupied.append(candidate[1])
+    return select_mig_candidate(profiles, occupied, memory_mib) is not None
