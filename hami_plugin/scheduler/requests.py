@@ -198,12 +198,6 @@ class _BadValueError(Exception):
         """The value when it is a quantity (not a whole number, or beyond int64)."""
 
 
-def _lookup(container: ContainerSpec, resource: str) -> object | None:
-    if resource in container.limits:
-        return container.limits[resource]
-    return container.requests.get(resource)
-
-
 def _integer(raw: object) -> int:
     """Go's `Quantity.AsInt64()`; raises _BadValueError saying why not."""
     if not isinstance(raw, (str, int, float)):
@@ -272,9 +266,40 @@ def container_request(
 ) -> tuple[ContainerRequest | None, tuple[RequestProblem, ...]]:
     """The container's NVIDIA request (None when it asks no GPU) and any problem found."""
     names = settings.resources
-    problems: list[RequestProblem] = []
+    reader = _Reader(container)
+    count = _read_count(reader, names.count)
+    if count is None:
+        return None, tuple(reader.problems)
+    memory_mib = _read_memory(reader, names.memory, settings.memory_factor)
+    if memory_mib is None:
+        return None, tuple(reader.problems)
+    percent = _read_memory_percentage(reader, names.memory_percentage)
+    if percent == PERCENTAGE_UNSET and memory_mib == 0:
+        if settings.default_memory_mib:
+            memory_mib = settings.default_memory_mib
+        else:
+            percent = 100
+    cores = _read_cores(reader, names.cores, settings.default_cores)
+    return ContainerRequest(count, memory_mib, percent, cores), tuple(reader.problems)
+
+
+class _Reader:
+    """One container's resources, and the problems found reading them."""
+
+    __slots__ = ("container", "problems")
+
+    def __init__(self, container: ContainerSpec) -> None:
+        self.container = container
+        self.problems: list[RequestProblem] = []
+
+    def raw(self, resource: str) -> object | None:
+        """The value from `limits`, else `requests` (None: absent)."""
+        if resource in self.container.limits:
+            return self.container.limits[resource]
+        return self.container.requests.get(resource)
 
     def problem(
+        self,
         resource: str,
         raw: object,
         reason: str,
@@ -282,97 +307,94 @@ def container_request(
         effect: ProblemEffect,
         taken_as: int | None = None,
     ) -> None:
-        problems.append(
-            RequestProblem(container.name, resource, str(raw), reason, advice, effect, taken_as)
+        name = self.container.name
+        self.problems.append(
+            RequestProblem(name, resource, str(raw), reason, advice, effect, taken_as)
         )
 
-    raw_count = _lookup(container, names.count)
-    if raw_count is None:
-        return None, ()
+
+def _read_count(reader: _Reader, resource: str) -> int | None:
+    """The GPU count; None when the container asks none (absent, 0, or a value HAMi drops)."""
+    raw = reader.raw(resource)
+    if raw is None:
+        return None
     try:
-        count = _integer(raw_count)
+        count = _integer(raw)
     except _BadValueError as bad:
         advice = _count_advice(bad.quantity)
-        problem(names.count, raw_count, bad.reason, advice, ProblemEffect.DROPPED)
-        return None, tuple(problems)
+        reader.problem(resource, raw, bad.reason, advice, ProblemEffect.DROPPED)
+        return None
     if count == 0:
-        return None, ()
-    if not 0 < count <= INT32_MAX:
-        truncated = go_int32(count)
-        advice = _count_advice(None)
-        if truncated <= 0:
-            reason = f"as int32 it is {truncated}, not positive"
-            problem(names.count, raw_count, reason, advice, ProblemEffect.DROPPED)
-            return None, tuple(problems)
-        reason = "larger than int32"
-        problem(names.count, raw_count, reason, advice, ProblemEffect.TRUNCATED, truncated)
-        count = truncated
+        return None
+    if 0 < count <= INT32_MAX:
+        return count
+    truncated = go_int32(count)
+    if truncated <= 0:
+        reason = f"as int32 it is {truncated}, not positive"
+        reader.problem(resource, raw, reason, _count_advice(None), ProblemEffect.DROPPED)
+        return None
+    effect = ProblemEffect.TRUNCATED
+    reader.problem(resource, raw, "larger than int32", _count_advice(None), effect, truncated)
+    return truncated
 
-    memory_mib = 0
-    raw_memory = _lookup(container, names.memory)
-    if raw_memory is not None:
-        factor = settings.memory_factor
-        limit = INT32_MAX // factor
-        try:
-            memory = _integer(raw_memory)
-            if not 0 <= memory <= limit:
-                unit = "MiB" if factor == 1 else f"units of {factor} MiB"
-                raise _BadValueError(f"out of range 0..{limit} ({unit})", Decimal(memory))
-        except _BadValueError as bad:
-            advice = _memory_advice(names.memory, raw_memory, bad.quantity, factor, limit)
-            problem(names.memory, raw_memory, bad.reason, advice, ProblemEffect.DROPPED)
-            return None, tuple(problems)
-        memory_mib = memory * factor
-        if memory and _has_suffix(raw_memory, _BYTE_UNITS):
-            reason = "a byte unit on a count of MiB"
-            advice = _memory_advice(names.memory, raw_memory, Decimal(memory), factor, limit)
-            effect = ProblemEffect.TAKEN_LITERALLY
-            problem(names.memory, raw_memory, reason, advice, effect, memory_mib)
 
-    percent = PERCENTAGE_UNSET
-    raw_percent = _lookup(container, names.memory_percentage)
-    if raw_percent is not None:
-        try:
-            asked = _integer(raw_percent)
-        except _BadValueError as bad:
-            advice = _percent_advice(bad.quantity, 1, 100, "a whole percent")
-            problem(names.memory_percentage, raw_percent, bad.reason, advice, ProblemEffect.IGNORED)
-        else:
-            if asked > 100:
-                percent = 100
-                problem(
-                    names.memory_percentage,
-                    raw_percent,
-                    "above 100",
-                    "write at most 100",
-                    ProblemEffect.CLAMPED,
-                    100,
-                )
-            elif asked > 0:
-                percent = asked
+def _read_memory(reader: _Reader, resource: str, factor: int) -> int | None:
+    """The MiB asked per GPU (0: none given); None when HAMi drops the request over it."""
+    raw = reader.raw(resource)
+    if raw is None:
+        return 0
+    limit = INT32_MAX // factor
+    try:
+        memory = _integer(raw)
+        if not 0 <= memory <= limit:
+            unit = "MiB" if factor == 1 else f"units of {factor} MiB"
+            raise _BadValueError(f"out of range 0..{limit} ({unit})", Decimal(memory))
+    except _BadValueError as bad:
+        advice = _memory_advice(resource, raw, bad.quantity, factor, limit)
+        reader.problem(resource, raw, bad.reason, advice, ProblemEffect.DROPPED)
+        return None
+    memory_mib = memory * factor
+    if memory and _has_suffix(raw, _BYTE_UNITS):
+        reason = "a byte unit on a count of MiB"
+        advice = _memory_advice(resource, raw, Decimal(memory), factor, limit)
+        reader.problem(resource, raw, reason, advice, ProblemEffect.TAKEN_LITERALLY, memory_mib)
+    return memory_mib
 
-    if percent == PERCENTAGE_UNSET and memory_mib == 0:
-        if settings.default_memory_mib:
-            memory_mib = settings.default_memory_mib
-        else:
-            percent = 100
 
-    cores = settings.default_cores
-    raw_cores = _lookup(container, names.cores)
-    if raw_cores is not None:
-        try:
-            asked = _integer(raw_cores)
-        except _BadValueError as bad:
-            advice = _percent_advice(bad.quantity, 0, 100, "a whole percent of the GPU's cores")
-            problem(names.cores, raw_cores, bad.reason, advice, ProblemEffect.IGNORED)
-        else:
-            cores = go_int32(asked)
-            if cores != asked:
-                advice = _percent_advice(None, 0, 100, "a whole percent of the GPU's cores")
-                effect = ProblemEffect.TRUNCATED
-                problem(names.cores, raw_cores, "outside int32", advice, effect, cores)
+def _read_memory_percentage(reader: _Reader, resource: str) -> int:
+    """The percentage of each GPU's memory asked (`PERCENTAGE_UNSET`: none)."""
+    raw = reader.raw(resource)
+    if raw is None:
+        return PERCENTAGE_UNSET
+    try:
+        asked = _integer(raw)
+    except _BadValueError as bad:
+        advice = _percent_advice(bad.quantity, 1, 100, "a whole percent")
+        reader.problem(resource, raw, bad.reason, advice, ProblemEffect.IGNORED)
+        return PERCENTAGE_UNSET
+    if asked > 100:
+        reader.problem(resource, raw, "above 100", "write at most 100", ProblemEffect.CLAMPED, 100)
+        return 100
+    return asked if asked > 0 else PERCENTAGE_UNSET
 
-    return ContainerRequest(count, memory_mib, percent, cores), tuple(problems)
+
+def _read_cores(reader: _Reader, resource: str, default: int) -> int:
+    """The percent of each GPU's cores asked (`default` when absent or unusable)."""
+    raw = reader.raw(resource)
+    if raw is None:
+        return default
+    what = "a whole percent of the GPU's cores"
+    try:
+        asked = _integer(raw)
+    except _BadValueError as bad:
+        advice = _percent_advice(bad.quantity, 0, 100, what)
+        reader.problem(resource, raw, bad.reason, advice, ProblemEffect.IGNORED)
+        return default
+    cores = go_int32(asked)
+    if cores != asked:
+        advice = _percent_advice(None, 0, 100, what)
+        reader.problem(resource, raw, "outside int32", advice, ProblemEffect.TRUNCATED, cores)
+    return cores
 
 
 def pod_requests(info: PodInfo, settings: SchedulerSettings) -> PodRequests:
