@@ -1,8 +1,9 @@
 """Per-container GPU requests of a pod, by HAMi v2.10's rules (docs/hami-reference.md 2).
 
-For each container (init containers first, then app containers, the order of the
-`hami.io/vgpu-devices-*` annotations) every resource is read from `limits`, else `requests`,
-parsed as a Kubernetes quantity and required to be an exact integer:
+For each container (init containers first, the order of the `hami.io/vgpu-devices-*`
+annotations) every resource is read from `limits`, else `requests`, as Go's
+`Quantity.AsInt64()` reads it, then as HAMi stores it (count and cores in int32, without a
+range check):
 
 * count (`nvidia.com/gpu`): absent or 0 means no request; a bad value drops the request;
 * memory (`nvidia.com/gpumem`, MiB): 0..2147483647/memory_factor, else the container's whole
@@ -12,29 +13,11 @@ parsed as a Kubernetes quantity and required to be an exact integer:
 * with neither memory nor percentage: `default_memory_mib` if set, else 100 %;
 * cores (`nvidia.com/gpucores`): `default_cores` unless given; a bad value is ignored.
 
-"Exact integer" is Go's `Quantity.AsInt64()`: a whole number within int64. HAMi stores the
-count and the cores in int32 without a range check, so, as there, a count or cores value
-outside int32 keeps its low 32 bits (a count that becomes 0 or negative asks no GPU).
-
-The request is HAMi's reading, always: the scheduler must decide as HAMi decides. What HAMi
-reads differently from what was written is never silent: it comes back as a `RequestProblem`
-that names the container, the resource and the value, says what to write instead
-(`advice`) and what the scheduler does with it (`effect`). `RequestProblem.wrong_answer`
-sorts them for the user tools and the admission webhook, which refuse a pod over a wrong
-answer and only report the rest (docs/scheduling.md, "Values the scheduler cannot use"):
-
-* wrong answers: a value that drops the request (a count that is not a positive whole
-  number within int32 once truncated, memory that is not a whole number of MiB within the
-  range, e.g. `16Gi`), a value that is ignored so the default applies instead (a percentage
-  or cores that is not a whole number), a value truncated to int32 (count, cores), and a
-  memory value with a byte unit of `Mi` or larger that is within the range and so taken as
-  that many MiB (`1Gi` asks 1073741824 MiB per GPU);
-* harmless: a percentage above 100, taken as 100 (the whole card, which is all a
-  percentage above 100 can mean).
-
-Not reported, as they read the way they are written: a `Ki` memory value within the range
-(`8Ki` is 8192 MiB), decimal suffixes (`3k`: the API server writes a plain 3000 that way), a
-percentage of 0 or below (unset, as documented), cores above 100 (Fit clamps them).
+The request is always HAMi's reading: the scheduler must decide as HAMi decides. A value HAMi
+reads differently from what was written comes back as a `RequestProblem` naming the container,
+the resource and the value, what to write instead and what the scheduler does with it; which
+values, and which of them are wrong answers (refused by the user tools and the admission
+webhook) rather than harmless: `docs/scheduling.md`, "Values the scheduler cannot use".
 """
 
 from __future__ import annotations
