@@ -309,7 +309,9 @@ class _NodeSearch:
 
 def _first_fit(search: _NodeSearch) -> str | None:
     """HAMi's choice: the first node that fits."""
-    return next((name for name, _ in search), None)
+    for name, _ in search:
+        return name
+    return None
 
 
 def _all_fits(search: _NodeSearch) -> str | None:
@@ -359,7 +361,11 @@ def _result(
     }
     if fit.mig:
         annotations[ANNOTATION_VGPU_MIG_ALLOCATIONS] = encode_mig_allocations(fit.mig)
-    everything = search.fits if exhaustive else {}
+    placements: dict[str, PodDevices] = {}
+    mig_placements: dict[str, tuple[MigAllocation, ...]] = {}
+    if exhaustive:
+        placements = {name: fit.devices for name, fit in search.fits.items()}
+        mig_placements = {name: fit.mig for name, fit in search.fits.items() if fit.mig}
     return FilterResult(
         node=chosen,
         requests=pod.requests,
@@ -367,14 +373,14 @@ def _result(
         devices=fit.devices,
         failed_nodes=search.failed,
         scores=search.scores,
-        placements={name: fit.devices for name, fit in everything.items()},
+        placements=placements,
         node_policy=pod.node_policy,
         gpu_policy=pod.gpu_policy,
         fitted=search.fitted,
         shape=pod.shape,
         fanned_out=not exhaustive and chosen != next(iter(search.fits)),
         mig=fit.mig,
-        mig_placements={name: fit.mig for name, fit in everything.items() if fit.mig},
+        mig_placements=mig_placements,
     )
 
 

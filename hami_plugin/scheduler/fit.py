@@ -24,7 +24,7 @@ several MIG instances.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -236,16 +236,11 @@ def sorted_candidates(
     return sorted(candidates, key=keys.__getitem__)
 
 
-class GpuWalk(NamedTuple):
-    """What HAMi's Fit loop found for one container on one node."""
-
-    passed: list[int]
-    """The GPUs that passed every check, as positions in walk order (with numa-bind, those of
-    the NUMA node the walk ended on)."""
-    memory_mib: list[int]
-    """What each passed GPU would give the container (the request on that GPU's memory)."""
-    failures: dict[FitReason, int]
-    """How many GPUs failed with each reason."""
+GpuWalk = tuple[list[int], list[int], dict[FitReason, int]]
+"""What HAMi's Fit loop found for one container on one node, `(passed, memory_mib, failures)`:
+the GPUs that passed every check, as positions in walk order (with numa-bind, those of the
+NUMA node the walk ended on), what each would give the container (the request on that GPU's
+memory), and how many GPUs failed with each reason. A plain tuple: one is made per node fitted."""
 
 
 def walk_gpus(
@@ -335,7 +330,7 @@ def walk_gpus(
                     index += 1  # the same MIG GPU again
                 continue
         failures[reason] = failures.get(reason, 0) + 1
-    return GpuWalk(passed, booked, failures)
+    return passed, booked, failures
 
 
 def _quota_check(
@@ -377,48 +372,50 @@ class ContainerFit(NamedTuple):
 def _too_few(walk: GpuWalk, candidates: int) -> FitFailure:
     """The walk ended short: HAMi's failure, with `AllocatedCardsInsufficientRequest` the
     GPUs passed (on the last NUMA node with numa-bind; device.go:871-872)."""
-    failures = walk.failures
-    if walk.passed:
-        failures[FitReason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] = len(walk.passed)
-    return FitFailure(tuple(sorted(failures.items())), candidates)
+    passed, _, failures = walk
+    counts: Iterable[tuple[FitReason, int]] = failures.items()
+    if passed:
+        counts = [*counts, (FitReason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST, len(passed))]
+    return FitFailure(tuple(sorted(counts)), candidates)
 
 
 def _first_fit(
     node: NodeUsage, order: Sequence[int], walk: GpuWalk, request: ContainerRequest
 ) -> ContainerFit | FitFailure:
     """HAMi's default choice: the first GPUs to pass, if the walk found enough."""
-    if len(walk.passed) < request.count:
+    passed, memory_mib, _ = walk
+    if len(passed) < request.count:
         return _too_few(walk, len(order))
-    return _take(node, order, walk, range(request.count), request)
+    return _take(node, order, passed, memory_mib, request)
 
 
 def _topology_fit(
     node: NodeUsage, order: Sequence[int], walk: GpuWalk, request: ContainerRequest
 ) -> ContainerFit | FitFailure:
     """The `topology-aware` choice among every GPU that passed (device.go:849-868)."""
-    if len(walk.passed) < request.count:
+    passed, memory_mib, _ = walk
+    if len(passed) < request.count:
         return _too_few(walk, len(order))
-    uuids = [node.devices[position].uuid for position in walk.passed]
+    uuids = [node.devices[position].uuid for position in passed]
     chosen = topology_choice(uuids, request.count, node.pair_scores)
-    return _take(node, order, walk, chosen, request)
+    return _take(node, order, [passed[i] for i in chosen], [memory_mib[i] for i in chosen], request)
 
 
 def _take(
     node: NodeUsage,
     order: Sequence[int],
-    walk: GpuWalk,
-    chosen: Sequence[int],
+    positions: Sequence[int],
+    memory_mib: Sequence[int],
     request: ContainerRequest,
 ) -> ContainerFit:
-    """The container's devices on the `chosen` GPUs (indexes into `walk.passed`)."""
+    """The container's devices on the GPUs chosen (`memory_mib` on each)."""
     devices = node.devices
-    passed, memory_mib = walk.passed, walk.memory_mib
     cores = min(request.cores_percent, 100)
     return ContainerFit(
-        tuple(passed[i] for i in chosen),
+        tuple(positions),
         tuple(
-            ContainerDevice(devices[passed[i]].uuid, NVIDIA_DEVICE_TYPE, memory_mib[i], cores)
-            for i in chosen
+            ContainerDevice(devices[position].uuid, NVIDIA_DEVICE_TYPE, mib, cores)
+            for position, mib in zip(positions, memory_mib, strict=True)
         ),
         order,
     )
@@ -475,9 +472,11 @@ def fit_container(
         screening = _screening_order(node, context, base)
         if screening is not None:
             walk = walk_gpus(node, screening, request, context, request.count, (), mig)
-            verdict = _first_fit(node, screening, walk, request)
-            if isinstance(verdict, FitFailure) or not context.order.uses_score:
-                return verdict
+            passed, memory_mib, _ = walk
+            if len(passed) < request.count:
+                return _too_few(walk, len(screening))
+            if not context.order.uses_score:
+                return _take(node, screening, passed, memory_mib, request)
     order = sorted_candidates(node, request, context, base)
     walk = walk_gpus(node, order, request, context, request.count, allocated, mig)
     return _first_fit(node, order, walk, request)

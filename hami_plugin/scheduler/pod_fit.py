@@ -45,7 +45,9 @@ def fit_pod(
     the node's. `screen` as for `fit_container`."""
     entries: list[ContainerDevices] = []
     reservations: list[MigAllocation] = []
-    failure = _fit_init_containers(node, requests, context, screen, entries, reservations)
+    failure = None
+    if requests.init_count:
+        failure = _fit_init_containers(node, requests, context, screen, entries, reservations)
     if failure is None:
         failure = _fit_app_containers(node, requests, context, screen, entries, reservations)
     if failure is not None:
@@ -94,9 +96,10 @@ def _fit_app_containers(
     previous one left; appended as for `_fit_init_containers`."""
     phase: list[ContainerDevices] = []
     mig = MigView(node) if node.has_mig else None
-    remaining = sum(request is not None for request in requests.app_requests)
+    app = requests.app_requests
+    remaining = sum(request is not None for request in app)
     base: Sequence[int] | None = None
-    for request in requests.app_requests:
+    for request in app:
         if request is None:
             entries.append(())
             continue
