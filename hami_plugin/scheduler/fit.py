@@ -284,7 +284,7 @@ def walk_gpus(
             reason = FitReason.CARD_TYPE_MISMATCH
         else:
             if numa_bind and device.numa_node != previous_numa:  # 4. a new NUMA node
-                if passed and stop_at:  # the GPUs passed on the one left (k.Nums moved)
+                if passed and stop_at is not None:  # those passed on the one left (k.Nums moved)
                     so_far = failures.get(FitReason.NUMA_NOT_FIT, 0)
                     failures[FitReason.NUMA_NOT_FIT] = so_far + len(passed)
                 previous_numa = device.numa_node
@@ -299,7 +299,9 @@ def walk_gpus(
                 reason = FitReason.CARD_TIME_SLICING_EXHAUSTED
             elif mutex and in_use > 0:  # 7.
                 reason = FitReason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-            elif quota_fits is not None and not quota_fits(passed, booked, position, memory_mib):
+            elif quota_fits is not None and not quota_fits(  # 10.
+                passed, booked, position, memory_mib
+            ):
                 reason = FitReason.RESOURCE_QUOTA_NOT_FIT
             elif device.memory_mib - used_memory_mib[position] < memory_mib:  # 11.
                 reason = FitReason.CARD_INSUFFICIENT_MEMORY
@@ -324,7 +326,7 @@ def walk_gpus(
             else:  # 16.-17.
                 passed.append(position)
                 booked.append(memory_mib)
-                if len(passed) == stop_at:
+                if stop_at is not None and len(passed) == stop_at:
                     break
                 if mig is not None and device.mode == MODE_MIG:
                     index += 1  # the same MIG GPU again
@@ -396,7 +398,8 @@ def _topology_fit(
     passed, memory_mib, _ = walk
     if len(passed) < request.count:
         return _too_few(walk, len(order))
-    uuids = [node.devices[position].uuid for position in passed]
+    devices = node.devices
+    uuids = [devices[position].uuid for position in passed]
     chosen = topology_choice(uuids, request.count, node.pair_scores)
     return _take(node, order, [passed[i] for i in chosen], [memory_mib[i] for i in chosen], request)
 
