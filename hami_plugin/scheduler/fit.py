@@ -385,40 +385,40 @@ def _first_fit(
     node: NodeUsage, order: Sequence[int], walk: GpuWalk, request: ContainerRequest
 ) -> ContainerFit | FitFailure:
     """HAMi's default choice: the first GPUs to pass, if the walk found enough."""
-    passed, memory_mib, _ = walk
-    if len(passed) < request.count:
+    if len(walk[0]) < request.count:
         return _too_few(walk, len(order))
-    return _take(node, order, passed, memory_mib, request)
+    return _take(node, order, walk, range(request.count), request)
 
 
 def _topology_fit(
     node: NodeUsage, order: Sequence[int], walk: GpuWalk, request: ContainerRequest
 ) -> ContainerFit | FitFailure:
     """The `topology-aware` choice among every GPU that passed (device.go:849-868)."""
-    passed, memory_mib, _ = walk
+    passed = walk[0]
     if len(passed) < request.count:
         return _too_few(walk, len(order))
     devices = node.devices
     uuids = [devices[position].uuid for position in passed]
     chosen = topology_choice(uuids, request.count, node.pair_scores)
-    return _take(node, order, [passed[i] for i in chosen], [memory_mib[i] for i in chosen], request)
+    return _take(node, order, walk, chosen, request)
 
 
 def _take(
     node: NodeUsage,
     order: Sequence[int],
-    positions: Sequence[int],
-    memory_mib: Sequence[int],
+    walk: GpuWalk,
+    chosen: Sequence[int],
     request: ContainerRequest,
 ) -> ContainerFit:
-    """The container's devices on the GPUs chosen (`memory_mib` on each)."""
+    """The container's devices on the `chosen` GPUs (indexes into those the walk passed)."""
+    passed, memory_mib, _ = walk
     devices = node.devices
     cores = min(request.cores_percent, 100)
     return ContainerFit(
-        tuple(positions),
+        tuple(passed[i] for i in chosen),
         tuple(
-            ContainerDevice(devices[position].uuid, NVIDIA_DEVICE_TYPE, mib, cores)
-            for position, mib in zip(positions, memory_mib, strict=True)
+            ContainerDevice(devices[passed[i]].uuid, NVIDIA_DEVICE_TYPE, memory_mib[i], cores)
+            for i in chosen
         ),
         order,
     )
@@ -475,11 +475,10 @@ def fit_container(
         screening = _screening_order(node, context, base)
         if screening is not None:
             walk = walk_gpus(node, screening, request, context, request.count, (), mig)
-            passed, memory_mib, _ = walk
-            if len(passed) < request.count:
+            if len(walk[0]) < request.count:
                 return _too_few(walk, len(screening))
             if not context.order.uses_score:
-                return _take(node, screening, passed, memory_mib, request)
+                return _take(node, screening, walk, range(request.count), request)
     order = sorted_candidates(node, request, context, base)
     walk = walk_gpus(node, order, request, context, request.count, allocated, mig)
     return _first_fit(node, order, walk, request)
