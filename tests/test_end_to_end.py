@@ -54,11 +54,11 @@ from hami_plugin.protocol.model import (
 )
 from hami_plugin.protocol.nodelock import lock_value
 from hami_plugin.protocol.objects import PodInfo, read_node, read_pod
+from hami_plugin.protocol.usage import DeviceTally
 from hami_plugin.scheduler.filter import FilterResult, assume, decide
 from hami_plugin.scheduler.fit import NODE_UNREGISTERED
 from hami_plugin.scheduler.ledger import Ledger
 from hami_plugin.scheduler.settings import SchedulerSettings
-from hami_plugin.scheduler.usage import DeviceTally
 from hami_plugin.testing.apiserver import FakeApiServer, make_container
 from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import DeviceState, FakeKubelet

@@ -67,7 +67,7 @@ from hami_plugin.metrics.server import (
 from hami_plugin.protocol.codec import AnnotationError
 from hami_plugin.protocol.hostpaths import containers_dir
 from hami_plugin.protocol.signature import BookingKeys
-from hami_plugin.scheduler.usage import collapse_pod_devices
+from hami_plugin.protocol.usage import collapse_pod_devices
 
 if TYPE_CHECKING:
     from hami_plugin.deviceplugin.hamicore import HamiCoreCheck

@@ -56,8 +56,8 @@ from hami_plugin.deviceplugin.device_list import (
 from hami_plugin.deviceplugin.health import DEFAULT_IGNORED_XIDS, HealthConfig
 from hami_plugin.deviceplugin.inventory import InventoryConfig
 from hami_plugin.deviceplugin.mig.static import MigStrategy
+from hami_plugin.protocol.mig_allowlist import AllowedMigProfiles, parse_mig_profile_allowlist
 from hami_plugin.protocol.model import RESOURCE_GPU, OperatingMode
-from hami_plugin.scheduler.mig import AllowedMigProfiles, parse_mig_profile_allowlist
 
 __all__ = [
     "DEFAULT_IGNORED_XIDS",

@@ -45,7 +45,7 @@ from hami_plugin.config.keys import load_booking_keys
 from hami_plugin.config.options import Option, OptionTable
 from hami_plugin.protocol.address import BindAddress, parse_host_port
 from hami_plugin.protocol.codec import AnnotationError, parse_gpu_policy, parse_node_policy
-from hami_plugin.scheduler.mig import parse_mig_profile_allowlist
+from hami_plugin.protocol.mig_allowlist import parse_mig_profile_allowlist
 from hami_plugin.scheduler.settings import ResourceNames, SchedulerSettings
 from hami_plugin.scheduler.webhook import GpuCorePolicy, WebhookSettings
 

@@ -1,37 +1,12 @@
 """`hami schedule`: where would the scheduler put this pod, and why not elsewhere?
 
-Reads a cluster snapshot (`kubectl get nodes,pods -A -o yaml`) and a pod, runs the same
-decision the scheduler runs, and prints JSON on stdout:
-
-    {"node": "<name or null>", "annotations": {...}, "failedNodes": {"<node>": "<reason>"},
-     "scores": {"<node>": <float>}}
-
-ResourceQuota objects in the snapshot (`kubectl get nodes,pods,resourcequotas -A -o yaml`) are
-the namespace GPU quotas: the pod's namespace's limit is checked as the scheduler checks it
-(`ResourceQuotaNotFit`), against what the snapshot's other pods there book.
-
-Every node of the snapshot is a candidate unless `--nodes` names some; every one is fitted, so
-`failedNodes` and `scores` (fitting nodes only) are complete. A node whose device plugin is
-gone by HAMi's CheckHealth (no allocatable `nvidia.com/gpu` and a `Requesting_` handshake 60 s
-old or more) is `node unregistered`; the handshake's age is judged against `--now` (default:
-the wall clock), its text read as UTC, the local time of HAMi's scheduler image. `--explain`
-writes a table to stderr (stdout stays JSON); on a MIG-mode GPU (dynamic MIG) it names the
-profile and placement each MIG device gets and why each smaller profile did not do (too little
-memory, or no free placement), and for a node that does not fit, why no profile of its MIG GPUs
-takes the request. The snapshot's MIG-mode nodes and the pods' `hami.io/vgpu-mig-allocations`
-count as the scheduler counts them (placements in use, GPUs marked unhealthy). `--repeat N`
-times N more decisions the way the scheduler makes them (stopping at the first fitting node
-in policy order) and adds `decision_ms`.
-
-A pod whose GPU request the scheduler would read differently from what it says (a
-`RequestProblem.wrong_answer` of `scheduler.requests`: `nvidia.com/gpumem: 16Gi` drops the
-request, so HAMi would place the pod as asking no GPU) is bad input: one line per problem on
-stderr, each naming the container, the resource, the value and what to write instead. A
-harmless problem (a percentage above 100, taken as 100) is listed under `problems` in the JSON.
-A snapshot without nodes, or that is not kubectl's output at all, is bad input too.
-
-Exit status: 0 the pod fits (or asks no GPU), 2 no node fits, 1 bad input (on stderr: one
-line, or one per problem of the pod's request).
+Reads a cluster snapshot (`kubectl get nodes,pods,resourcequotas -A -o yaml`) and a pod, runs the
+decision the scheduler runs with every candidate fitted (`decide(exhaustive=True)`), and prints
+HAMi's answer as JSON on stdout, with `--explain` a table (and the MIG profiles each MIG device
+gets, and why not the smaller ones) on stderr. What it prints, the exit status and the bad
+input it refuses: `docs/scheduling.md`, "Try it on your cluster: `hami schedule`"; the
+snapshot's ResourceQuota objects are the namespace GPU quotas (`docs/scheduler.md`, "GPU
+quotas").
 """
 
 from __future__ import annotations
@@ -376,7 +351,7 @@ def _explain_mig(
     placement and why the profiles before it in HAMi's order did not do; for each node that
     does not fit, why no profile of its MIG GPUs takes the pod's first GPU request."""
     from hami_plugin.protocol.model import OperatingMode
-    from hami_plugin.scheduler.fit import MigView
+    from hami_plugin.scheduler.mig import MigView
 
     requests = result.requests.containers
     lines: list[str] = []

@@ -1,37 +1,25 @@
 """The placement decision: a pod and candidate nodes in, a node and the annotations out.
 
-HAMi's Filter (docs/hami-reference.md 3.4) fits the pod on every candidate and then takes the
-best-scored fitting node. The node score does not depend on the pod, and the ledger keeps nodes
-sorted by it, so `decide` walks the candidates in policy order (binpack: highest score first,
-spread: lowest first; equal scores: smaller node name first) and stops at the first node that fits.
-That node is exactly the one HAMi's rule picks, ties made deterministic (docs/design.md 9.5).
+HAMi's Filter (docs/hami-reference.md 3.4) fits the pod on every candidate and takes the
+best-scored fitting node. The node score does not depend on the pod and the ledger keeps nodes
+sorted by it, so `decide` fits the candidates in policy order (binpack: highest score first,
+spread: lowest; equal scores: smaller name first), and a chooser stops where it has its answer:
 
-What is reported for the other nodes depends on the mode:
-* default (the scheduler's hot path): `failed_nodes` holds the candidates that are not
-  registered and every node tried and rejected before the chosen one; nodes after it are not
-  fitted, so they appear in neither `failed_nodes` nor `scores`. When no node fits, every
-  candidate was tried and `failed_nodes` is HAMi's complete map.
-* `exhaustive=True` (the dry run): every candidate is fitted; `failed_nodes` is complete and
-  `scores`/`placements` cover every fitting node, as HAMi's FilteringSucceed event lists them.
+* first fit (the scheduler's hot path): the first node that fits, HAMi's choice with ties made
+  deterministic (docs/design.md 9.5); `failed_nodes` holds the unregistered candidates and the
+  nodes rejected before it (every candidate when none fits: HAMi's complete map);
+* first fit without a wait (`would_wait`, `look_ahead`: a burst fans out only as far as it
+  must): when the bind would wait on the first fitting node (a node lock another pod holds, or
+  an in-flight pod kubelet's Allocate could confuse with this one), the next fitting node on
+  which it would not, at most `look_ahead` past the first, else the first. A pod placed while
+  nothing is in flight goes exactly where HAMi puts it;
+* all fits (`exhaustive`, the dry run): every candidate fitted, `failed_nodes`, `scores` and
+  `placements` complete, as HAMi's FilteringSucceed event lists them.
 
-The ledger is only read. After the pod's annotations are written, the caller books the
-allocation with `assume` (HAMi tracks it at once, before the informer sees the patch); before
-deciding for a pod that is already tracked (re-scheduling), it calls `ledger.untrack`.
-
-A burst fans out only as far as it must (`would_wait`, `look_ahead`): when the node the policy
-ranks first would make the pod wait at bind (a node lock another pod holds, or an in-flight pod
-kubelet's Allocate could confuse with it: the caller's predicate), the answer is, among the
-nodes that fit, in the policy's order, the first that needs no wait, looking at most
-`look_ahead` fitting nodes past the first; when every one of them would wait, the first (it is
-waited for there). The predicate is asked only of fitting nodes, and only once the first needs
-a wait: a pod placed when nothing is in flight goes exactly where HAMi's Filter puts it. The
-booking of the node chosen is that node's own fit, so the annotations stay exact.
-
-A `FitCache` passed to `decide` remembers each node's last fit: a node whose usage snapshot is
-the very same object (the ledger replaces a node's snapshot on every change) and a pod with
-the same requests and placement options get the remembered result. It makes repeated
-decisions for pods of one shape (replicas, an unschedulable pod retried) cheap on the nodes
-that did not change.
+The ledger is only read: the caller books the decision with `assume` (HAMi tracks it before the
+informer sees the patch), and untracks a re-scheduled pod before deciding. A `FitCache`
+remembers each node's last fit while its usage snapshot is the same object (the ledger replaces
+it on every change), for repeated decisions for pods of one shape.
 """
 
 from __future__ import annotations
@@ -58,19 +46,14 @@ from hami_plugin.protocol.model import (
     PodGpuOptions,
 )
 from hami_plugin.protocol.objects import PodInfo
-from hami_plugin.scheduler.fit import (
-    NODE_UNREGISTERED,
-    FitContext,
-    FitFailure,
-    PodFit,
-    QuotaFit,
-    fit_pod,
-)
+from hami_plugin.protocol.usage import collapse_pod_devices
+from hami_plugin.scheduler.fit import NODE_UNREGISTERED, FitContext, FitFailure, QuotaFit
 from hami_plugin.scheduler.ledger import Ledger
+from hami_plugin.scheduler.pod_fit import PodFit, fit_pod
 from hami_plugin.scheduler.policy import prefers_higher_score
 from hami_plugin.scheduler.requests import PodRequests, pod_requests
 from hami_plugin.scheduler.settings import SchedulerSettings
-from hami_plugin.scheduler.usage import NodeUsage, collapse_pod_devices
+from hami_plugin.scheduler.usage import NodeUsage
 
 __all__ = ["FilterResult", "FitCache", "WouldWait", "assume", "decide", "pod_shape"]
 
@@ -227,14 +210,14 @@ def decide(
     look_ahead: int = 0,
     quota: QuotaFit | None = None,
 ) -> FilterResult:
-    """Choose a node for the pod among `candidates` (None: every registered node).
+    """Choose a node for the pod among `candidates` (None: every registered node): the first
+    fit, or with `exhaustive` all fits, or with `would_wait` and `look_ahead > 0` the first
+    fit without a wait (the module docstring).
 
-    `requests` are the pod's `pod_requests` when the caller has them already (read once per
-    call). An invalid GPU annotation on the pod is reported in `FilterResult.error` (it is the
-    pod's fault, not the caller's); nothing is raised. `would_wait` and `look_ahead` fan a
-    burst out (the module docstring); without them the answer is HAMi's. `quota` is the pod's
-    namespace quota check (`QuotaBook.quota_fit`; None when the namespace has no GPU limit):
-    its verdict depends on the namespace's usage, so such a pod is fitted without `cache`.
+    `requests`: the pod's `pod_requests` when the caller has them. An invalid GPU annotation
+    is reported in `FilterResult.error`; nothing is raised. `quota`: the namespace quota check
+    (`QuotaBook.quota_fit`; None without a GPU limit); its verdict depends on the namespace's
+    usage, so such a pod is fitted without `cache`.
     """
     if requests is None:
         requests = pod_requests(pod, settings)
@@ -244,96 +227,160 @@ def decide(
         options = parse_pod_gpu_options(pod.annotations)
     except AnnotationError as error:
         return FilterResult(node=None, requests=requests, error=error)
-    node_policy = options.node_policy or settings.node_policy
-    gpu_policy = options.gpu_policy or settings.gpu_policy
-    context = _context(options, settings)
-    signature = _signature(requests, context)
-    if quota is not None:
-        context = replace(context, quota=quota, init_count=requests.init_count)
-        cache = None
-    fan_out = would_wait is not None and look_ahead > 0 and not exhaustive
+    asked = _Pod.resolve(requests, options, settings, quota)
+    search = _NodeSearch(ledger, candidates, asked, None if quota is not None else cache)
+    if exhaustive:
+        chosen = _all_fits(search)
+    elif would_wait is not None and look_ahead > 0:
+        chosen = _first_fit_without_wait(search, would_wait, look_ahead, asked.shape)
+    else:
+        chosen = _first_fit(search)
+    return _result(asked, search, chosen, now, exhaustive)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pod:
+    """The pod as one decision reads it: its requests, its options resolved against the
+    scheduler defaults, and its shape (`pod_shape`, the fit cache's key)."""
+
+    requests: PodRequests
+    context: FitContext
+    shape: Hashable
+    node_policy: NodePolicy
+    gpu_policy: GpuPolicy
+
+    @classmethod
+    def resolve(
+        cls,
+        requests: PodRequests,
+        options: PodGpuOptions,
+        settings: SchedulerSettings,
+        quota: QuotaFit | None,
+    ) -> _Pod:
+        context = _context(options, settings)
+        shape = _signature(requests, context)
+        if quota is not None:
+            context = replace(context, quota=quota, init_count=requests.init_count)
+        return cls(
+            requests,
+            context,
+            shape,
+            options.node_policy or settings.node_policy,
+            options.gpu_policy or settings.gpu_policy,
+        )
+
+
+class _NodeSearch:
+    """The candidates fitted one by one in the node policy's order, as far as a chooser
+    iterates: each node that fits is yielded (name and fit) and kept in `fits` and `scores`,
+    each that does not is kept in `failed` (with the unregistered candidates); `fitted`
+    counts the nodes fitted."""
+
+    __slots__ = ("_cache", "_nodes", "_pod", "failed", "fits", "fitted", "scores")
+
+    def __init__(
+        self, ledger: Ledger, names: Iterable[str] | None, pod: _Pod, cache: FitCache | None
+    ) -> None:
+        self.failed: dict[str, FitFailure] = {}
+        self.fits: dict[str, PodFit] = {}
+        self.scores: dict[str, float] = {}
+        self.fitted = 0
+        self._pod = pod
+        self._cache = cache
+        higher_first = prefers_higher_score(pod.node_policy)
+        self._nodes = _candidates(ledger, names, higher_first, self.failed, cache)
+
+    def __iter__(self) -> Iterator[tuple[str, PodFit]]:
+        requests, context, shape = self._pod.requests, self._pod.context, self._pod.shape
+        cache, failed = self._cache, self.failed
+        for usage in self._nodes:
+            self.fitted += 1
+            if cache is None:
+                outcome = fit_pod(usage, requests, context)
+            else:
+                outcome = cache.fit(usage, requests, context, shape)
+            if isinstance(outcome, FitFailure):
+                failed[usage.name] = outcome
+                continue
+            self.fits[usage.name] = outcome
+            self.scores[usage.name] = usage.score
+            yield usage.name, outcome
+
+
+def _first_fit(search: _NodeSearch) -> str | None:
+    """HAMi's choice: the first node that fits."""
+    for name, _ in search:
+        return name
+    return None
+
+
+def _all_fits(search: _NodeSearch) -> str | None:
+    """Every candidate fitted; HAMi's choice is the first that fits."""
+    fitting = [name for name, _ in search]
+    return fitting[0] if fitting else None
+
+
+def _first_fit_without_wait(
+    search: _NodeSearch, would_wait: WouldWait, look_ahead: int, shape: Hashable
+) -> str | None:
+    """The first fitting node on which the bind would not wait, at most `look_ahead` fitting
+    nodes past the first; else the first (it is waited for there)."""
     first: str | None = None
-    beyond_first = 0
-    failed: dict[str, FitFailure] = {}
-    scores: dict[str, float] = {}
-    placements: dict[str, PodDevices] = {}
-    migs: dict[str, tuple[MigAllocation, ...]] = {}
-    chosen: str | None = None
-    fitted = 0
-    for usage in _candidates(ledger, candidates, prefers_higher_score(node_policy), failed, cache):
-        fitted += 1
-        if cache is None:
-            outcome = fit_pod(usage, requests, context)
-        else:
-            outcome = cache.fit(usage, requests, context, signature)
-        if isinstance(outcome, FitFailure):
-            failed[usage.name] = outcome
-            continue
-        scores[usage.name] = usage.score
-        placements[usage.name] = outcome.devices
-        if outcome.mig:
-            migs[usage.name] = outcome.mig
-        if exhaustive:
-            if chosen is None:
-                chosen = usage.name
-            continue
+    for looked, (name, fit) in enumerate(search):
+        if not would_wait(name, fit.devices, shape):
+            return name
         if first is None:
-            first = usage.name
-            if (
-                not fan_out
-                or would_wait is None
-                or not would_wait(usage.name, outcome.devices, signature)
-            ):
-                chosen = first
-                break
-            continue
-        # the first fitting node would wait: the next one that would not, within the look-ahead
-        beyond_first += 1
-        if would_wait is not None and not would_wait(usage.name, outcome.devices, signature):
-            chosen = usage.name
+            first = name
+        if looked >= look_ahead:
             break
-        if beyond_first >= look_ahead:
-            break
-    fanned_out = chosen is not None and chosen != first and not exhaustive
-    if chosen is None and first is not None:
-        chosen = first  # every node looked at would wait: wait on the policy's choice
+    return first
+
+
+def _result(
+    pod: _Pod, search: _NodeSearch, chosen: str | None, now: datetime, exhaustive: bool
+) -> FilterResult:
+    """The decision as the caller reads it: the chosen node's annotations (HAMi's, with
+    `hami.io/vgpu-mig-allocations` only when there are reservations, device.go:505-517)."""
     if chosen is None:
         return FilterResult(
             node=None,
-            requests=requests,
-            failed_nodes=failed,
-            node_policy=node_policy,
-            gpu_policy=gpu_policy,
-            fitted=fitted,
-            shape=signature,
+            requests=pod.requests,
+            failed_nodes=search.failed,
+            node_policy=pod.node_policy,
+            gpu_policy=pod.gpu_policy,
+            fitted=search.fitted,
+            shape=pod.shape,
         )
-    devices = placements[chosen]
-    encoded = encode_pod_devices(devices)
+    fit = search.fits[chosen]
+    encoded = encode_pod_devices(fit.devices)
     annotations = {
         ANNOTATION_VGPU_NODE: chosen,
         ANNOTATION_VGPU_TIME: str(int(now.timestamp())),
         ANNOTATION_DEVICES_TO_ALLOCATE: encoded,
         ANNOTATION_DEVICES_ALLOCATED: encoded,
     }
-    mig = migs.get(chosen, ())
-    if mig:
-        # HAMi PatchAnnotations (device.go:505-517): only when there are reservations
-        annotations[ANNOTATION_VGPU_MIG_ALLOCATIONS] = encode_mig_allocations(mig)
+    if fit.mig:
+        annotations[ANNOTATION_VGPU_MIG_ALLOCATIONS] = encode_mig_allocations(fit.mig)
+    placements: dict[str, PodDevices] = {}
+    mig_placements: dict[str, tuple[MigAllocation, ...]] = {}
+    if exhaustive:
+        placements = {name: fit.devices for name, fit in search.fits.items()}
+        mig_placements = {name: fit.mig for name, fit in search.fits.items() if fit.mig}
     return FilterResult(
         node=chosen,
-        requests=requests,
+        requests=pod.requests,
         annotations=annotations,
-        devices=devices,
-        failed_nodes=failed,
-        scores=scores,
-        placements=placements if exhaustive else {},
-        node_policy=node_policy,
-        gpu_policy=gpu_policy,
-        fitted=fitted,
-        shape=signature,
-        fanned_out=fanned_out,
-        mig=mig,
-        mig_placements=migs if exhaustive else {},
+        devices=fit.devices,
+        failed_nodes=search.failed,
+        scores=search.scores,
+        placements=placements,
+        node_policy=pod.node_policy,
+        gpu_policy=pod.gpu_policy,
+        fitted=search.fitted,
+        shape=pod.shape,
+        fanned_out=not exhaustive and chosen != next(iter(search.fits)),
+        mig=fit.mig,
+        mig_placements=mig_placements,
     )
 
 

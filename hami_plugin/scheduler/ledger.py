@@ -43,11 +43,10 @@ from hami_plugin.protocol.topology import (
     PairScoreError,
     decode_pair_scores,
 )
+from hami_plugin.protocol.usage import DeviceTally, collapse_pod_devices
 from hami_plugin.scheduler.score import node_score
 from hami_plugin.scheduler.usage import (
-    DeviceTally,
     NodeUsage,
-    collapse_pod_devices,
     has_mig_device,
     mig_booking,
     nvidia_candidates,

@@ -1,54 +1,32 @@
 """Dynamic MIG placement: which profile and which placement a MIG-mode GPU gives a request,
-as HAMi v2.10 decides it (`pkg/device/nvidia/mig_topology.go`, `mig_profiles.go`, and
-`selectMigCandidate` in `device.go:621-639`).
+as HAMi v2.10 decides it (`pkg/device/nvidia/mig_topology.go` and `selectMigCandidate` in
+`device.go:621-639`).
 
 A MIG-mode GPU registers its profiles with the placements NVML reports for each
 (`MigProfile.placements`: start slice and size). A request of `m` MiB gets the profile with the
 least memory of at least `m` (ties: fewer slices) that still has a placement overlapping no
 occupied one; a placement is searched from the highest start for `1g.` and `3g.` profiles and
 from the lowest for the others (HAMi's `preferHighMigPlacement`, which keeps the low slices
-free for the large profiles). Pure, no I/O.
+free for the large profiles). The fit checks a MIG-mode GPU with `has_mig_placement` against
+the placements in use during the pod's fit (`MigView`). Pure, no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from hami_plugin.protocol.model import MigPlacement, MigProfile
+from hami_plugin.protocol.model import GpuDevice, MigPlacement, MigProfile
+from hami_plugin.scheduler.usage import NodeUsage
 
 __all__ = [
-    "AllowedMigProfiles",
+    "MigView",
     "can_place_mig_profiles",
+    "has_mig_placement",
     "ordered_placements",
-    "parse_mig_profile_allowlist",
     "placements_overlap",
     "select_mig_candidate",
     "select_mig_placement",
-    "validate_mig_profile_allowlist",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class AllowedMigProfiles:
-    """One `migProfileAllowlist` entry of the device config (HAMi devices.go:101-104): the
-    profiles a GPU model may be split into."""
-
-    models: tuple[str, ...]
-    profiles: tuple[str, ...]
-
-
-def validate_mig_profile_allowlist(entries: Sequence[AllowedMigProfiles]) -> None:
-    """HAMi's `ValidateMigProfileAllowlist` (mig_profiles.go:24-41): every entry names models
-    and profiles, and every profile is `<n>g.<rest>`. Raises ValueError with HAMi's message."""
-    for entry in entries:
-        if not entry.models or not entry.profiles:
-            raise ValueError("MIG profile allowlist must define models and profiles")
-        for profile in entry.profiles:
-            head, dot, _ = profile.partition(".")
-            if not dot or len(head) < 2 or not head.endswith("g"):
-                quoted = profile.replace("\\", "\\\\").replace('"', '\\"')
-                raise ValueError(f'invalid MIG profile "{quoted}"')
 
 
 def _prefer_high(profile: str) -> bool:
@@ -146,33 +124,42 @@ def can_place_mig_profiles(
     return place(0)
 
 
-def _names(raw: object, what: str) -> tuple[str, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list) or not all(isinstance(item, str) for item in raw):
-        raise ValueError(f"{what} must be a list of strings")
-    return tuple(raw)
+class MigView:
+    """The MIG placements in use during one phase of a pod's fit (HAMi's node copy's
+    `MigAllocationsInUse`): the node's, plus what the phase's earlier containers booked."""
+
+    __slots__ = ("_extra", "_node")
+
+    def __init__(self, node: NodeUsage) -> None:
+        self._node = node
+        self._extra: dict[int, list[MigPlacement]] = {}
+
+    def occupied(self, position: int) -> list[MigPlacement]:
+        """The placements in use on the GPU at `position` (a new list)."""
+        return [*self._node.occupied(position), *self._extra.get(position, ())]
+
+    def add(self, position: int, placement: MigPlacement) -> None:
+        self._extra.setdefault(position, []).append(placement)
 
 
-def parse_mig_profile_allowlist(raw: object) -> tuple[AllowedMigProfiles, ...]:
-    """`migProfileAllowlist`: a list of `{models: [...], profiles: [...]}` (keys matched
-    case-insensitively), then HAMi's `ValidateMigProfileAllowlist` with its messages. Raises
-    ValueError."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise ValueError("migProfileAllowlist must be a list of {models, profiles} entries")
-    entries = []
-    for position, item in enumerate(raw):
-        if not isinstance(item, dict):
-            raise ValueError(f"migProfileAllowlist[{position}] must be a mapping")
-        folded = {str(key).lower(): value for key, value in item.items()}
-        where = f"migProfileAllowlist[{position}]"
-        entries.append(
-            AllowedMigProfiles(
-                models=_names(folded.get("models"), f"{where}.models"),
-                profiles=_names(folded.get("profiles"), f"{where}.profiles"),
-            )
-        )
-    validate_mig_profile_allowlist(entries)
-    return tuple(entries)
+def has_mig_placement(
+    device: GpuDevice,
+    occupied: list[MigPlacement],
+    devices: Sequence[GpuDevice],
+    passed: Sequence[int],
+    passed_memory_mib: Sequence[int],
+    memory_mib: int,
+) -> bool:
+    """HAMi's `CustomFilterRule` for a MIG-mode GPU (device.go:602-619): the container's GPUs
+    passed so far on the same GPU replayed, each with its own memory, onto the placements in
+    use (`occupied`, extended in place), and still a profile with a free placement for
+    `memory_mib`."""
+    profiles = device.mig_profiles
+    for position, mib in zip(passed, passed_memory_mib, strict=True):
+        if devices[position].uuid != device.uuid:
+            continue
+        candidate = select_mig_candidate(profiles, occupied, mib)
+        if candidate is None:
+            return False
+        occupied.append(candidate[1])
+    return select_mig_candidate(profiles, occupied, memory_mib) is not None

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hami_plugin.protocol.quantity import QuantityError, exact_integer, parse_quantity
+from hami_plugin.protocol.usage import DeviceTally
 from hami_plugin.scheduler.fit import QuotaFit
 from hami_plugin.scheduler.ledger import TrackedPod
 from hami_plugin.scheduler.settings import ResourceNames
-from hami_plugin.scheduler.usage import DeviceTally
 
 __all__ = [
     "LIMITS_PREFIX",

@@ -1,8 +1,9 @@
 """Per-container GPU requests of a pod, by HAMi v2.10's rules (docs/hami-reference.md 2).
 
-For each container (init containers first, then app containers, the order of the
-`hami.io/vgpu-devices-*` annotations) every resource is read from `limits`, else `requests`,
-parsed as a Kubernetes quantity and required to be an exact integer:
+For each container (init containers first, the order of the `hami.io/vgpu-devices-*`
+annotations) every resource is read from `limits`, else `requests`, as Go's
+`Quantity.AsInt64()` reads it, then as HAMi stores it (count and cores in int32, without a
+range check):
 
 * count (`nvidia.com/gpu`): absent or 0 means no request; a bad value drops the request;
 * memory (`nvidia.com/gpumem`, MiB): 0..2147483647/memory_factor, else the container's whole
@@ -12,29 +13,11 @@ parsed as a Kubernetes quantity and required to be an exact integer:
 * with neither memory nor percentage: `default_memory_mib` if set, else 100 %;
 * cores (`nvidia.com/gpucores`): `default_cores` unless given; a bad value is ignored.
 
-"Exact integer" is Go's `Quantity.AsInt64()`: a whole number within int64. HAMi stores the
-count and the cores in int32 without a range check, so, as there, a count or cores value
-outside int32 keeps its low 32 bits (a count that becomes 0 or negative asks no GPU).
-
-The request is HAMi's reading, always: the scheduler must decide as HAMi decides. What HAMi
-reads differently from what was written is never silent: it comes back as a `RequestProblem`
-that names the container, the resource and the value, says what to write instead
-(`advice`) and what the scheduler does with it (`effect`). `RequestProblem.wrong_answer`
-sorts them for the user tools and the admission webhook, which refuse a pod over a wrong
-answer and only report the rest (docs/scheduling.md, "Values the scheduler cannot use"):
-
-* wrong answers: a value that drops the request (a count that is not a positive whole
-  number within int32 once truncated, memory that is not a whole number of MiB within the
-  range, e.g. `16Gi`), a value that is ignored so the default applies instead (a percentage
-  or cores that is not a whole number), a value truncated to int32 (count, cores), and a
-  memory value with a byte unit of `Mi` or larger that is within the range and so taken as
-  that many MiB (`1Gi` asks 1073741824 MiB per GPU);
-* harmless: a percentage above 100, taken as 100 (the whole card, which is all a
-  percentage above 100 can mean).
-
-Not reported, as they read the way they are written: a `Ki` memory value within the range
-(`8Ki` is 8192 MiB), decimal suffixes (`3k`: the API server writes a plain 3000 that way), a
-percentage of 0 or below (unset, as documented), cores above 100 (Fit clamps them).
+The request is always HAMi's reading: the scheduler must decide as HAMi decides. A value HAMi
+reads differently from what was written comes back as a `RequestProblem` naming the container,
+the resource and the value, what to write instead and what the scheduler does with it; which
+values, and which of them are wrong answers (refused by the user tools and the admission
+webhook) rather than harmless: `docs/scheduling.md`, "Values the scheduler cannot use".
 """
 
 from __future__ import annotations
@@ -198,12 +181,6 @@ class _BadValueError(Exception):
         """The value when it is a quantity (not a whole number, or beyond int64)."""
 
 
-def _lookup(container: ContainerSpec, resource: str) -> object | None:
-    if resource in container.limits:
-        return container.limits[resource]
-    return container.requests.get(resource)
-
-
 def _integer(raw: object) -> int:
     """Go's `Quantity.AsInt64()`; raises _BadValueError saying why not."""
     if not isinstance(raw, (str, int, float)):
@@ -272,9 +249,40 @@ def container_request(
 ) -> tuple[ContainerRequest | None, tuple[RequestProblem, ...]]:
     """The container's NVIDIA request (None when it asks no GPU) and any problem found."""
     names = settings.resources
-    problems: list[RequestProblem] = []
+    reader = _Reader(container)
+    count = _read_count(reader, names.count)
+    if count is None:
+        return None, tuple(reader.problems)
+    memory_mib = _read_memory(reader, names.memory, settings.memory_factor)
+    if memory_mib is None:
+        return None, tuple(reader.problems)
+    percent = _read_memory_percentage(reader, names.memory_percentage)
+    if percent == PERCENTAGE_UNSET and memory_mib == 0:
+        if settings.default_memory_mib:
+            memory_mib = settings.default_memory_mib
+        else:
+            percent = 100
+    cores = _read_cores(reader, names.cores, settings.default_cores)
+    return ContainerRequest(count, memory_mib, percent, cores), tuple(reader.problems)
+
+
+class _Reader:
+    """One container's resources, and the problems found reading them."""
+
+    __slots__ = ("container", "problems")
+
+    def __init__(self, container: ContainerSpec) -> None:
+        self.container = container
+        self.problems: list[RequestProblem] = []
+
+    def raw(self, resource: str) -> object | None:
+        """The value from `limits`, else `requests` (None: absent)."""
+        if resource in self.container.limits:
+            return self.container.limits[resource]
+        return self.container.requests.get(resource)
 
     def problem(
+        self,
         resource: str,
         raw: object,
         reason: str,
@@ -282,97 +290,94 @@ def container_request(
         effect: ProblemEffect,
         taken_as: int | None = None,
     ) -> None:
-        problems.append(
-            RequestProblem(container.name, resource, str(raw), reason, advice, effect, taken_as)
+        name = self.container.name
+        self.problems.append(
+            RequestProblem(name, resource, str(raw), reason, advice, effect, taken_as)
         )
 
-    raw_count = _lookup(container, names.count)
-    if raw_count is None:
-        return None, ()
+
+def _read_count(reader: _Reader, resource: str) -> int | None:
+    """The GPU count; None when the container asks none (absent, 0, or a value HAMi drops)."""
+    raw = reader.raw(resource)
+    if raw is None:
+        return None
     try:
-        count = _integer(raw_count)
+        count = _integer(raw)
     except _BadValueError as bad:
         advice = _count_advice(bad.quantity)
-        problem(names.count, raw_count, bad.reason, advice, ProblemEffect.DROPPED)
-        return None, tuple(problems)
+        reader.problem(resource, raw, bad.reason, advice, ProblemEffect.DROPPED)
+        return None
     if count == 0:
-        return None, ()
-    if not 0 < count <= INT32_MAX:
-        truncated = go_int32(count)
-        advice = _count_advice(None)
-        if truncated <= 0:
-            reason = f"as int32 it is {truncated}, not positive"
-            problem(names.count, raw_count, reason, advice, ProblemEffect.DROPPED)
-            return None, tuple(problems)
-        reason = "larger than int32"
-        problem(names.count, raw_count, reason, advice, ProblemEffect.TRUNCATED, truncated)
-        count = truncated
+        return None
+    if 0 < count <= INT32_MAX:
+        return count
+    truncated = go_int32(count)
+    if truncated <= 0:
+        reason = f"as int32 it is {truncated}, not positive"
+        reader.problem(resource, raw, reason, _count_advice(None), ProblemEffect.DROPPED)
+        return None
+    effect = ProblemEffect.TRUNCATED
+    reader.problem(resource, raw, "larger than int32", _count_advice(None), effect, truncated)
+    return truncated
 
-    memory_mib = 0
-    raw_memory = _lookup(container, names.memory)
-    if raw_memory is not None:
-        factor = settings.memory_factor
-        limit = INT32_MAX // factor
-        try:
-            memory = _integer(raw_memory)
-            if not 0 <= memory <= limit:
-                unit = "MiB" if factor == 1 else f"units of {factor} MiB"
-                raise _BadValueError(f"out of range 0..{limit} ({unit})", Decimal(memory))
-        except _BadValueError as bad:
-            advice = _memory_advice(names.memory, raw_memory, bad.quantity, factor, limit)
-            problem(names.memory, raw_memory, bad.reason, advice, ProblemEffect.DROPPED)
-            return None, tuple(problems)
-        memory_mib = memory * factor
-        if memory and _has_suffix(raw_memory, _BYTE_UNITS):
-            reason = "a byte unit on a count of MiB"
-            advice = _memory_advice(names.memory, raw_memory, Decimal(memory), factor, limit)
-            effect = ProblemEffect.TAKEN_LITERALLY
-            problem(names.memory, raw_memory, reason, advice, effect, memory_mib)
 
-    percent = PERCENTAGE_UNSET
-    raw_percent = _lookup(container, names.memory_percentage)
-    if raw_percent is not None:
-        try:
-            asked = _integer(raw_percent)
-        except _BadValueError as bad:
-            advice = _percent_advice(bad.quantity, 1, 100, "a whole percent")
-            problem(names.memory_percentage, raw_percent, bad.reason, advice, ProblemEffect.IGNORED)
-        else:
-            if asked > 100:
-                percent = 100
-                problem(
-                    names.memory_percentage,
-                    raw_percent,
-                    "above 100",
-                    "write at most 100",
-                    ProblemEffect.CLAMPED,
-                    100,
-                )
-            elif asked > 0:
-                percent = asked
+def _read_memory(reader: _Reader, resource: str, factor: int) -> int | None:
+    """The MiB asked per GPU (0: none given); None when HAMi drops the request over it."""
+    raw = reader.raw(resource)
+    if raw is None:
+        return 0
+    limit = INT32_MAX // factor
+    try:
+        memory = _integer(raw)
+        if not 0 <= memory <= limit:
+            unit = "MiB" if factor == 1 else f"units of {factor} MiB"
+            raise _BadValueError(f"out of range 0..{limit} ({unit})", Decimal(memory))
+    except _BadValueError as bad:
+        advice = _memory_advice(resource, raw, bad.quantity, factor, limit)
+        reader.problem(resource, raw, bad.reason, advice, ProblemEffect.DROPPED)
+        return None
+    memory_mib = memory * factor
+    if memory and _has_suffix(raw, _BYTE_UNITS):
+        reason = "a byte unit on a count of MiB"
+        advice = _memory_advice(resource, raw, Decimal(memory), factor, limit)
+        reader.problem(resource, raw, reason, advice, ProblemEffect.TAKEN_LITERALLY, memory_mib)
+    return memory_mib
 
-    if percent == PERCENTAGE_UNSET and memory_mib == 0:
-        if settings.default_memory_mib:
-            memory_mib = settings.default_memory_mib
-        else:
-            percent = 100
 
-    cores = settings.default_cores
-    raw_cores = _lookup(container, names.cores)
-    if raw_cores is not None:
-        try:
-            asked = _integer(raw_cores)
-        except _BadValueError as bad:
-            advice = _percent_advice(bad.quantity, 0, 100, "a whole percent of the GPU's cores")
-            problem(names.cores, raw_cores, bad.reason, advice, ProblemEffect.IGNORED)
-        else:
-            cores = go_int32(asked)
-            if cores != asked:
-                advice = _percent_advice(None, 0, 100, "a whole percent of the GPU's cores")
-                effect = ProblemEffect.TRUNCATED
-                problem(names.cores, raw_cores, "outside int32", advice, effect, cores)
+def _read_memory_percentage(reader: _Reader, resource: str) -> int:
+    """The percentage of each GPU's memory asked (`PERCENTAGE_UNSET`: none)."""
+    raw = reader.raw(resource)
+    if raw is None:
+        return PERCENTAGE_UNSET
+    try:
+        asked = _integer(raw)
+    except _BadValueError as bad:
+        advice = _percent_advice(bad.quantity, 1, 100, "a whole percent")
+        reader.problem(resource, raw, bad.reason, advice, ProblemEffect.IGNORED)
+        return PERCENTAGE_UNSET
+    if asked > 100:
+        reader.problem(resource, raw, "above 100", "write at most 100", ProblemEffect.CLAMPED, 100)
+        return 100
+    return asked if asked > 0 else PERCENTAGE_UNSET
 
-    return ContainerRequest(count, memory_mib, percent, cores), tuple(problems)
+
+def _read_cores(reader: _Reader, resource: str, default: int) -> int:
+    """The percent of each GPU's cores asked (`default` when absent or unusable)."""
+    raw = reader.raw(resource)
+    if raw is None:
+        return default
+    what = "a whole percent of the GPU's cores"
+    try:
+        asked = _integer(raw)
+    except _BadValueError as bad:
+        advice = _percent_advice(bad.quantity, 0, 100, what)
+        reader.problem(resource, raw, bad.reason, advice, ProblemEffect.IGNORED)
+        return default
+    cores = go_int32(asked)
+    if cores != asked:
+        advice = _percent_advice(None, 0, 100, what)
+        reader.problem(resource, raw, "outside int32", advice, ProblemEffect.TRUNCATED, cores)
+    return cores
 
 
 def pod_requests(info: PodInfo, settings: SchedulerSettings) -> PodRequests:

@@ -1,23 +1,14 @@
-"""Cluster snapshots for the dry run: what `kubectl get nodes,pods -A -o yaml` prints (add
-`resourcequotas` to the list for namespace GPU quotas).
+"""Cluster snapshots for the dry run: what `kubectl get nodes,pods,resourcequotas -A -o yaml`
+prints (a `v1 List` or a `NodeList`/`PodList` with `items`, a stream of YAML documents, or any
+mix; objects of other kinds skipped).
 
-Accepted: a `v1 List` (or `NodeList`/`PodList`) with `items`, a stream of YAML documents
-(`---`-separated objects or lists), or any mix; objects of other kinds are skipped. A snapshot
-must hold at least one Node, and every object must name its `kind`: a file that is not kubectl's
-output (`{"foo": 1}`), or a pod file given as the snapshot, is an error that says what was
-expected, never a cluster in which no node fits.
-
-The ledger built from a snapshot registers the nodes a HAMi v2.10 scheduler would: a node whose
-device plugin is gone by HAMi's CheckHealth (`scheduler.health`: kubelet reports no
-`nvidia.com/gpu` and the `Requesting_` handshake is at least 60 s old at the time given) is
-left out, so the filter reports it `node unregistered`. The snapshot carries no clock of its
-own: the caller passes the time to judge by. ResourceQuota objects give the namespace GPU
-quotas (`build_quota_book`): their limits, and the usage of the pods the ledger books, as a
-scheduler's quota informer and pod events would. MIG-mode nodes (dynamic MIG) register with
-their `migProfiles`, and the pods' `hami.io/vgpu-mig-allocations` give the placements in use
-and the GPUs HAMi's getNodesUsage marks unhealthy (`Ledger.update_pod`), so a decision compares
-with HAMi's on the same snapshot. The snapshot has no booking key: every booking counts, as in
-HAMi.
+A snapshot must hold at least one Node, and every object must name its `kind`: anything else is
+an error that says what was expected, never a cluster in which no node fits. The ledger built
+from it registers the nodes a HAMi v2.10 scheduler would (`scheduler.health`: a node whose
+device plugin is gone is left out, judged at the time the caller passes), books what the pods
+hold (MIG reservations and the GPUs HAMi's getNodesUsage marks unhealthy included; no booking
+key, so every booking counts, as in HAMi), and `build_quota_book` gives the namespace GPU
+quotas from the ResourceQuota objects.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""GPU usage values: what one pod books (collapsed, docs/hami-reference.md 3.3) and a node's usage
-snapshot.
+"""A node's GPU usage snapshot (what its pods book, collapsed per pod by
+`protocol.usage.collapse_pod_devices`, docs/hami-reference.md 3.3).
 
 `NodeUsage` is an immutable snapshot the ledger hands to the fit: a fit copies the few
 numbers it changes, so a decision never mutates the ledger it reads.
@@ -17,71 +17,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hami_plugin.protocol.mig import MigAllocation
-from hami_plugin.protocol.model import GpuDevice, MigPlacement, OperatingMode, PodDevices
+from hami_plugin.protocol.model import GpuDevice, MigPlacement, OperatingMode
 from hami_plugin.scheduler.score import node_score
 
 __all__ = [
-    "DeviceTally",
     "MigBooking",
     "NodeUsage",
-    "collapse_pod_devices",
     "has_mig_device",
     "make_node_usage",
     "mig_booking",
     "nvidia_candidates",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceTally:
-    """What one pod books on one GPU: slots (vGPUs), MiB and percent of cores."""
-
-    uuid: str
-    slots: int
-    memory_mib: int
-    cores: int
-
-
-def collapse_pod_devices(
-    devices: PodDevices, init_count: int, app_only: bool = False
-) -> tuple[DeviceTally, ...]:
-    """Collapse a pod's per-container devices into one tally per GPU (sorted by UUID).
-
-    Init containers run one after another, so they count with their peak (largest memory,
-    largest cores, one slot); app containers run together and add up (one slot each). A GPU
-    books the larger of the two, component-wise, and at least one slot. With `app_only` (all
-    init containers have finished) only the app containers count.
-    """
-    init_peak: dict[str, list[int]] = {}
-    app_sum: dict[str, list[int]] = {}
-    for position, container in enumerate(devices):
-        is_init = position < init_count
-        if is_init and app_only:
-            continue
-        for device in container:
-            if is_init:
-                peak = init_peak.setdefault(device.uuid, [0, 0, 0])
-                peak[0] = 1
-                peak[1] = max(peak[1], device.used_mem_mib)
-                peak[2] = max(peak[2], device.used_cores)
-            else:
-                total = app_sum.setdefault(device.uuid, [0, 0, 0])
-                total[0] += 1
-                total[1] += device.used_mem_mib
-                total[2] += device.used_cores
-    tallies = []
-    for uuid in sorted(init_peak.keys() | app_sum.keys()):
-        peak = init_peak.get(uuid, [0, 0, 0])
-        total = app_sum.get(uuid, [0, 0, 0])
-        tallies.append(
-            DeviceTally(
-                uuid,
-                max(peak[0], total[0], 1),
-                max(peak[1], total[1]),
-                max(peak[2], total[2]),
-            )
-        )
-    return tuple(tallies)
 
 
 @dataclass(frozen=True, slots=True)

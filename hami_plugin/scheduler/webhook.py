@@ -2,54 +2,16 @@
 
 A pod (a decoded v1.Pod JSON object) and the `WebhookSettings` go in; `admit_pod` answers with a
 `PodAdmission`: the verdict and the changes as an RFC 6902 JSON patch against the pod as it
-arrived. No I/O. The AdmissionReview around it (reading the request, the response in the
-request's apiVersion, the base64 patch) is `hami_plugin.scheduler.admission_review`.
+arrived. The AdmissionReview around it is `scheduler.admission_review`.
 
-The rules are HAMi v2.10's (`pkg/scheduler/webhook.go` Handle, `pkg/device/nvidia/device.go`
-MutateAdmission; docs/hami-reference.md 2 and 3.11), in HAMi's order:
-
-1. a pod without containers is denied `pod has no containers` (webhook.go 60-63);
-2. a pod whose `spec.schedulerName` names another scheduler is allowed untouched (64-69):
-   `default-scheduler` counts as "ours" while `force_overwrite_default_scheduler` is on;
-3. every init container, then every container, is mutated (74-98, device.go 347-387): a
-   `gpumem-percentage` outside 0..100 is an error (code 500); `limits[priority]` adds
-   `CUDA_TASK_PRIORITY`; a core policy other than `default` adds
-   `GPU_CORE_UTILIZATION_POLICY`; memory/cores/percentage limits without a GPU count get
-   `default_gpu_num` GPUs; a GPU asked without cores and with the whole memory gets
-   `gpucores: 100` (exclusive); a pod with GPUs gets `runtime_class_name` if it has none; a
-   container without GPUs gets `NVIDIA_VISIBLE_DEVICES=none` when `overwrite_env` is on;
-4. (ours) a pod whose GPU request the scheduler would read differently from what it says is
-   denied with `RequestProblem`'s message, e.g. `container 'c': nvidia.com/gpumem=16Gi: out of
-   range 0..2147483647 (MiB); write 16384: ...` (below);
-5. a pod with GPUs and a privileged container is denied `container <name> is privileged`
-   (99-102);
-6. a pod with GPUs gets `spec.schedulerName`, or is denied `pod has node assigned` when
-   `spec.nodeName` is already set (104-113);
-7. a pod whose GPU memory or cores, added up, do not fit its namespace's quota is denied
-   `exceeding resource quota` (114-116, `fitResourceQuota` 145-190): per container the
-   scheduler's reading (defaults and memory factor included) times the GPU count, app
-   containers summed, init containers by the largest, the larger of the two, checked with
-   `FitQuota` against what the namespace already uses (`WebhookSettings.quota`).
-
-Differences, on purpose:
-- The booking annotations (`protocol.booking.BOOKING_ANNOTATIONS`) and the `hami.io/vgpu-node`
-  label are removed from every pod that is allowed, GPU or not, other scheduler or not: only
-  the scheduler writes them (at bind), and the device plugin hands GPUs out by them, so a pod
-  created with them could claim GPUs it was never given. HAMi keeps them.
-- Step 4: every container, as mutated (a default GPU count added), is read the way the
-  scheduler reads it (`scheduler.requests`, HAMi's GenerateResourceRequests), and a
-  `RequestProblem.wrong_answer` (a value that drops the request, is ignored, is truncated to
-  int32, or a byte unit such as `1Gi` on `gpumem`) denies the pod. HAMi admits such a pod and
-  its scheduler then treats it as asking no GPU (`16Gi`), or as asking what no GPU has. A
-  harmless problem (a percentage above 100 is the whole card) admits the pod; it cannot reach
-  here anyway, as step 3 rejects a percentage above 100.
-- The patch holds only the changes, not HAMi's side effects of re-marshalling the pod through
-  the Go types (`"creationTimestamp":null`, `"resources":{}`, ...).
-- Quantity values beyond int64 (where Go's `Quantity.Value()` overflows) are errors for the
-  percentage and the priority.
-
-Not here: `hami.io/webhook: ignore` on a namespace or pod is honoured by the webhook
-configuration's selectors (the chart's namespaceSelector/objectSelector), never sent to us.
+The rules and their order are HAMi v2.10's (`pkg/scheduler/webhook.go` Handle, `pkg/device/nvidia/
+device.go` MutateAdmission; docs/hami-reference.md 2 and 3.11), told step by step in
+`docs/scheduler.md`, "Admission webhook". Where each step is in webhook.go: no containers
+60-63, another scheduler 64-69, the containers mutated 74-98 (device.go 347-387), privileged
+99-102, scheduler name or node assigned 104-113, the namespace quota 114-116
+(`fitResourceQuota` 145-190). Step 4, a GPU request the scheduler would misread denied with
+`RequestProblem`'s message, is ours; so are the other differences (scheduler-owned annotations
+removed, a minimal patch, int64 overflow): `docs/differences.md`, "The admission webhook".
 """
 
 from __future__ import annotations

@@ -80,11 +80,11 @@ from hami_plugin.protocol.topology import (
     DeviceScore,
     encode_pair_scores,
 )
+from hami_plugin.protocol.usage import DeviceTally
 from hami_plugin.scheduler.filter import FilterResult, assume, decide
 from hami_plugin.scheduler.ledger import Ledger
 from hami_plugin.scheduler.mig import select_mig_candidate
 from hami_plugin.scheduler.settings import SchedulerSettings
-from hami_plugin.scheduler.usage import DeviceTally
 from hami_plugin.testing.fakenvml.nvml import FakeNvml
 
 PHASES = ("topology", "mig")

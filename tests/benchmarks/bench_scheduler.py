@@ -32,10 +32,10 @@ from hami_plugin.protocol.model import (
     NodePolicy,
 )
 from hami_plugin.protocol.objects import ContainerSpec, PodInfo
+from hami_plugin.protocol.usage import DeviceTally
 from hami_plugin.scheduler.filter import FitCache, assume, decide
 from hami_plugin.scheduler.ledger import Ledger
 from hami_plugin.scheduler.settings import SchedulerSettings
-from hami_plugin.scheduler.usage import DeviceTally
 
 GPUS_PER_NODE = 8
 SPLIT = 10

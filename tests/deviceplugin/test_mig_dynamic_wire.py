@@ -23,6 +23,7 @@ from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.mig import MigAllocation, decode_mig_allocations, encode_mig_allocations
+from hami_plugin.protocol.mig_allowlist import AllowedMigProfiles
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -40,7 +41,6 @@ from hami_plugin.protocol.signature import (
     BookingKeys,
     parse_booking_keys,
 )
-from hami_plugin.scheduler.mig import AllowedMigProfiles
 from hami_plugin.testing.apiserver import FakeApiServer, make_container, make_pod
 from hami_plugin.testing.kubelet import FakeKubelet
 from tests.bookings import signed_fields

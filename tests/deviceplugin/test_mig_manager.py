@@ -49,6 +49,7 @@ from hami_plugin.deviceplugin.mig.startup import (
 )
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.mig import MigAllocation, decode_mig_allocations, encode_mig_allocations
+from hami_plugin.protocol.mig_allowlist import AllowedMigProfiles, parse_mig_profile_allowlist
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,
@@ -60,11 +61,7 @@ from hami_plugin.protocol.model import (
     MigProfile,
 )
 from hami_plugin.protocol.objects import ContainerSpec, PodInfo
-from hami_plugin.protocol.signature import (
-    ANNOTATION_BOOKING_SIGNATURE,
-    BookingKeys,
-)
-from hami_plugin.scheduler.mig import AllowedMigProfiles, parse_mig_profile_allowlist
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingKeys
 from tests.bookings import signed_fields
 from tests.deviceplugin.mig_stub import A100_80GB, StubMigNvml, overlaps
 

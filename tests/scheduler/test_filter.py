@@ -13,12 +13,13 @@ from hypothesis import strategies as st
 from hami_plugin.protocol.codec import parse_pod_gpu_options
 from hami_plugin.protocol.model import NodePolicy
 from hami_plugin.protocol.objects import PodInfo, read_pod
+from hami_plugin.protocol.usage import DeviceTally
 from hami_plugin.scheduler.filter import FilterResult, assume, decide
-from hami_plugin.scheduler.fit import FitContext, FitFailure, fit_pod, render_failure
+from hami_plugin.scheduler.fit import FitContext, FitFailure, render_failure
 from hami_plugin.scheduler.ledger import Ledger
+from hami_plugin.scheduler.pod_fit import fit_pod
 from hami_plugin.scheduler.requests import pod_requests
 from hami_plugin.scheduler.settings import SchedulerSettings
-from hami_plugin.scheduler.usage import DeviceTally
 from hami_plugin.testing.apiserver import make_container
 from hami_plugin.testing.apiserver import make_pod as make_pod_object
 

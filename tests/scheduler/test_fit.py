@@ -13,11 +13,10 @@ from hami_plugin.scheduler.fit import (
     FitContext,
     FitFailure,
     FitReason,
-    PodFit,
     fit_container,
-    fit_pod,
     render_failure,
 )
+from hami_plugin.scheduler.pod_fit import PodFit, fit_pod
 from hami_plugin.scheduler.requests import PERCENTAGE_UNSET, ContainerRequest, PodRequests
 from hami_plugin.scheduler.usage import NodeUsage
 

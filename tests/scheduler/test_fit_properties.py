@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hami_plugin.protocol.model import ScoringWeights
-from hami_plugin.scheduler.fit import FitContext, FitFailure, fit_container, fit_pod
+from hami_plugin.scheduler.fit import FitContext, FitFailure, fit_container
+from hami_plugin.scheduler.pod_fit import fit_pod
 from hami_plugin.scheduler.requests import PERCENTAGE_UNSET, ContainerRequest, PodRequests
 from hami_plugin.scheduler.usage import NodeUsage
 
@@ -113,7 +114,7 @@ def test_a_fit_never_over_commits_a_gpu(
     result = fit_container(target, request, ctx)
     if isinstance(result, FitFailure):
         return
-    positions, devices = result
+    positions, devices = result.positions, result.devices
     assert len(positions) == len(set(positions)) == request.count
     numas = set()
     for position, device in zip(positions, devices, strict=True):

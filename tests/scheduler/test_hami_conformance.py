@@ -33,15 +33,9 @@ from hami_plugin.protocol.model import (
 )
 from hami_plugin.protocol.objects import ContainerSpec, read_node, read_pod
 from hami_plugin.scheduler.filter import assume, decide
-from hami_plugin.scheduler.fit import (
-    FitContext,
-    FitFailure,
-    PodFit,
-    fit_container,
-    fit_pod,
-    render_failure,
-)
+from hami_plugin.scheduler.fit import FitContext, FitFailure, fit_container, render_failure
 from hami_plugin.scheduler.ledger import Ledger
+from hami_plugin.scheduler.pod_fit import PodFit, fit_pod
 from hami_plugin.scheduler.requests import (
     ContainerRequest,
     PodRequests,

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from hami_plugin.protocol.codec import decode_pod_devices, encode_node_devices
 from hami_plugin.protocol.model import ContainerDevice, GpuDevice
 from hami_plugin.protocol.objects import read_node, read_pod
+from hami_plugin.protocol.usage import DeviceTally, collapse_pod_devices
 from hami_plugin.scheduler.ledger import Ledger
-from hami_plugin.scheduler.usage import DeviceTally, collapse_pod_devices
 from hami_plugin.testing.apiserver import make_container, make_pod
 
 from .helpers import gpu

@@ -32,16 +32,14 @@ from hami_plugin.scheduler.filter import assume, decide
 from hami_plugin.scheduler.fit import (
     FitContext,
     FitFailure,
-    MigView,
-    PodFit,
-    _mig_filter,
-    _walk,
     fit_container,
-    fit_pod,
     render_failure,
     sorted_candidates,
+    walk_gpus,
 )
 from hami_plugin.scheduler.ledger import Ledger
+from hami_plugin.scheduler.mig import MigView, has_mig_placement
+from hami_plugin.scheduler.pod_fit import PodFit, fit_pod
 from hami_plugin.scheduler.requests import PERCENTAGE_UNSET, ContainerRequest, PodRequests
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.usage import NodeUsage, make_node_usage
@@ -225,8 +223,8 @@ def test_custom_filter_ignores_queued_allocations_for_other_gpus() -> None:
     b = mig_gpu("GPU-b", 1)
     occupied = [_p(0, 2), _p(2, 2), _p(4, 2)]
     devices = (a, b)
-    assert _mig_filter(a, list(occupied), devices, [1], [5000], 5000)  # queued on GPU-b
-    assert not _mig_filter(a, list(occupied), devices, [0], [5000], 5000)  # queued on GPU-a
+    assert has_mig_placement(a, list(occupied), devices, [1], [5000], 5000)  # queued on GPU-b
+    assert not has_mig_placement(a, list(occupied), devices, [0], [5000], 5000)  # on GPU-a
 
 
 def test_fit_uses_effective_percentage_memory_for_mig_placement() -> None:
@@ -575,11 +573,10 @@ def test_mig_walk_is_the_plain_walk_without_mig_gpus(
     assert not target.has_mig
     ctx = context("spread,mutex" if mutex else "spread", numa_bind=numa_bind)
     req = mib(*request)
-    order = sorted_candidates(
-        target, target.used, target.used_memory_mib, target.used_cores, req, ctx
-    )
-    args = (target, order, target.used, target.used_memory_mib, target.used_cores, req, ctx)
-    assert _walk(*args, (), MigView(target)) == _walk(*args)
+    order = sorted_candidates(target, req, ctx)
+    for stop_at in (req.count, None):  # HAMi's first fit, and topology-aware's every GPU
+        plain = walk_gpus(target, order, req, ctx, stop_at)
+        assert walk_gpus(target, order, req, ctx, stop_at, (), MigView(target)) == plain
 
 
 # --- trust: only signed reservations count ----------------------------------------------------

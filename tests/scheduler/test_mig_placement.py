@@ -1,20 +1,17 @@
 """MIG profile and placement choice, ported from HAMi v2.10 pkg/device/nvidia
-mig_topology_test.go and mig_profiles_test.go, plus properties of the search."""
+mig_topology_test.go, plus properties of the search."""
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from hami_plugin.protocol.model import MigPlacement, MigProfile
 from hami_plugin.scheduler.mig import (
-    AllowedMigProfiles,
     can_place_mig_profiles,
     placements_overlap,
     select_mig_candidate,
     select_mig_placement,
-    validate_mig_profile_allowlist,
 )
 
 
@@ -58,17 +55,6 @@ def test_candidate_is_the_smallest_fitting_profile_with_room() -> None:
     assert select_mig_candidate(A100_TEST, (), 30000) is None
     # Zero memory gets the smallest profile.
     assert select_mig_candidate(A100_TEST, (), 0) == (A100_TEST[0], _p(6, 1))
-
-
-def test_allowlist_validation() -> None:
-    # TestValidateMigProfileAllowlist
-    validate_mig_profile_allowlist([AllowedMigProfiles(("A100",), ("1g.5gb", "2g.10gb"))])
-    with pytest.raises(ValueError, match="must define models and profiles"):
-        validate_mig_profile_allowlist([AllowedMigProfiles(("A100",), ())])
-    for bad in ["1g", "g.5gb", "1x.5gb", ".5gb"]:
-        with pytest.raises(ValueError) as caught:
-            validate_mig_profile_allowlist([AllowedMigProfiles(("A100",), (bad,))])
-        assert str(caught.value) == f'invalid MIG profile "{bad}"'
 
 
 @given(

@@ -7,11 +7,12 @@ from dataclasses import replace
 
 import pytest
 
-from hami_plugin.scheduler.fit import FitFailure, fit_container, fit_pod, render_failure
+from hami_plugin.protocol.usage import DeviceTally
+from hami_plugin.scheduler.fit import FitFailure, fit_container, render_failure
+from hami_plugin.scheduler.pod_fit import fit_pod
 from hami_plugin.scheduler.quota import Quota, QuotaBook, managed_quota_name, quota_limits
 from hami_plugin.scheduler.requests import PERCENTAGE_UNSET, ContainerRequest, PodRequests
 from hami_plugin.scheduler.settings import ResourceNames, SchedulerSettings
-from hami_plugin.scheduler.usage import DeviceTally
 from hami_plugin.scheduler.webhook import QuotaCheck, WebhookSettings, admit_pod
 
 from .helpers import context, gpu, node

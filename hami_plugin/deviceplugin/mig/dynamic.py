@@ -44,10 +44,10 @@ from hami_plugin.deviceplugin.mig.startup import (
 from hami_plugin.deviceplugin.nodecache import CacheNotListedError, NodeCache
 from hami_plugin.deviceplugin.nvml import NvmlError
 from hami_plugin.kube.api import NodeMetricsApi
+from hami_plugin.protocol.mig_allowlist import AllowedMigProfiles
 from hami_plugin.protocol.model import GpuDevice
 from hami_plugin.protocol.objects import PodInfo
 from hami_plugin.protocol.signature import BookingKeys
-from hami_plugin.scheduler.mig import AllowedMigProfiles
 
 __all__ = ["RECONCILE_SECONDS", "DynamicMig", "mig_allocation_container_name"]
 

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 from hami_plugin.deviceplugin.mig.devices import MigProfileInfo
 from hami_plugin.deviceplugin.mig.plan import GI_PROFILE_IDS, gi_profile_for
+from hami_plugin.protocol.mig_allowlist import AllowedMigProfiles
 from hami_plugin.protocol.model import GpuDevice, MigProfile, OperatingMode
-from hami_plugin.scheduler.mig import AllowedMigProfiles
 
 __all__ = [
     "contains_model",
