@@ -10,12 +10,18 @@ event or one Allocate decodes each annotation once, however many rules read it. 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import TypeVar
 
-from hami_plugin.protocol.codec import decode_pod_devices
-from hami_plugin.protocol.mig import MigAllocation, decode_mig_allocations, signed_mig_part
+from hami_plugin.protocol.codec import decode_pod_devices, encode_pod_devices
+from hami_plugin.protocol.mig import (
+    MigAllocation,
+    decode_mig_allocations,
+    encode_mig_allocations,
+    signed_mig_part,
+)
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
@@ -34,6 +40,7 @@ __all__ = [
     "BOOKING_ANNOTATIONS",
     "BOOKING_LABELS",
     "PodBooking",
+    "booking_annotations",
     "read_booking",
 ]
 
@@ -163,6 +170,24 @@ class PodBooking:
             return self
         # the texts are the same: what is decoded already is shared
         return replace(self, served=served, _decoded=dict(self._decoded))
+
+
+def booking_annotations(
+    node: str, devices: PodDevices, mig: Sequence[MigAllocation], decided_at: datetime
+) -> dict[str, str]:
+    """What a decision books on the pod, as HAMi writes it (device.go:505-517): the node, the
+    decision's time, the devices (to allocate, and as allocated) and the MIG reservations when
+    there are any. Encoded only where it goes out: the bind's patch, the dry run's answer."""
+    encoded = encode_pod_devices(devices)
+    annotations = {
+        ANNOTATION_VGPU_NODE: node,
+        ANNOTATION_VGPU_TIME: str(int(decided_at.timestamp())),
+        ANNOTATION_DEVICES_TO_ALLOCATE: encoded,
+        ANNOTATION_DEVICES_ALLOCATED: encoded,
+    }
+    if mig:
+        annotations[ANNOTATION_VGPU_MIG_ALLOCATIONS] = encode_mig_allocations(mig)
+    return annotations
 
 
 def read_booking(annotations: Mapping[str, str]) -> PodBooking | None:

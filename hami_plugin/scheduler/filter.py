@@ -28,18 +28,13 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from hami_plugin.protocol.booking import booking_annotations
 from hami_plugin.protocol.codec import (
     AnnotationError,
-    encode_pod_devices,
     parse_pod_gpu_options,
 )
-from hami_plugin.protocol.mig import MigAllocation, encode_mig_allocations
+from hami_plugin.protocol.mig import MigAllocation
 from hami_plugin.protocol.model import (
-    ANNOTATION_DEVICES_ALLOCATED,
-    ANNOTATION_DEVICES_TO_ALLOCATE,
-    ANNOTATION_VGPU_MIG_ALLOCATIONS,
-    ANNOTATION_VGPU_NODE,
-    ANNOTATION_VGPU_TIME,
     GpuPolicy,
     NodePolicy,
     PodDevices,
@@ -77,7 +72,6 @@ class FilterResult:
 
     node: str | None
     requests: PodRequests
-    annotations: Mapping[str, str] = field(default_factory=dict)
     devices: PodDevices = ()
     failed_nodes: Mapping[str, FitFailure] = field(default_factory=dict)
     scores: Mapping[str, float] = field(default_factory=dict)
@@ -98,6 +92,16 @@ class FilterResult:
     `hami.io/vgpu-mig-allocations` and booked by `assume`."""
     mig_placements: Mapping[str, tuple[MigAllocation, ...]] = field(default_factory=dict)
     """With `exhaustive`, the MIG reservations of every fitting node that has any."""
+    decided_at: datetime | None = None
+    """When the node was chosen (`hami.io/vgpu-time`)."""
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        """What the decision books on the pod (`protocol.booking.booking_annotations`), encoded
+        on each read: {} without a node."""
+        if self.node is None or self.decided_at is None:
+            return {}
+        return booking_annotations(self.node, self.devices, self.mig, self.decided_at)
 
 
 class FitCache:
@@ -339,8 +343,7 @@ def _first_fit_without_wait(
 def _result(
     pod: _Pod, search: _NodeSearch, chosen: str | None, now: datetime, exhaustive: bool
 ) -> FilterResult:
-    """The decision as the caller reads it: the chosen node's annotations (HAMi's, with
-    `hami.io/vgpu-mig-allocations` only when there are reservations, device.go:505-517)."""
+    """The decision as the caller reads it."""
     if chosen is None:
         return FilterResult(
             node=None,
@@ -352,15 +355,6 @@ def _result(
             shape=pod.shape,
         )
     fit = search.fits[chosen]
-    encoded = encode_pod_devices(fit.devices)
-    annotations = {
-        ANNOTATION_VGPU_NODE: chosen,
-        ANNOTATION_VGPU_TIME: str(int(now.timestamp())),
-        ANNOTATION_DEVICES_TO_ALLOCATE: encoded,
-        ANNOTATION_DEVICES_ALLOCATED: encoded,
-    }
-    if fit.mig:
-        annotations[ANNOTATION_VGPU_MIG_ALLOCATIONS] = encode_mig_allocations(fit.mig)
     placements: dict[str, PodDevices] = {}
     mig_placements: dict[str, tuple[MigAllocation, ...]] = {}
     if exhaustive:
@@ -369,7 +363,6 @@ def _result(
     return FilterResult(
         node=chosen,
         requests=pod.requests,
-        annotations=annotations,
         devices=fit.devices,
         failed_nodes=search.failed,
         scores=search.scores,
@@ -381,6 +374,7 @@ def _result(
         fanned_out=not exhaustive and chosen != next(iter(search.fits)),
         mig=fit.mig,
         mig_placements=mig_placements,
+        decided_at=now,
     )
 
 

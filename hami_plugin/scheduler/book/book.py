@@ -25,9 +25,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from hami_plugin.protocol import inflight
+from hami_plugin.protocol.booking import booking_annotations
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
+    ANNOTATION_DEVICES_ALLOCATED,
     LABEL_VGPU_NODE,
     BindPhase,
 )
@@ -401,7 +403,9 @@ class Book:
     ) -> BindPlan:
         bind_time = str(int(now.timestamp()))
         uid = pod.uid or booking.uid
-        annotations = dict(booking.result.annotations)
+        result = booking.result
+        assert result.node is not None and result.decided_at is not None  # a booked decision
+        annotations = booking_annotations(node, result.devices, result.mig, result.decided_at)
         annotations[ANNOTATION_BIND_PHASE] = BindPhase.ALLOCATING.value
         annotations[ANNOTATION_BIND_TIME] = bind_time
         signature = self._trust.sign(pod.key, uid, node, annotations, keys)
@@ -412,6 +416,7 @@ class Book:
                 bind_time=bind_time,
                 uid=uid,
                 signature=signature,
+                allocated_text=annotations[ANNOTATION_DEVICES_ALLOCATED],
             )
         )
         protocol = self._nodes.allocate_protocol_level(node) > 0

@@ -22,9 +22,6 @@ from dataclasses import dataclass
 
 from hami_plugin.protocol import inflight
 from hami_plugin.protocol.codec import AnnotationError
-from hami_plugin.protocol.model import (
-    ANNOTATION_DEVICES_ALLOCATED,
-)
 from hami_plugin.protocol.objects import PodInfo
 from hami_plugin.scheduler.filter import FilterResult
 from hami_plugin.scheduler.fit import FitFailure
@@ -53,6 +50,8 @@ class Booking:
     """`hami.io/bind-time` of the bind patch (BINDING/BOUND), to recognise its watch event."""
     signature: str = ""
     """The patch's `hami-plugin.io/booking-signature` (with a booking key), for the same."""
+    allocated_text: str = ""
+    """The patch's `hami.io/vgpu-devices-allocated`, for the same."""
     seen: bool = False
     """The watch has shown this pod (this UID). Until then, events of another UID under the
     same name are a predecessor's, still being delivered, not a sign the booking is stale."""
@@ -73,7 +72,7 @@ class Booking:
             shown is not None
             and shown.bind_time == self.bind_time
             and shown.node == self.node
-            and shown.allocated_text == self.result.annotations.get(ANNOTATION_DEVICES_ALLOCATED)
+            and shown.allocated_text == self.allocated_text
             and (not self.signature or shown.signature == self.signature)
             and not shown.failed
         )
