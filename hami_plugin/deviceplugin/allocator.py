@@ -1,39 +1,20 @@
 """Where Allocate is carried out: its Kubernetes side, and the host directories.
 
-`PodAllocator` asks the API server for the node lock and the pods, lets `deviceplugin.pending`
-pick the pod and `deviceplugin.allocate` decide (both pure), creates the host directories and
-writes the result back (to-allocate consumed, bind-phase, node lock released); any failure
-marks the pod `failed`, releases the lock and records a Warning event. With booking keys (asked
-for on every call, so a rotated key file counts without a restart) a pod whose booking the
-scheduler did not sign is failed that way instead of served (`pending.booking_refusal`), and
-an entry once served is never served again to the same pod (`ServedEntries`).
+`PodAllocator` reads the node lock and the pods, lets `deviceplugin.pending` pick the pod and
+`deviceplugin.allocate` decide (both pure), creates the host directories and writes the result
+back (to-allocate consumed, bind-phase, node lock released); any failure marks the pod `failed`,
+releases the lock and records a Warning event. With booking keys (asked on every call, so a
+rotated key counts at once) only signed bookings are served, and an entry once served is never
+served again to the same pod (`ServedEntries`). The API calls of one Allocate share a time
+budget, and reporting a failure has its own: kubelet waits for Allocate without a deadline.
 
-Kubelet waits for Allocate without a deadline (and admits nothing else meanwhile), so the API
-calls of one Allocate share a time budget, and reporting a failure gets a budget of its own: a
-hanging API server costs seconds, not the minutes its retry policy allows per call.
-
-Through an API server outage (the daemon gives a `nodecache.NodeCache` and a
-`writebehind.WriteBehind`): the pods and the node are read from the API first (a list is at
-least as fresh as what kubelet admits from), and from the node's watch when the API does not
-answer within `read_budget_seconds`, or at once while writes are still queued (the API too
-when the watch has no pod for the call) or for `away_hold_seconds` after a read found it
-away (asking again would cost every call the budget:
-a hanging API server would make each admission wait that long). From the
-watch a pod is chosen only when its next entry asks kubelet's device count
-(`select_pending_pod(count_must_match=True)`), and a call no pod there matches fails saying the
-API server is away. The writes go through the write-behind queue, so a pod served from the
-watch is not failed for a patch the API server cannot take yet.
-
-In-flight/v2 (`kubelet_pods`, kubelet's PodResources API): when at least two pods are pending on
-the node, and only then (one pending pod is chosen without it), the call asks kubelet which pods
-it holds without a device of our resource, and `select_pending_pod(admitting=...)` tells
-interchangeable pods apart by it. When kubelet does not answer, the outage is logged once (and
-its end) and `on_kubelet_pods_failed` is told at every failure, so the daemon stops claiming
-in-flight/v2 on the node; its answer says whether the node claimed v2 recently. If not, the
-choice falls back to the in-flight/v1 rule; if it did, pods the scheduler bound together under
-v2 may be among the candidates, which creation order cannot tell apart, so several not-started
-pods asking the count are no answer (the Allocate fails, naming them) rather than a guess that
-could put a container on another pod's GPUs and leave the ledger naming the wrong ones.
+Through an API server outage (`ApiFallback`, docs/device-plugin.md): the pods and the node come
+from the node's watch when the API does not answer in time, a pod is then chosen only when its
+next entry asks kubelet's count, and the writes go through the write-behind queue. With
+kubelet's PodResources list (`KubeletAdmission`, in-flight/v2, docs/design.md 5.6): asked only
+when two or more pods are pending; while kubelet does not answer, the node stops claiming v2,
+and until its claim is old enough several not-started pods asking the count fail the call
+instead of a guess.
 """
 
 from __future__ import annotations
@@ -139,22 +120,11 @@ def prepare_host_dirs(decision: AllocationDecision, vgpulock_path: str) -> None:
 class ServedEntries:
     """The to-allocate entries this process has served, per pod UID: each is served once.
 
-    Between two containers' Allocate calls the author of a signed pod can write a consumed
-    entry back; it still equals the signed booking, so a later container would get that
-    entry's GPUs a second time. `applied` makes every listed pod read with its served entries
-    consumed, whatever its annotation says.
-
-    An entry counts as served once the patch that consumed it succeeded (`record` follows
-    `patch_pod_metadata`). Until then the annotation still offers the entry, and a failed
-    patch fails the pod, so kubelet sees an error and the entry was never handed out: counting
-    it earlier would refuse an Allocate retried after that failure which the annotation, as
-    this process left it, still allows. From then on the record says what the annotation says
-    unless someone changed it back; an answer lost after the patch (kubelet restarting during
-    the call) is the same either way, the entry being consumed in the annotation too.
-
-    Bounded: a UID missing from a listing of the node's pods is forgotten (the pod is gone,
-    and a UID never returns), and beyond `max_pods` UIDs the one served longest ago goes.
-    Thread-safe: GetPreferredAllocation reads it while an Allocate records.
+    The author of a signed pod can write a consumed entry back between two Allocate calls (it
+    still equals the signed booking); `applied` reads every listed pod with its served entries
+    consumed. An entry counts as served once the patch that consumed it succeeded (a failed
+    patch fails the pod, so the entry was never handed out). Bounded: a UID no listing shows
+    is forgotten, and beyond `max_pods` the one served longest ago goes. Thread-safe.
     """
 
     def __init__(self, max_pods: int = MAX_SERVED_PODS) -> None:
@@ -245,23 +215,14 @@ class KubeletAdmission:
 class PodAllocator:
     """Allocate and GetPreferredAllocation against the API server, for one node.
 
-    `booking_keys` returns the current booking keys (`config.keys.BookingKeyFile.keys`); None
-    trusts every booking, as HAMi does. `resource_name` is the resource this plugin serves
-    (`--resource-name`): with keys, a refused pod none of whose containers asks for it is no
-    candidate (`pending.select_pending_pod`). With keys, `served` records what was handed out
-    (`ServedEntries`); without them there is none and the annotations decide, as in HAMi.
-    `fallback` carries Allocate through an API server outage (the module docstring); without it
-    every read and write goes to the API, and a write that fails fails the pod. `kubelet` is
-    kubelet's PodResources answer (in-flight/v2, `KubeletAdmission`); `budgets` bound the API
-    calls (`AllocateBudgets`).
-    `hamicore` says whether HAMi-core is installed (the daemon shares its watch with the
-    register annotation and `/metrics`); None watches `config.hook_path` here, looking for
-    this release's `libvgpu.so.<hamicore.HAMI_CORE_VERSION>` first. While HAMi-core
-    is missing, Allocate fails the pod (`allocate.check_hamicore`): no container runs
-    without limits. `mig` (a dynamic-MIG node, `operatingmode: mig`) realises each container's
-    MIG reservations instead of HAMi-core's directories (`mig.allocate.MigAllocateStep`); its
-    runtime identity is written with the call's other annotations, and the instances the call
-    created are destroyed again when a later step fails.
+    `booking_keys` gives the current keys (None: every booking trusted, as in HAMi; then no
+    `served` record either); `resource_name` is the plugin's resource (a refused pod that asks
+    none of it is no candidate). `fallback` carries Allocate through an API server outage,
+    `kubelet` is kubelet's PodResources answer, `budgets` bound the API calls (the module
+    docstring). `hamicore` says whether HAMi-core is installed (None: watched here); while it is
+    not, Allocate fails the pod rather than run a container without limits. `mig` (a
+    dynamic-MIG node) realises each container's MIG reservations, destroying what the call
+    created should a later step fail.
     """
 
     def __init__(
