@@ -88,6 +88,21 @@ class InFlightPod:
     memory, cores per container, init containers, and the pod's type/UUID/NUMA/policy options).
     Set by the scheduler only; None: interchangeable with no pod."""
 
+    @classmethod
+    def booked(
+        cls,
+        namespace: str,
+        name: str,
+        created_seconds: int,
+        devices: PodDevices,
+        *,
+        bound: bool = True,
+        uid: str = "",
+        shape: Hashable | None = None,
+    ) -> InFlightPod:
+        """A pod with `devices` booked and nothing consumed yet (its bind under way)."""
+        return cls(namespace, name, created_seconds, devices, devices, bound, uid, shape)
+
     @property
     def key(self) -> tuple[str, str]:
         """(namespace, name)."""

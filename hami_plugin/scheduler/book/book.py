@@ -422,17 +422,11 @@ class Book:
         protocol = self._nodes.allocate_protocol_level(node) > 0
         entry = None
         if protocol:
-            devices = booking.result.devices
-            entry = inflight.InFlightPod(
-                pod.namespace,
-                pod.name,
-                inflight.created_seconds_of(pod.creation_timestamp),
-                devices,
-                devices,
-                uid=uid,
-                shape=booking.result.shape,
+            created = inflight.created_seconds_of(pod.creation_timestamp)
+            entry = inflight.InFlightPod.booked(
+                pod.namespace, pod.name, created, result.devices, uid=uid, shape=result.shape
             )
-        app_gpu = any(r is not None for r in booking.result.requests.app_requests)
+        app_gpu = any(r is not None for r in result.requests.app_requests)
         return BindPlan(
             pod=pod,
             node=node,

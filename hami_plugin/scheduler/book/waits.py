@@ -59,15 +59,9 @@ class BindWaits:
         level = self._nodes.allocate_protocol_level(node)
         if level == 0:
             return bool(others) or self._lock_held_by_another(pod, node, now)
-        me = inflight.InFlightPod(
-            pod.namespace,
-            pod.name,
-            inflight.created_seconds_of(pod.creation_timestamp),
-            devices,
-            devices,
-            bound=False,
-            uid=pod.uid,
-            shape=shape,
+        created = inflight.created_seconds_of(pod.creation_timestamp)
+        me = inflight.InFlightPod.booked(
+            pod.namespace, pod.name, created, devices, bound=False, uid=pod.uid, shape=shape
         )
         unclaimed = (  # built only as far as the check reads
             _unclaimed_in_flight(booking, self._created_seconds(booking.key, me.created_seconds))
@@ -99,7 +93,7 @@ def _unclaimed_in_flight(booking: Booking, created: int) -> inflight.InFlightPod
     """A booking not counted in flight yet (filtered, or its bind still waiting), as the
     in-flight rules will see it once bound: nothing consumed."""
     namespace, _, name = booking.key.partition("/")
-    devices = booking.result.devices
-    return inflight.InFlightPod(
-        namespace, name, created, devices, devices, uid=booking.uid, shape=booking.result.shape
+    result = booking.result
+    return inflight.InFlightPod.booked(
+        namespace, name, created, result.devices, uid=booking.uid, shape=result.shape
     )
