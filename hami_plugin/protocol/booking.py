@@ -18,6 +18,7 @@ from typing import TypeVar
 from hami_plugin.protocol.codec import decode_pod_devices, encode_pod_devices
 from hami_plugin.protocol.mig import (
     MigAllocation,
+    MigAllocationError,
     decode_mig_allocations,
     encode_mig_allocations,
     signed_mig_part,
@@ -156,8 +157,16 @@ class PodBooking:
             node=self.node,
             devices=self.allocated_text,
             bind_time=self.bind_time,
-            mig=signed_mig_part(self.mig_text),
+            mig=self._signed_mig(),
         )
+
+    def _signed_mig(self) -> str | None:
+        if self.mig_text is None:
+            return None
+        try:
+            return signed_mig_part(self.mig or ())
+        except MigAllocationError:
+            return self.mig_text
 
     def verifies(self, keys: BookingKeys, uid: str) -> bool:
         """The signature is one of `keys`' over this booking of the pod `uid`."""

@@ -228,14 +228,8 @@ def decode_mig_allocations(raw: str) -> tuple[MigAllocation, ...]:
     return allocations
 
 
-def signed_mig_part(raw: str | None) -> str | None:
-    """What the booking signature covers of `hami.io/vgpu-mig-allocations`: None when the
-    annotation is absent, the scheduler's part re-encoded when it decodes, and the raw text
-    when it does not (which never matches what the scheduler signed)."""
-    if raw is None:
-        return None
-    try:
-        allocations = decode_mig_allocations(raw)
-    except MigAllocationError:
-        return raw
+def signed_mig_part(allocations: Sequence[MigAllocation]) -> str:
+    """What the booking signature covers of MIG reservations: the scheduler's part of each,
+    re-encoded (a reservation that does not decode is signed as its raw text instead, which
+    never matches what the scheduler signed: `PodBooking.signed_fields`)."""
     return encode_mig_allocations([allocation.scheduler_part() for allocation in allocations])

@@ -137,7 +137,7 @@ def test_round_trip(allocations: list[MigAllocation], realised: bool) -> None:
         assert keys[:5] == ["containerIndex", "deviceIndex", "gpuUUID", "profile", "placement"]
     # The signed part ignores the runtime identity only.
     plain = encode_mig_allocations([allocation.scheduler_part() for allocation in allocations])
-    assert signed_mig_part(raw) == plain
+    assert signed_mig_part(decode_mig_allocations(raw)) == plain
 
 
 _KEYS = BookingKeys((b"k" * 32,))

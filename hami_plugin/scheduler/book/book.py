@@ -408,7 +408,7 @@ class Book:
         annotations = booking_annotations(node, result.devices, result.mig, result.decided_at)
         annotations[ANNOTATION_BIND_PHASE] = BindPhase.ALLOCATING.value
         annotations[ANNOTATION_BIND_TIME] = bind_time
-        signature = self._trust.sign(pod.key, uid, node, annotations, keys)
+        signature = self._trust.sign(pod.key, uid, annotations, keys)
         self._bookings.put(
             replace(
                 booking,

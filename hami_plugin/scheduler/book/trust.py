@@ -23,12 +23,10 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from hami_plugin.protocol.booking import BOOKING_ANNOTATIONS
-from hami_plugin.protocol.mig import signed_mig_part
+from hami_plugin.protocol.booking import BOOKING_ANNOTATIONS, read_booking
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,
-    ANNOTATION_VGPU_MIG_ALLOCATIONS,
 )
 from hami_plugin.protocol.objects import PodInfo
 from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingFields, BookingKeys
@@ -164,20 +162,16 @@ class BookingTrust:
         return self._counted_views.get(pod.key, pod)
 
     def sign(
-        self, key: str, uid: str, node: str, annotations: dict[str, str], keys: BookingKeys | None
+        self, key: str, uid: str, annotations: dict[str, str], keys: BookingKeys | None
     ) -> str:
-        """With `keys`: add the booking signature to a bind's annotations (they hold the devices
-        and the bind time), remember the booking as this process's own (its watch events count
+        """With `keys`: add the booking signature to a bind's annotations (a whole booking: node,
+        devices, bind time), remember the booking as this process's own (its watch events count
         without a new HMAC) and return the signature. Without: "", the annotations untouched."""
         if keys is None:
             return ""
-        fields = BookingFields(
-            uid=uid,
-            node=node,
-            devices=annotations[ANNOTATION_DEVICES_ALLOCATED],
-            bind_time=annotations[ANNOTATION_BIND_TIME],
-            mig=signed_mig_part(annotations.get(ANNOTATION_VGPU_MIG_ALLOCATIONS)),
-        )
+        booking = read_booking(annotations)
+        fields = booking.signed_fields(uid) if booking is not None else None
+        assert fields is not None, "a bind's annotations hold a whole booking"
         signature = keys.sign(fields)
         annotations[ANNOTATION_BOOKING_SIGNATURE] = signature
         self._sealed[key] = (uid, BookingSeal(fields, signature))
