@@ -89,16 +89,6 @@ class Change:
     lock_releases: bool = False
     expired: int = 0
 
-    def __or__(self, other: Change) -> Change:
-        return Change(
-            self.wake_binds or other.wake_binds,
-            self.lock_releases or other.lock_releases,
-            self.expired + other.expired,
-        )
-
-
-NO_CHANGE = Change()
-
 
 class Book:
     """The scheduler's bookkeeping; see the module docstring. Not thread-safe."""
