@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,6 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
+from hami_plugin.clock import ManualClock  # noqa: E402
 from hami_plugin.deviceplugin.monitor.containers import ContainerScanner  # noqa: E402
 from hami_plugin.deviceplugin.monitor.vgpu import VgpuCollector  # noqa: E402
 from hami_plugin.metrics.exposition import render_text  # noqa: E402
@@ -128,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
 
         scanner = ContainerScanner(containers_dir(str(hook)), lambda: pods)
         registry = CollectorRegistry()
-        collector = VgpuCollector(scanner, NODE)
+        # one instant for every scrape: the last-kernel age is in whole seconds of `now`, so two
+        # scrapes across a second boundary would differ and not compare
+        collector = VgpuCollector(scanner, NODE, clock=ManualClock(datetime.now(UTC)))
         registry.register(collector)
 
         def serve() -> bytes:
