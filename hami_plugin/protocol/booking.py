@@ -4,16 +4,17 @@ A bind writes the booking on the pod in one patch (`BOOKING_ANNOTATIONS`, plus t
 `hami.io/vgpu-node`); the device plugin empties one `hami.io/vgpu-devices-to-allocate` entry
 per Allocate and sets `hami.io/bind-phase`. Every reader takes `PodInfo.booking`, read once
 when the pod is read: the raw values are kept (the signature covers the text as written), the
-device lists and MIG reservations are decoded on first use and kept with the view, so one pod
-event or one Allocate decodes each annotation once, however many rules read it. Pure, no I/O.
+device lists and MIG reservations are decoded on use through caches keyed by the text, so
+however many rules read a pod event or an Allocate, and however many events repeat the value,
+it is decoded once. Encoded only where it goes out (`booking_annotations`). Pure, no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+import functools
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
-from typing import TypeVar
+from typing import NamedTuple
 
 from hami_plugin.protocol.codec import decode_pod_devices, encode_pod_devices
 from hami_plugin.protocol.mig import (
@@ -64,69 +65,79 @@ BOOKING_LABELS = (LABEL_VGPU_NODE,)
 _KEYS = frozenset(BOOKING_ANNOTATIONS)
 
 
-@dataclass(frozen=True, slots=True)
-class PodBooking:
-    """The booking annotations of one pod; a `None` field is an absent annotation.
+class PodBooking(NamedTuple):
+    """A typed view of one pod's booking annotations (`annotations`: the pod's own mapping,
+    not copied); an absent annotation reads as None.
 
     `served` are to-allocate entries known to be consumed whatever the annotation says
-    (`consumed`). The decoded lists are cached on first use, errors included.
+    (`consumed`). A NamedTuple of two references: one is built for every pod the daemons read.
+    The device lists and MIG reservations are decoded on use, through small caches keyed by
+    the annotation's text (`_decoded_devices`, `_decoded_mig`), so the readers of one pod event
+    or one Allocate decode each value once.
     """
 
-    node: str = ""
-    """`hami.io/vgpu-node` ("" when absent)."""
-    vgpu_time: str | None = None
-    phase: str | None = None
-    """`hami.io/bind-phase` as written (compare with `BindPhase`)."""
-    bind_time: str | None = None
-    allocated_text: str | None = None
-    """`hami.io/vgpu-devices-allocated`: the booking as signed; nothing changes it after bind."""
-    to_allocate_text: str | None = None
-    mig_text: str | None = None
-    signature: str | None = None
+    annotations: Mapping[str, str]
     served: frozenset[int] = frozenset()
-    _decoded: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
-    # --- decoded on first use --------------------------------------------------------------
+    @property
+    def node(self) -> str:
+        """`hami.io/vgpu-node` ("" when absent)."""
+        return self.annotations.get(ANNOTATION_VGPU_NODE) or ""
+
+    @property
+    def vgpu_time(self) -> str | None:
+        return self.annotations.get(ANNOTATION_VGPU_TIME)
+
+    @property
+    def phase(self) -> str | None:
+        """`hami.io/bind-phase` as written (compare with `BindPhase`)."""
+        return self.annotations.get(ANNOTATION_BIND_PHASE)
+
+    @property
+    def bind_time(self) -> str | None:
+        return self.annotations.get(ANNOTATION_BIND_TIME)
+
+    @property
+    def allocated_text(self) -> str | None:
+        """`hami.io/vgpu-devices-allocated`: the booking as signed; nothing changes it later."""
+        return self.annotations.get(ANNOTATION_DEVICES_ALLOCATED)
+
+    @property
+    def to_allocate_text(self) -> str | None:
+        return self.annotations.get(ANNOTATION_DEVICES_TO_ALLOCATE)
+
+    @property
+    def mig_text(self) -> str | None:
+        return self.annotations.get(ANNOTATION_VGPU_MIG_ALLOCATIONS)
+
+    @property
+    def signature(self) -> str | None:
+        return self.annotations.get(ANNOTATION_BOOKING_SIGNATURE)
+
+    # --- decoded on use ----------------------------------------------------------------------
 
     @property
     def allocated(self) -> PodDevices | None:
         """The booked devices; None when absent. Raises AnnotationError when unreadable."""
-        return self._devices("allocated", self.allocated_text, ANNOTATION_DEVICES_ALLOCATED)
+        if self.allocated_text is None:
+            return None
+        return _decoded_devices(self.allocated_text, ANNOTATION_DEVICES_ALLOCATED)
 
     @property
     def to_allocate(self) -> PodDevices | None:
         """What is left to allocate, `served` entries empty; None when absent. Raises
         AnnotationError when unreadable."""
-        devices = self._devices(
-            "to_allocate", self.to_allocate_text, ANNOTATION_DEVICES_TO_ALLOCATE
-        )
-        if devices is None or not self.served:
+        if self.to_allocate_text is None:
+            return None
+        devices = _decoded_devices(self.to_allocate_text, ANNOTATION_DEVICES_TO_ALLOCATE)
+        if not self.served:
             return devices
         return tuple(() if index in self.served else entry for index, entry in enumerate(devices))
 
     @property
     def mig(self) -> tuple[MigAllocation, ...] | None:
         """The MIG reservations; None when absent. Raises MigAllocationError when unreadable."""
-        if self.mig_text is None:
-            return None
-        return self._cached("mig", lambda: decode_mig_allocations(self.mig_text or ""))
-
-    def _devices(self, slot: str, text: str | None, key: str) -> PodDevices | None:
-        if text is None:
-            return None
-        return self._cached(slot, lambda: decode_pod_devices(text, key))
-
-    def _cached(self, slot: str, decode: Callable[[], _T]) -> _T:
-        found = self._decoded.get(slot, _MISSING)
-        if found is _MISSING:
-            try:
-                found = decode()
-            except ValueError as error:
-                found = _Failed(error)
-            self._decoded[slot] = found
-        if isinstance(found, _Failed):
-            raise found.error.with_traceback(None)
-        return found  # type: ignore[return-value]
+        return None if self.mig_text is None else _decoded_mig(self.mig_text)
 
     # --- questions ---------------------------------------------------------------------------
 
@@ -175,10 +186,7 @@ class PodBooking:
     def consumed(self, indexes: Collection[int]) -> PodBooking:
         """This booking with the to-allocate entries at `indexes` read as consumed."""
         served = self.served.union(indexes)
-        if served == self.served:
-            return self
-        # the texts are the same: what is decoded already is shared
-        return replace(self, served=served, _decoded=dict(self._decoded))
+        return self if served == self.served else self._replace(served=served)
 
 
 def booking_annotations(
@@ -201,27 +209,19 @@ def booking_annotations(
 
 def read_booking(annotations: Mapping[str, str]) -> PodBooking | None:
     """The booking the annotations carry; None when they carry none of `BOOKING_ANNOTATIONS`."""
-    if _KEYS.isdisjoint(annotations):
-        return None
-    get = annotations.get
-    return PodBooking(
-        node=get(ANNOTATION_VGPU_NODE) or "",
-        vgpu_time=get(ANNOTATION_VGPU_TIME),
-        phase=get(ANNOTATION_BIND_PHASE),
-        bind_time=get(ANNOTATION_BIND_TIME),
-        allocated_text=get(ANNOTATION_DEVICES_ALLOCATED),
-        to_allocate_text=get(ANNOTATION_DEVICES_TO_ALLOCATE),
-        mig_text=get(ANNOTATION_VGPU_MIG_ALLOCATIONS),
-        signature=get(ANNOTATION_BOOKING_SIGNATURE),
-    )
+    return None if _KEYS.isdisjoint(annotations) else PodBooking(annotations)
 
 
-class _Failed:
-    __slots__ = ("error",)
-
-    def __init__(self, error: ValueError) -> None:
-        self.error = error
+_DECODE_CACHE_SIZE = 256
+"""Distinct annotation values whose decoding is kept (a few hundred bytes each): a pod's
+update events, and the readers of one event, repeat the same text."""
 
 
-_MISSING = object()
-_T = TypeVar("_T")
+@functools.lru_cache(maxsize=_DECODE_CACHE_SIZE)
+def _decoded_devices(text: str, key: str) -> PodDevices:
+    return decode_pod_devices(text, key)  # immutable: safe to share between readers
+
+
+@functools.lru_cache(maxsize=_DECODE_CACHE_SIZE)
+def _decoded_mig(text: str) -> tuple[MigAllocation, ...]:
+    return decode_mig_allocations(text)

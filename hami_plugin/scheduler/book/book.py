@@ -90,6 +90,9 @@ class Change:
     expired: int = 0
 
 
+_NO_CHANGE = Change()
+
+
 class Book:
     """The scheduler's bookkeeping; see the module docstring. Not thread-safe."""
 
@@ -115,6 +118,8 @@ class Book:
         self._released = False
 
     def _change(self, expired: int = 0) -> Change:
+        if not (self._wake or self._released or expired):
+            return _NO_CHANGE  # most pod events: nothing to act on, nothing to allocate
         change = Change(self._wake, self._released, expired)
         self._wake = self._released = False
         return change
