@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import hami_plugin.demo as demo
 from hami_plugin.demo import report
 from hami_plugin.demo.cluster import ContainerResult, PodResult
 from hami_plugin.demo.workload import NODES, SAMPLE_PODS
@@ -140,6 +141,29 @@ def test_ctrl_c_stops_every_daemon_and_keeps_the_logs(
         "spread/device-plugin-t4.log",
         "spread/scheduler.log",
     ]
+
+
+def test_a_ctrl_c_while_the_demo_stops_interrupts_it_once_nothing_runs() -> None:
+    """A signal during the final stop is held until every process is stopped, then interrupts
+    the demo (exit 130, no report), instead of being ignored."""
+    stopped: list[str] = []
+
+    class Cluster:
+        def close(self) -> None:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the middle of the stop
+            stopped.append("admission")
+
+        def close_after_processes(self) -> None:
+            stopped.append("kubelets and API server")
+
+    class Processes:
+        def stop_all(self) -> list[str]:
+            stopped.append("daemons")
+            return []
+
+    with pytest.raises(KeyboardInterrupt):
+        demo._stop([Cluster()], Processes())  # type: ignore[list-item,arg-type]
+    assert stopped == ["admission", "daemons", "kubelets and API server"]
 
 
 # --- the report's pure pieces ---------------------------------------------------------------------
