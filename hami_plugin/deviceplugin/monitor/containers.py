@@ -54,6 +54,7 @@ from hami_plugin.deviceplugin.monitor.region import (
     RegionError,
     parse_region_from,
 )
+from hami_plugin.logsafe import safe_text
 from hami_plugin.protocol.hostpaths import split_container_dir
 from hami_plugin.protocol.objects import PodInfo
 from hami_plugin.protocol.signature import BookingKeys
@@ -115,7 +116,8 @@ class _OnceLog:
     def warn(self, path: str, reason: str, message: str) -> None:
         if (path, reason) not in self._seen:
             self._seen.add((path, reason))
-            logger.warning("%s: %s (skipped; logged once)", path, message)
+            # The workload names its region file: escaped here even without SafeFormatter.
+            logger.warning("%s: %s (skipped; logged once)", safe_text(path), message)
 
     def retain(self, paths: set[str]) -> None:
         self._seen = {key for key in self._seen if key[0] in paths}

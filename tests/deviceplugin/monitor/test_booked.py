@@ -140,3 +140,17 @@ def test_foreign_gpu_identities_are_ignored_by_the_feedback(tmp_path: Path) -> N
     assert read_i32(victim, 1, "utilization_switch") == 0
     assert read_i32(attacker, 1, "recent_kernel") == 49
     scanner.close()
+
+
+def test_a_region_file_name_forges_no_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The workload names its own region file; the daemon logs its path.
+    forged = "x\n2026-12-06 08:00:00,000 INFO hami_plugin.extender.bind: pod a-b bound.cache"
+    region_file(tmp_path, "uid-ghost", "main", spec(), name=forged)
+    caplog.set_level(logging.WARNING, LOGGER)
+    scanner = scanner_for(tmp_path, Pods())
+    scanner.scan()
+    [message] = warnings_for(caplog, "uid-ghost_main")
+    assert "\n" not in message and "x\\n2026-12-06" in message
+    scanner.close()
