@@ -180,6 +180,12 @@ class CallerRateLimit(logging.Filter):
         self._buckets: dict[tuple[str, str, str], _Bucket] = {}
         self._reentry = threading.local()
 
+    @property
+    def kinds(self) -> int:
+        """Message kinds remembered now (at most `max_kinds`)."""
+        with self._lock:
+            return len(self._buckets)
+
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(self._reentry, "active", False):
             return True  # our own summary line
@@ -200,6 +206,8 @@ class CallerRateLimit(logging.Filter):
             if len(self._buckets) >= self._max_kinds:  # forget idle kinds with nothing owed
                 for old in [k for k, b in self._buckets.items() if not b.suppressed]:
                     del self._buckets[old]
+            while len(self._buckets) >= self._max_kinds:  # then the oldest, count and all
+                del self._buckets[next(iter(self._buckets))]
             bucket = self._buckets[key] = _Bucket(tokens=self._burst, updated=now)
         return bucket
 

@@ -137,3 +137,14 @@ def test_caller_lines_are_rate_limited_per_kind_with_a_summary(
     assert tail[1].endswith("own line again")
     logger.info("own line once more")
     assert stream.getvalue().count("suppressed") == 1  # said once
+
+
+def test_the_kinds_remembered_are_bounded() -> None:
+    clock = FakeClock()
+    limit = CallerRateLimit(burst=1, clock=clock, max_kinds=4)
+    for index in range(50):
+        for _ in range(2):  # the second of each kind is suppressed: every bucket owes a line
+            record = logging.LogRecord("t", logging.INFO, "f", 1, f"kind {index}", None, None)
+            record.__dict__.update(from_caller("webhook"))
+            limit.filter(record)
+    assert limit.kinds <= 4
