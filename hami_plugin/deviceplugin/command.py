@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from hami_plugin.config import EXIT_USAGE, ConfigError
 from hami_plugin.deviceplugin.settings import add_arguments, resolve_log_level, resolve_settings
+from hami_plugin.logsafe import configure_logging
 
 if TYPE_CHECKING:
     from hami_plugin.deviceplugin.nvml import NvmlLoader
@@ -42,9 +43,7 @@ def register(
 
 def run(args: argparse.Namespace, load_nvml: NvmlLoader) -> int:
     """Run the daemon until SIGTERM/SIGINT; returns the exit status."""
-    logging.basicConfig(
-        level=resolve_log_level(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(resolve_log_level())  # escaped, cut and rate-limited lines (logsafe)
     try:
         settings = resolve_settings(args)
     except ConfigError as error:

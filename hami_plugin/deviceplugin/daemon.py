@@ -337,6 +337,7 @@ class DevicePluginDaemon:
             resync_interval_seconds=settings.vgpu_resync_interval_seconds,
             pod_refresh_seconds=0.0,  # the watch keeps the list current
             clock=clock,
+            booking_keys=self._booking_keys.keys if self._booking_keys is not None else None,
         )
         return _Serving(
             fallback=fallback,

@@ -496,7 +496,9 @@ def start_device_plugin_metrics(
         pods = NodePods.from_kube(kube, config.node_name, clock=clock)
     owns_scanner = scanner is None
     if scanner is None:
-        scanner = ContainerScanner(containers_dir(config.hook_path), pods, clock=clock)
+        scanner = ContainerScanner(
+            containers_dir(config.hook_path), pods, clock=clock, booking_keys=booking_keys
+        )
     collectors: dict[str, Collector] = {
         "node": NodeCollector(
             config.node_name,

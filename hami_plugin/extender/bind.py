@@ -64,6 +64,7 @@ from hami_plugin.kube.nodelock import (
     release_node_lock,
 )
 from hami_plugin.kube.retry import CONFLICT_RETRIES
+from hami_plugin.logsafe import from_caller, safe_text
 from hami_plugin.protocol.booking import BOOKING_ANNOTATIONS, BOOKING_LABELS
 from hami_plugin.protocol.govalues import go_quote
 from hami_plugin.protocol.model import (
@@ -175,7 +176,7 @@ class Binder:
         try:
             error = binding_args_problem(namespace, name, uid, node) or ""
             if error:
-                logger.warning("bind refused: %s", error)
+                logger.warning("bind refused: %s", safe_text(error), extra=from_caller("bind"))
                 return error
             error = self._bind(namespace, name, uid, node, started)
         finally:

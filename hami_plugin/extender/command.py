@@ -13,6 +13,7 @@ import logging
 
 from hami_plugin.config import EXIT_USAGE, ConfigError
 from hami_plugin.extender.settings import add_arguments, resolve_config
+from hami_plugin.logsafe import configure_logging
 
 __all__ = ["EXIT_USAGE", "register", "run"]
 
@@ -34,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM/SIGINT; returns the exit status."""
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()  # escaped, cut and rate-limited lines (logsafe)
     from hami_plugin.extender.daemon import SchedulerDaemon
 
     try:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hami_plugin.logsafe import from_caller, safe_text
 from hami_plugin.protocol.gojson import (
     JSON_CONTENT_TYPE,
     GoJsonError,
@@ -102,23 +103,43 @@ def review_admission(review: object, settings: WebhookSettings) -> AdmissionOutc
         return _outcome(api_version, uid, errored(400, "there is no content to decode"))
     given_uid = request.get("uid")
     uid = given_uid if isinstance(given_uid, str) else ""
+    # Anyone may call the webhook: what it logs is escaped, cut (logsafe.safe_text, also
+    # when no SafeFormatter is installed) and rate-limited per message (from_caller).
     try:
         admission = admit_pod(request.get("object"), settings)
     except Exception as error:  # a bug here must not take the webhook down
-        logger.exception("admission of pod %s failed unexpectedly", _pod_key(request))
+        logger.exception(
+            "admission of pod %s failed unexpectedly", _pod_key(request), extra=_FROM_WEBHOOK
+        )
         admission = errored(500, f"internal error: {error}")
     if admission.verdict is AdmissionVerdict.DENIED:
-        logger.info("denying pod %s (uid %s): %s", _pod_key(request), uid, admission.message)
+        logger.info(
+            "denying pod %s (uid %s): %s",
+            _pod_key(request),
+            safe_text(uid),
+            safe_text(admission.message),
+            extra=_FROM_WEBHOOK,
+        )
     elif admission.verdict is AdmissionVerdict.ERRORED:
-        logger.warning("rejecting pod %s (uid %s): %s", _pod_key(request), uid, admission.message)
+        logger.warning(
+            "rejecting pod %s (uid %s): %s",
+            _pod_key(request),
+            safe_text(uid),
+            safe_text(admission.message),
+            extra=_FROM_WEBHOOK,
+        )
     return _outcome(api_version, uid, admission)
 
 
+_FROM_WEBHOOK = from_caller("webhook")
+
+
 def _pod_key(request: Mapping[str, Any]) -> str:
+    """`<namespace>/<name>` as the request states them, escaped and cut for a log line."""
     pod = request.get("object")
     metadata = pod.get("metadata") if isinstance(pod, Mapping) else None
     name = request.get("name") or (metadata.get("name") if isinstance(metadata, Mapping) else "")
-    return f"{request.get('namespace') or ''}/{name or ''}"
+    return f"{safe_text(request.get('namespace') or '')}/{safe_text(name or '')}"
 
 
 def review_admission_body(

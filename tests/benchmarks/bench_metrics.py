@@ -77,7 +77,15 @@ def build_node(hook: Path, containers: int) -> list[PodInfo]:
         )
         uid = f"{index:08x}-aaaa-4bbb-8ccc-{index:012x}"
         region_file(hook, uid, "main", spec, name=f"{uid}.cache")
-        pods.append(pod(uid, f"job-{index}", namespace=f"team-{index % 20}"))
+        pods.append(
+            pod(
+                uid,
+                f"job-{index}",
+                namespace=f"team-{index % 20}",
+                booked={"main": gpus},
+                env={"main": {"CUDA_TASK_PRIORITY": str(index % 3)}},
+            )
+        )
     return pods
 
 

@@ -144,10 +144,15 @@ def running_device_plugin(
 
 
 def add_booked_pod(
-    apiserver: FakeApiServer, name: str, entries: tuple[tuple[ContainerDevice, ...], ...]
+    apiserver: FakeApiServer,
+    name: str,
+    entries: tuple[tuple[ContainerDevice, ...], ...],
+    priority: int | None = None,
 ) -> str:
     """A pod the scheduler bound here (annotations and label as its bind patch writes them);
-    returns its UID."""
+    returns its UID. `priority`: `CUDA_TASK_PRIORITY` in every container's env, as the webhook
+    writes it from `nvidia.com/priority`."""
+    env = None if priority is None else {"CUDA_TASK_PRIORITY": str(priority)}
     value = codec.encode_pod_devices(entries)
     pod = apiserver.add_pod(
         name,
@@ -160,7 +165,7 @@ def add_booked_pod(
             ANNOTATION_BIND_PHASE: "success",
         },
         labels={LABEL_VGPU_NODE: NODE},
-        containers=[make_container(f"c{i}") for i in range(len(entries))],
+        containers=[make_container(f"c{i}", env=env) for i in range(len(entries))],
     )
     return str(pod["metadata"]["uid"])
 
@@ -267,20 +272,72 @@ def _recent_kernel(path: Path) -> int:
     return parse_region(path.read_bytes()).recent_kernel
 
 
+def _utilization_switch(path: Path) -> int:
+    return parse_region(path.read_bytes()).utilization_switch
+
+
 def test_the_daemon_runs_the_priority_feedback_loop(
     tmp_path: Path, apiserver: FakeApiServer
 ) -> None:
     # Two containers share GPU_0 and both launched kernels lately: HAMi's monitor holds the
     # lower-priority one (recentKernel -1) while the higher-priority one is active.
+    # The priorities come from the pods' specs (CUDA_TASK_PRIORITY), not from the files.
+    on_gpu_0 = ((ContainerDevice(GPU_0, "NVIDIA", 1000, 10),),)
     with running_device_plugin(tmp_path, apiserver) as plugin:
+        high_uid = add_booked_pod(apiserver, "high", on_gpu_0, priority=0)
+        low_uid = add_booked_pod(apiserver, "low", on_gpu_0, priority=1)
         high = region_file(
-            plugin.hook, "uid-high", "main", RegionSpec(uuids=[GPU_0], priority=0, recent_kernel=3)
+            plugin.hook, high_uid, "c0", RegionSpec(uuids=[GPU_0], priority=1, recent_kernel=3)
         )
         low = region_file(
-            plugin.hook, "uid-low", "main", RegionSpec(uuids=[GPU_0], priority=1, recent_kernel=3)
+            plugin.hook, low_uid, "c0", RegionSpec(uuids=[GPU_0], priority=0, recent_kernel=3)
         )
-        wait_until(lambda: _recent_kernel(low) == BLOCKED, timeout=10.0)
+        wait_until(lambda: _recent_kernel(low) == BLOCKED, timeout=20.0)
         assert _recent_kernel(high) >= 0
+
+
+def test_a_region_cannot_steer_other_gpus_nor_invent_series(
+    tmp_path: Path, apiserver: FakeApiServer
+) -> None:
+    """Issue 25 item 5: a workload booked on GPU_1 writes GPU_0 (the victim's) and an invented
+    UUID into its region, with priority 0 and 80 GiB used. The victim on GPU_0 (priority 1,
+    active) is neither blocked nor switched, and the attacker's series name only GPU_1."""
+    invented = "GPU-00000000-dead-beef-0000-000000000000"
+    with running_device_plugin(tmp_path, apiserver) as plugin:
+        victim_uid = add_booked_pod(
+            apiserver, "victim", ((ContainerDevice(GPU_0, "NVIDIA", 1000, 10),),), priority=1
+        )
+        attacker_uid = add_booked_pod(
+            apiserver, "attacker", ((ContainerDevice(GPU_1, "NVIDIA", 1000, 10),),), priority=1
+        )
+        victim = region_file(
+            plugin.hook, victim_uid, "c0", RegionSpec(uuids=[GPU_0], recent_kernel=1000)
+        )
+        big = DeviceMemory(total=80 << 30)
+        attacker = region_file(
+            plugin.hook,
+            attacker_uid,
+            "c0",
+            RegionSpec(
+                uuids=[GPU_0, invented, GPU_1],
+                priority=0,
+                recent_kernel=1000,
+                procs=[Proc(used=[big, big, DeviceMemory(total=MIB)], sm_util=[1, 1, 1])],
+            ),
+        )
+        # Both are fed back (their recentKernel counts down) once the pods are listed.
+        wait_until(
+            lambda: _recent_kernel(victim) < 1000 and _recent_kernel(attacker) < 1000, timeout=20.0
+        )
+        assert _recent_kernel(victim) > 0  # not blocked
+        assert _utilization_switch(victim) == 0  # nobody else is active on GPU_0
+        used = scrape(plugin.url)["hami_vgpu_memory_used_bytes"]
+        attacker_series = {
+            dict(key)["device_uuid"]: sample
+            for key, sample in used.items()
+            if dict(key)["pod"] == "attacker"
+        }
+        assert attacker_series == {GPU_1: float(MIB)}
 
 
 def test_priority_feedback_can_be_switched_off(tmp_path: Path) -> None:

@@ -25,8 +25,11 @@ Deliberate differences:
   `MAX_DIR_ENTRIES` entries is skipped without listing it further.
 * Nothing is removed while the pod list cannot be refreshed (a stale list would make running
   pods look gone).
-* Every region is fed back, also those of pods the monitor cannot name (HAMi only loads regions
-  of pods its informer knows); the priority arbitration does not depend on the API server.
+* A region claims only what its pod's booking and spec say (`booked`): the GPUs of the
+  container's booking entry (signed, with booking keys) and the priority of its
+  `CUDA_TASK_PRIORITY`. Other GPU identities in the file are ignored, and a region of a pod not
+  on the node (HAMi only loads regions of pods its informer knows) or without a trusted booking
+  takes no part in the feedback and exports nothing; each is logged once per file and reason.
 
 Every bad file or directory is logged once per (path, reason) while it exists, and skipped.
 """
@@ -43,10 +46,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from hami_plugin.clock import Clock, SystemClock
+from hami_plugin.deviceplugin.monitor.booked import BookedContainer, NotBooked, booked_container
 from hami_plugin.deviceplugin.monitor.feedback import ContainerActivity, decide_feedback
-from hami_plugin.deviceplugin.monitor.region import Region, RegionError, parse_region_from
+from hami_plugin.deviceplugin.monitor.region import (
+    DeviceUsage,
+    Region,
+    RegionError,
+    parse_region_from,
+)
+from hami_plugin.logsafe import safe_text
 from hami_plugin.protocol.hostpaths import split_container_dir
 from hami_plugin.protocol.objects import PodInfo
+from hami_plugin.protocol.signature import BookingKeys
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +75,7 @@ _OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _INT32 = struct.Struct("<i")
 
 PodLister = Callable[[], Iterable[PodInfo]]
+KeySource = Callable[[], BookingKeys]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +88,15 @@ class ContainerUsage:
     region: Region
     pod: PodInfo | None
     """The pod on this node with that UID; None when the pod list does not have it."""
+    booked: BookedContainer | None = None
+    """What the pod's booking and spec let the region claim; None when nothing (`booked`)."""
+
+    def booked_devices(self) -> list[DeviceUsage]:
+        """The region's devices whose UUID the booking holds (none when not booked)."""
+        if self.booked is None:
+            return []
+        gpus = self.booked.gpus
+        return [device for device in self.region.devices if device.gpu_key in gpus]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +116,8 @@ class _OnceLog:
     def warn(self, path: str, reason: str, message: str) -> None:
         if (path, reason) not in self._seen:
             self._seen.add((path, reason))
-            logger.warning("%s: %s (skipped; logged once)", path, message)
+            # The workload names its region file: escaped here even without SafeFormatter.
+            logger.warning("%s: %s (skipped; logged once)", safe_text(path), message)
 
     def retain(self, paths: set[str]) -> None:
         self._seen = {key for key in self._seen if key[0] in paths}
@@ -156,7 +178,8 @@ class ContainerScanner:
 
     `list_pods` returns the pods on this node (e.g. `lambda: kube.list_pods_on_node(node)`); it
     is called at most every `pod_refresh_seconds` of `clock.monotonic()`; `clock.now()` is
-    compared with directory mtimes.
+    compared with directory mtimes. `booking_keys`: the daemon's current booking keys (None:
+    bookings are trusted unsigned, as in HAMi).
     """
 
     def __init__(
@@ -167,8 +190,10 @@ class ContainerScanner:
         resync_interval_seconds: float = DEFAULT_RESYNC_INTERVAL_SECONDS,
         pod_refresh_seconds: float = DEFAULT_POD_REFRESH_SECONDS,
         clock: Clock | None = None,
+        booking_keys: KeySource | None = None,
     ) -> None:
         self.containers_dir = containers_dir.rstrip("/") or "/"
+        self._booking_keys = booking_keys
         self.resync_interval_seconds = resync_interval_seconds
         self._clock: Clock = clock or SystemClock()
         self._pods = _PodCache(list_pods, pod_refresh_seconds, self._clock)
@@ -185,13 +210,20 @@ class ContainerScanner:
 
     def scan(self) -> list[ContainerUsage]:
         """Read every readable region now, in directory-name order. Never raises for content."""
-        pods, _ = self._pods.get()
+        pods, fresh = self._pods.get()
         with self._lock:
             found = self._read_all()
-        return [
-            ContainerUsage(pod_uid, container_name, path, region, pods.get(pod_uid))
-            for pod_uid, container_name, path, region in found
-        ]
+            return [
+                ContainerUsage(
+                    pod_uid,
+                    container_name,
+                    path,
+                    region,
+                    pods.get(pod_uid),
+                    self._booked(pods.get(pod_uid), container_name, path, region, fresh),
+                )
+                for pod_uid, container_name, path, region in found
+            ]
 
     def remove_stale_dirs(self) -> list[str]:
         """Remove directories of pods gone from the node whose mtime is older than the resync
@@ -225,20 +257,23 @@ class ContainerScanner:
     def apply_feedback(self) -> int:
         """One priority-feedback round over every readable region (feedback.py); writes the
         changed `recentKernel` / `utilizationSwitch` fields in place. Returns regions written."""
+        pods, fresh = self._pods.get()
         with self._lock:
             found = self._read_all()
-            regions = {path: region for _, _, path, region in found}
-            decisions = decide_feedback(
-                {
-                    path: ContainerActivity(
-                        gpus=region.gpu_keys,
-                        priority=region.priority,
-                        recent_kernel=region.recent_kernel,
-                        utilization_switch=region.utilization_switch,
-                    )
-                    for path, region in regions.items()
-                }
-            )
+            regions: dict[str, Region] = {}
+            activities: dict[str, ContainerActivity] = {}
+            for pod_uid, container_name, path, region in found:
+                booked = self._booked(pods.get(pod_uid), container_name, path, region, fresh)
+                if booked is None:
+                    continue
+                regions[path] = region
+                activities[path] = ContainerActivity(
+                    gpus=tuple(key for key in region.gpu_keys if key in booked.gpus),
+                    priority=booked.priority,
+                    recent_kernel=region.recent_kernel,
+                    utilization_switch=region.utilization_switch,
+                )
+            decisions = decide_feedback(activities)
             written = 0
             for path, decision in decisions.items():
                 region = regions[path]
@@ -265,6 +300,27 @@ class ContainerScanner:
             self._close_under("")
 
     # --- internals (callers hold self._lock) --------------------------------------------------
+
+    def _booked(
+        self, pod: PodInfo | None, container_name: str, path: str, region: Region, fresh: bool
+    ) -> BookedContainer | None:
+        """What the region may claim; None (logged once per file and reason) when nothing.
+        An unknown pod is logged only while the pod list is current (a stale or not yet
+        filled list would name every running pod)."""
+        keys = self._booking_keys() if self._booking_keys is not None else None
+        booked = booked_container(pod, container_name, keys)
+        if isinstance(booked, NotBooked):
+            if fresh or booked.reason != "unknown-pod":
+                self._once.warn(path, booked.reason, f"not fed back nor exported: {booked.message}")
+            return None
+        foreign = sum(1 for key in region.gpu_keys if key not in booked.gpus)
+        if foreign:
+            self._once.warn(
+                path,
+                "foreign-gpu",
+                f"names {foreign} GPU(s) its booking does not hold: those are ignored",
+            )
+        return booked
 
     def _container_dirs(self) -> list[os.DirEntry[str]]:
         try:

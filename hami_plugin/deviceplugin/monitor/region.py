@@ -146,6 +146,9 @@ class DeviceUsage:
     uuid: str | None
     """The metrics label: first 40 bytes up to the first NUL; None when the slot is not
     initialised (first byte 0) or not UTF-8, which HAMi skips (metrics.go:452-460)."""
+    gpu_key: str | None
+    """The whole slot as in `Region.gpu_keys` (None when not initialised): what a booking's
+    UUID is compared with, so that a label cut at 40 bytes cannot pass for another GPU."""
     memory_limit_bytes: int
     sm_limit: int
     memory_used_bytes: int
@@ -317,6 +320,7 @@ def parse_region_from(read: Reader, size: int) -> Region:
         DeviceUsage(
             index=index,
             uuid=_uuid_label(uuid_slots.get(index)),
+            gpu_key=_gpu_key(uuid_slots.get(index)),
             memory_limit_bytes=limits[index],
             sm_limit=sm_limits[index],
             memory_used_bytes=sums[index][4],
@@ -337,7 +341,7 @@ def parse_region_from(read: Reader, size: int) -> Region:
         sm_init_flag=_I32.unpack_from(header, layout.sm_init_flag_offset)[0],
         owner_pid=struct.unpack_from(layout.owner_pid_format, header, layout.owner_pid_offset)[0],
         devices=devices,
-        gpu_keys=tuple(raw.rstrip(b"\0").decode("latin-1") for raw in uuid_slots.values()),
+        gpu_keys=tuple(_gpu_key(raw) or "" for raw in uuid_slots.values()),
         process_count=procnum,
         processes=processes,
         utilization_switch=utilization_switch,
@@ -397,3 +401,7 @@ def _uuid_label(raw: bytes | None) -> str | None:
         return label.decode("utf-8")
     except UnicodeDecodeError:
         return None
+
+
+def _gpu_key(raw: bytes | None) -> str | None:
+    return None if raw is None else raw.rstrip(b"\0").decode("latin-1")

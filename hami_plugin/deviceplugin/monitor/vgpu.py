@@ -12,6 +12,10 @@ Names, help texts, labels and values follow `cmd/vGPUmonitor/metrics.go` (v2.10)
   buffer sums (metrics.go:463-510); last-kernel elapsed = max(now - lastKernelTime, 0) in whole
   seconds, only when lastKernelTime > 0 (metrics.go:412,512-519).
 
+Deliberate difference: only devices whose UUID the container's booking holds are exported
+(`monitor.booked`; HAMi exports every UUID the workload's file names), so a workload cannot
+publish series for GPUs it was not given.
+
 Register it in a registry passed in: `registry.register(VgpuCollector(scanner, node_name))`.
 """
 
@@ -109,7 +113,7 @@ class VgpuCollector:
             if all(container.name != usage.container_name for container in pod.containers):
                 continue
             region = usage.region
-            for device in region.devices:
+            for device in usage.booked_devices():  # only GPUs the booking holds
                 if device.uuid is None:
                     continue
                 # One label dict shared by the device's samples (no per-sample dict(zip)).

@@ -18,6 +18,7 @@ from hami_plugin.deviceplugin.monitor.region import LAYOUT_V1
 from hami_plugin.kube.errors import Retryable
 from hami_plugin.protocol.hostpaths import containers_dir
 from hami_plugin.protocol.objects import PodInfo
+from hami_plugin.protocol.signature import BookingKeys
 from tests.deviceplugin.monitor.helpers import container_dir, pod, region_file
 from tests.deviceplugin.monitor.region_writer import (
     DeviceMemory,
@@ -45,6 +46,13 @@ NOW = 2_000_000_000.0
 """The test clock's wall time, in Unix seconds (directory mtimes are set relative to it)."""
 
 
+def booked(uid: str, priority: int | None = None, gpus: Iterable[str] = (UUID,)) -> PodInfo:
+    """A pod whose `main` container the scheduler booked on `gpus`, with `CUDA_TASK_PRIORITY`
+    set as the webhook sets it from `nvidia.com/priority` (unset when None)."""
+    env = {} if priority is None else {"main": {"CUDA_TASK_PRIORITY": str(priority)}}
+    return pod(uid, uid.removeprefix("uid-"), booked={"main": list(gpus)}, env=env)
+
+
 def clock_at(unix_seconds: float = NOW) -> ManualClock:
     return ManualClock(datetime.fromtimestamp(unix_seconds, UTC))
 
@@ -68,6 +76,7 @@ def scanner_for(
     hook: Path,
     pods: Callable[[], Iterable[PodInfo]],
     clock: ManualClock | None = None,
+    keys: BookingKeys | None = None,
 ) -> ContainerScanner:
     return ContainerScanner(
         containers_dir(str(hook)),
@@ -75,6 +84,7 @@ def scanner_for(
         resync_interval_seconds=300.0,
         pod_refresh_seconds=5.0,
         clock=clock or clock_at(),
+        booking_keys=None if keys is None else (lambda: keys),
     )
 
 
@@ -191,7 +201,7 @@ def test_hostile_files_skipped_one_line_each(
     short = container_dir(tmp_path, "uid-short", "main") / "x.cache"
     short.write_bytes(b"\x01\x02")
     region_file(tmp_path, "uid-good", "main", spec(total=42))
-    scanner = scanner_for(tmp_path, Pods())
+    scanner = scanner_for(tmp_path, Pods([booked("uid-good")]))
     caplog.set_level(logging.WARNING, LOGGER)
     for _ in range(3):
         usages = scanner.scan()
@@ -208,7 +218,7 @@ def test_region_truncated_after_it_was_cached(
 ) -> None:
     """A workload shrinking its file under us is a log line, not a SIGBUS."""
     path = region_file(tmp_path, "uid-1", "main", spec())
-    scanner = scanner_for(tmp_path, Pods())
+    scanner = scanner_for(tmp_path, Pods([booked("uid-1")]))
     assert len(scanner.scan()) == 1
     os.truncate(path, 100)
     caplog.set_level(logging.WARNING, LOGGER)
@@ -343,7 +353,8 @@ def test_feedback_writes_the_two_fields_in_place(tmp_path: Path, version: int) -
     )
     before = other.read_bytes()
     high_before = high.read_bytes()
-    scanner = scanner_for(tmp_path, Pods())
+    pods = [booked("uid-high", 0), booked("uid-low", 1), booked("uid-other", 1, ["GPU-other"])]
+    scanner = scanner_for(tmp_path, Pods(pods))
     assert scanner.apply_feedback() == 2
     assert read_i32(high, version, "recent_kernel") == 2
     assert read_i32(high, version, "utilization_switch") == 0
@@ -389,7 +400,7 @@ def test_feedback_reads_files_read_only_between_rounds(tmp_path: Path) -> None:
 
 def test_feedback_loop_runs_and_stops(tmp_path: Path) -> None:
     path = region_file(tmp_path, "uid-1", "main", spec(recent_kernel=50))
-    scanner = scanner_for(tmp_path, Pods([pod("uid-1", "a")]))
+    scanner = scanner_for(tmp_path, Pods([booked("uid-1")]))
     done = threading.Event()
     real_apply = scanner.apply_feedback
 

@@ -21,6 +21,7 @@ from tests.deviceplugin.monitor.region_writer import DeviceMemory, Proc, RegionS
 
 UUID_A = "GPU-0b7e3d4c-1111-2222-3333-444455556666"
 UUID_B = "GPU-9f00aa11-7777-8888-9999-aaaabbbbcccc"
+BOTH = {"main": [UUID_A, UUID_B]}
 NOW = 1_700_000_100.0
 NAMES = {family.name for family in FAMILIES}
 
@@ -99,7 +100,7 @@ def test_every_gauge_with_hamis_labels_and_values(
     tmp_path: Path, registry_for: RegistryFor
 ) -> None:
     region_file(tmp_path, "uid-1", "main", two_gpus())
-    samples = scrape(registry_for([pod("uid-1", "train", namespace="ml")]))
+    samples = scrape(registry_for([pod("uid-1", "train", namespace="ml", booked=BOTH)]))
     first = labels("main", 0, UUID_A)
     second = labels("main", 1, UUID_B)
     assert samples == {
@@ -130,14 +131,14 @@ def test_last_kernel_only_when_known(
     last_kernel_time: int,
 ) -> None:
     region_file(tmp_path, "uid-1", "main", two_gpus(version, last_kernel_time))
-    samples = scrape(registry_for([pod("uid-1", "train", namespace="ml")]))
+    samples = scrape(registry_for([pod("uid-1", "train", namespace="ml", booked=BOTH)]))
     names = {name for name, _ in samples}
     assert names == NAMES - {"hami_container_last_kernel_elapsed_seconds"}
 
 
 def test_last_kernel_in_the_future_is_zero(tmp_path: Path, registry_for: RegistryFor) -> None:
     region_file(tmp_path, "uid-1", "main", two_gpus(1, int(NOW) + 60))
-    samples = scrape(registry_for([pod("uid-1", "train", namespace="ml")]))
+    samples = scrape(registry_for([pod("uid-1", "train", namespace="ml", booked=BOTH)]))
     key = ("hami_container_last_kernel_elapsed_seconds", labels("main", 0, UUID_A))
     assert samples[key] == 0.0
 
@@ -152,9 +153,15 @@ def test_only_this_nodes_pods_and_their_app_containers(
     region_file(tmp_path, "uid-4", "main", two_gpus())  # no such pod
     region_file(tmp_path, "uid-1", "gone", two_gpus())  # no such container in the pod
     pods = [
-        pod("uid-1", "train", namespace="ml", init_containers=["init"]),
-        pod("uid-2", "b", node_label="other-node"),
-        pod("uid-3", "c", node_label=None),
+        pod(
+            "uid-1",
+            "train",
+            namespace="ml",
+            init_containers=["init"],
+            booked={"main": [UUID_A, UUID_B], "init": [UUID_A]},
+        ),
+        pod("uid-2", "b", node_label="other-node", booked=BOTH),
+        pod("uid-3", "c", node_label=None, booked=BOTH),
     ]
     samples = scrape(registry_for(pods))
     assert {dict(key)["pod"] for _, key in samples} == {"train"}
@@ -167,7 +174,7 @@ def test_devices_without_a_usable_uuid_are_skipped(
     spec = two_gpus()
     spec.uuids = [b"\x00not-yet", UUID_B]
     region_file(tmp_path, "uid-1", "main", spec)
-    samples = scrape(registry_for([pod("uid-1", "train", namespace="ml")]))
+    samples = scrape(registry_for([pod("uid-1", "train", namespace="ml", booked=BOTH)]))
     assert {dict(key)["vdevice_index"] for _, key in samples} == {"1"}
 
 
@@ -176,7 +183,7 @@ def test_a_hostile_region_does_not_stop_the_scrape(
 ) -> None:
     region_file(tmp_path, "uid-1", "main", two_gpus())
     region_file(tmp_path, "uid-2", "main", RegionSpec(procnum=-3, uuids=[UUID_A]))
-    pods = [pod("uid-1", "train", namespace="ml"), pod("uid-2", "bad")]
+    pods = [pod("uid-1", "train", namespace="ml", booked=BOTH), pod("uid-2", "bad", booked=BOTH)]
     samples = scrape(registry_for(pods))
     assert {dict(key)["pod"] for _, key in samples} == {"train"}
 
@@ -195,7 +202,7 @@ def test_register_reads_nothing_and_names_clash(tmp_path: Path) -> None:
 
 def test_over_real_http(tmp_path: Path, registry_for: RegistryFor) -> None:
     region_file(tmp_path, "uid-1", "main", two_gpus())
-    registry = registry_for([pod("uid-1", "train", namespace="ml")])
+    registry = registry_for([pod("uid-1", "train", namespace="ml", booked=BOTH)])
     server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
     try:
         port = server.server_address[1]
