@@ -246,10 +246,10 @@ class DevicePluginDaemon:
         try:
             self._start(serving, gpus)
             self.metrics = self._start_metrics(backend, kube, serving)
-            self.started.set()
             vgpu_served = self.static_mig is None or self.static_mig.plan.vgpu_served
             socket = serving.registrar.socket_path if vgpu_served else None
             self.probes = start_probes(self.settings, self.started, socket, self.metrics)
+            self.started.set()
             self.stop_signal.wait(math.inf)
             logger.info("stopping: removing %s", serving.registrar.socket_path)
         finally:

@@ -41,7 +41,7 @@ from hami_plugin.extender.settings import (
 from hami_plugin.extender.state import SchedulerState
 from hami_plugin.extender.tls import TlsFiles
 from hami_plugin.httpserve.probes import PROBE_LIMITS, Liveness, ProbeRoutes, parse_listen_address
-from hami_plugin.httpserve.server import BoundedServer
+from hami_plugin.httpserve.server import BoundedServer, ServerLimits
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import KubeError
 from hami_plugin.kube.informer import Informer, ListWatchOptions
@@ -102,6 +102,7 @@ class SchedulerDaemon:
     leader election when `config.leader_elect` (default: the Lease elector). `clock`: the time
     of bookings, binds and recovery; `election_clock`: the leader election's (default: `clock`),
     apart so that a test can move the booking time on without the lease expiring under it.
+    `listener_limits`: the extender's and the webhook's connection bounds (`ServerLimits()`).
     """
 
     def __init__(
@@ -115,8 +116,10 @@ class SchedulerDaemon:
         elector_factory: ElectorFactory | None = None,
         recovery_interval_seconds: float = 5.0,
         watch_timeout_seconds: int = 300,
+        listener_limits: ServerLimits | None = None,
     ) -> None:
         self.config = config
+        self._limits = listener_limits or ServerLimits()
         self._kube = kube
         self._owned_kube: KubeClient | None = None
         self._observer = observer
@@ -185,6 +188,13 @@ class SchedulerDaemon:
         if self._webhook_server is None:
             raise RuntimeError("the scheduler daemon serves no webhook listener")
         return self._webhook_server.port
+
+    @property
+    def metrics_port(self) -> int:
+        """The `/metrics` port (`--metrics-bind-address`). Raises without one."""
+        if self._metrics_server is None:
+            raise RuntimeError("the scheduler daemon serves no metrics")
+        return int(self._metrics_server.port)
 
     @property
     def probe_port(self) -> int:
@@ -292,7 +302,12 @@ class SchedulerDaemon:
             )
         if config.webhook_host is None:
             server = BoundedServer(
-                config.http_host, config.http_port, app, tls=tls, name="extender-http"
+                config.http_host,
+                config.http_port,
+                app,
+                tls=tls,
+                limits=self._limits,
+                name="extender-http",
             )
             self.liveness.add(server.problem)
             return server, None
@@ -303,6 +318,7 @@ class SchedulerDaemon:
             config.http_port,
             app.only(EXTENDER_ROUTES),
             tls=tls,
+            limits=self._limits,
             name="extender-http",
         )
         webhook = BoundedServer(
@@ -310,6 +326,7 @@ class SchedulerDaemon:
             config.webhook_port,
             app.only(WEBHOOK_ROUTES),
             tls=TlsFiles(config.cert_file, config.key_file, clock=clock),
+            limits=self._limits,
             name="webhook-http",
         )
         self.liveness.add(extender.problem)

@@ -299,10 +299,9 @@ class BoundedServer:
                     continue
                 if not self._admit(client, str(address[0])):
                     self.stopping.wait(self.limits.thread_backoff_seconds)
-        except BaseException as error:
+        except BaseException as error:  # a bug: say so where kubelet sees it
             self._ended = f"accept loop ended: {error!r}"
             logger.exception("%s: accept loop ended; the liveness probe fails now", self.name)
-            raise
 
     def _admit(self, client: socket.socket, peer: str) -> bool:
         """Serve `client` on a thread of its own, or close it (over a cap: refused; no thread:
@@ -327,9 +326,12 @@ class BoundedServer:
         )
         try:
             self._start_thread(thread)
-        except RuntimeError as error:  # "can't start new thread": a pids or memory limit
+        except BaseException as error:
             self._release(connection)
             client.close()
+            if not isinstance(error, RuntimeError):
+                raise
+            # "can't start new thread": a pids or memory limit
             self.log_no_thread(peer, error)
             return False
         return True
