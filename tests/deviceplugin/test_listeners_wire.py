@@ -85,11 +85,12 @@ def test_half_sent_scrapes_leave_allocate_and_the_probes_served(plugin: Plugin) 
     assert get(plugin.probe_port, "/readyz")[0] == 200
     kept = METRICS_LIMITS.max_per_client
     with holding(plugin.metrics_port, ATTACKERS, data=HALF_SENT) as held:
+        # >=: the held ones are closed too once METRICS_LIMITS.request_seconds pass
         wait_until(
-            lambda: held.closed_by_server() == ATTACKERS - kept,
+            lambda: held.closed_by_server() >= ATTACKERS - kept,
             what="half-sent connections over the per-client cap closed",
         )
-        assert connection_threads() == kept
+        assert connection_threads() <= kept
         assert plugin.allocates("while-held", 0)
         assert get(plugin.probe_port, "/healthz") == (200, b"ok\n")
         assert get(plugin.metrics_port, "/metrics", source="127.0.0.3")[0] == 200

@@ -31,7 +31,10 @@ from tests.httpserve.attack import HALF_SENT, connection_threads, get, holding
 from tests.processes import wait_until
 
 ATTACKERS = 40
-LIMITS = ServerLimits(max_connections=16, max_per_client=8)
+LIMITS = ServerLimits(
+    max_connections=16, max_per_client=8, handshake_seconds=3600, request_seconds=3600
+)
+"""The timeouts out of the way on the TLS ports: the caps alone must hold the attack."""
 
 
 @contextmanager
@@ -114,12 +117,13 @@ def test_held_connections_on_every_port_leave_filter_webhook_and_probes_served(
                 (webhook, LIMITS.max_per_client),
                 (metrics, METRICS_LIMITS.max_per_client),
             ):
+                # >=: /metrics closes its held ones too after METRICS_LIMITS.request_seconds
                 wait_until(
-                    lambda held=held, kept=kept: held.closed_by_server() == ATTACKERS - kept,
+                    lambda held=held, kept=kept: held.closed_by_server() >= ATTACKERS - kept,
                     what="the connections over the per-client caps closed",
                 )
             held_threads = 2 * LIMITS.max_per_client + METRICS_LIMITS.max_per_client
-            assert connection_threads() == held_threads
+            assert connection_threads() <= held_threads
             everyone_is_served(daemon, kube_scheduler, api_server)
             assert connection_threads() <= held_threads + 5  # the answers' own, if still going
         wait_until(lambda: connection_threads() == 0, what="the attackers' threads gone")

@@ -43,11 +43,12 @@ def test_half_sent_scrapes_hold_a_few_threads_and_prometheus_is_still_served() -
     per_client = METRICS_LIMITS.max_per_client
     with MetricsServer(BindAddress("127.0.0.1", 0), registry()).start() as server:
         with holding(server.port, ATTACKERS, data=HALF_SENT) as held:
+            # >=: the held ones are closed too once METRICS_LIMITS.request_seconds pass
             wait_until(
-                lambda: held.closed_by_server() == ATTACKERS - per_client,
+                lambda: held.closed_by_server() >= ATTACKERS - per_client,
                 what="half-sent connections over the per-client cap closed",
             )
-            assert server.connection_count == per_client
+            assert server.connection_count <= per_client
             assert threading.active_count() <= before + 1 + per_client  # + the accept thread
             assert b"hami_test_value 1.0" in scrape(server)
         wait_until(lambda: server.connection_count == 0, what="the held connections gone")
