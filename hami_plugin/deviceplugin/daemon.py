@@ -1,11 +1,11 @@
 """`hami device-plugin`: the node daemon, wired together.
 
 settings → booking keys → NVML backend → inventory → gRPC server + kubelet registration →
-health monitor → node register annotation. A booking key file that cannot be read is one log
-line and exit status 2; without `--booking-key-file` every booking is trusted, as in HAMi, and
-the daemon says so in one warning once NVML is up. NVML failing at start is one log line and
-exit status 1, or, with `--fail-on-init-error=false`, the daemon stays up advertising nothing
-and retries. SIGTERM or SIGINT stops serving, removes the socket and exits 0.
+health monitor → node register annotation → `/metrics`, probes. An unreadable booking key file
+is one log line and exit 2; without `--booking-key-file` every booking is trusted, as in HAMi,
+and the daemon says so once NVML is up. NVML failing at start is one log line and exit 1, or,
+with `--fail-on-init-error=false`, the daemon stays up advertising nothing and retries. SIGTERM
+or SIGINT stops serving, removes the socket and exits 0.
 
 The node annotation `hami-plugin.io/allocate-protocol` goes out with the register annotation:
 `in-flight/v2` while kubelet's PodResources API (`--pod-resources-socket`) answers a `List`,
@@ -17,10 +17,8 @@ HAMi-core (`<hook>/vgpu/libvgpu.so` and its `ld.so.preload`, `deviceplugin.hamic
 looked at when serving starts, on every Allocate, register round and scrape: while it is
 missing, the register annotation marks every GPU unhealthy, `/metrics` reports
 `hami_device_plugin_hamicore_ready 0` and Allocate fails the pod; kubelet's device list keeps
-NVML's health (a pod bound meanwhile gets the message naming the file, not kubelet's).
-
-The sub-command (`deviceplugin.command`) resolves the settings and imports this module only
-when it runs, so `hami --help` does not load grpc, kubernetes or NVML.
+NVML's health (a pod bound meanwhile gets the message naming the file, not kubelet's). The
+sub-command (`deviceplugin.command`) imports this module only when it runs.
 """
 
 from __future__ import annotations
@@ -43,6 +41,7 @@ from hami_plugin.deviceplugin.hamicore import HamiCoreCheck, HamiCoreWatch
 from hami_plugin.deviceplugin.health import HealthChange, HealthMonitor
 from hami_plugin.deviceplugin.inventory import build_register_devices, build_vgpu_devices
 from hami_plugin.deviceplugin.kubelet import KubeletRegistrar, RestartWatch
+from hami_plugin.deviceplugin.liveness import ProbeListener, start_probes
 from hami_plugin.deviceplugin.metrics import (
     DevicePluginMetrics,
     MetricsConfig,
@@ -155,8 +154,8 @@ class DevicePluginDaemon:
         self.registrar: KubeletRegistrar | None = None
         self.static_mig: StaticMigServers | None = None
         """Static MIG (`--mig-strategy single|mixed`): the MIG resources' plugins."""
-        self.metrics: DevicePluginMetrics | None = None
-        """The `/metrics` endpoint while serving (None when off or unusable)."""
+        self.metrics: DevicePluginMetrics | None = None  # `/metrics` (None: off or unusable)
+        self.probes: ProbeListener | None = None  # `--probe-bind-address`, while serving
         self.started = threading.Event()
         """Set once the server is up and registration has begun (for tests and benchmarks)."""
 
@@ -247,6 +246,9 @@ class DevicePluginDaemon:
         try:
             self._start(serving, gpus)
             self.metrics = self._start_metrics(backend, kube, serving)
+            vgpu_served = self.static_mig is None or self.static_mig.plan.vgpu_served
+            socket = serving.registrar.socket_path if vgpu_served else None
+            self.probes = start_probes(self.settings, self.started, socket, self.metrics)
             self.started.set()
             self.stop_signal.wait(math.inf)
             logger.info("stopping: removing %s", serving.registrar.socket_path)
@@ -473,6 +475,8 @@ class DevicePluginDaemon:
         )
 
     def _teardown(self, serving: _Serving, owned_kube: KubeClient | None) -> None:
+        if self.probes is not None:
+            self.probes.stop()
         if self.metrics is not None:
             self.metrics.stop()
         if serving.feedback is not None:

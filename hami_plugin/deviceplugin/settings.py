@@ -115,6 +115,9 @@ class DevicePluginSettings:
     metrics_bind_address: str = ":9394"
     """Where `/metrics` is served: HAMi's `:9394`, `host:port`, or `0` (off); checked when the
     daemon starts the endpoint (`metrics.server.parse_bind_address`)."""
+    probe_bind_address: str = "0"
+    """Where kubelet's liveness check `/healthz` is served (`httpserve.probes`): `host:port`,
+    or `0` (off)."""
     vgpu_resync_interval_seconds: float = 300.0
     """How long the HAMi-core directory of a container whose pod left the node is kept
     (HAMi's monitor `HAMI_RESYNC_INTERVAL`, 5m)."""
@@ -319,6 +322,10 @@ OPTIONS = OptionTable(
                env="METRICS_BIND_ADDRESS", metavar="ADDRESS",
                help="where to serve Prometheus metrics at /metrics: :PORT, HOST:PORT, or 0 "
                "(off) (default :9394)"),
+        Option("probe_bind_address", ("--probe-bind-address",), parse_str,
+               env="PROBE_BIND_ADDRESS", metavar="ADDRESS",
+               help="where to serve kubelet's /healthz (the gRPC server and every listener "
+               "alive) and /readyz: :PORT, HOST:PORT, or 0 (off, the default)"),
         Option("vgpu_resync_interval_seconds", ("--vgpu-resync-interval",),
                _parse_resync_seconds, env="HAMI_RESYNC_INTERVAL", metavar="DURATION",
                help="keep the HAMi-core directory of a container whose pod left the node this "

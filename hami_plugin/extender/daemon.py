@@ -1,7 +1,7 @@
 """`hami scheduler`: the kube-scheduler extender daemon, wired together.
 
 config -> KubeClient -> SchedulerState fed by pod, node and ResourceQuota informers -> Binder,
-Recovery, EventRecorder -> ExtenderServer (filter, bind, webhook, probes) [+ metrics, + leader
+Recovery, EventRecorder -> BoundedServer (filter, bind, webhook, probes) [+ metrics, + leader
 election].
 
 `SchedulerDaemon` runs in-process too (tests, benchmarks): inject the `KubeClient`, a clock, an
@@ -30,7 +30,6 @@ from hami_plugin.config.keys import BookingKeyFile
 from hami_plugin.extender.bind import Binder
 from hami_plugin.extender.events import EventRecorder
 from hami_plugin.extender.http import EXTENDER_ROUTES, WEBHOOK_ROUTES, ExtenderApp
-from hami_plugin.extender.httpserver import ExtenderServer
 from hami_plugin.extender.leader import ElectionConfig, LeaderElector
 from hami_plugin.extender.metrics import SchedulerMetrics
 from hami_plugin.extender.observer import SchedulerObserver
@@ -41,6 +40,8 @@ from hami_plugin.extender.settings import (
 )
 from hami_plugin.extender.state import SchedulerState
 from hami_plugin.extender.tls import TlsFiles
+from hami_plugin.httpserve.probes import PROBE_LIMITS, Liveness, ProbeRoutes, parse_listen_address
+from hami_plugin.httpserve.server import BoundedServer, ServerLimits
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import KubeError
 from hami_plugin.kube.informer import Informer, ListWatchOptions
@@ -101,6 +102,7 @@ class SchedulerDaemon:
     leader election when `config.leader_elect` (default: the Lease elector). `clock`: the time
     of bookings, binds and recovery; `election_clock`: the leader election's (default: `clock`),
     apart so that a test can move the booking time on without the lease expiring under it.
+    `listener_limits`: the extender's and the webhook's connection bounds (`ServerLimits()`).
     """
 
     def __init__(
@@ -114,8 +116,10 @@ class SchedulerDaemon:
         elector_factory: ElectorFactory | None = None,
         recovery_interval_seconds: float = 5.0,
         watch_timeout_seconds: int = 300,
+        listener_limits: ServerLimits | None = None,
     ) -> None:
         self.config = config
+        self._limits = listener_limits or ServerLimits()
         self._kube = kube
         self._owned_kube: KubeClient | None = None
         self._observer = observer
@@ -152,8 +156,11 @@ class SchedulerDaemon:
         self._stopped = threading.Event()
         self._start_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._server: ExtenderServer | None = None
-        self._webhook_server: ExtenderServer | None = None
+        self._server: BoundedServer | None = None
+        self._webhook_server: BoundedServer | None = None
+        self._probe_server: BoundedServer | None = None
+        self.liveness = Liveness()
+        """What `/healthz` on the probe listener checks: every listener's accept loop."""
         self._events: EventRecorder | None = None
         self._elector: Elector | None = None
         self._metrics_server: Any = None
@@ -181,6 +188,20 @@ class SchedulerDaemon:
         if self._webhook_server is None:
             raise RuntimeError("the scheduler daemon serves no webhook listener")
         return self._webhook_server.port
+
+    @property
+    def metrics_port(self) -> int:
+        """The `/metrics` port (`--metrics-bind-address`). Raises without one."""
+        if self._metrics_server is None:
+            raise RuntimeError("the scheduler daemon serves no metrics")
+        return int(self._metrics_server.port)
+
+    @property
+    def probe_port(self) -> int:
+        """The probe listener's port (`--probe-bind-address`). Raises without one."""
+        if self._probe_server is None:
+            raise RuntimeError("the scheduler daemon serves no probe listener")
+        return self._probe_server.port
 
     @property
     def url(self) -> str:
@@ -221,7 +242,9 @@ class SchedulerDaemon:
             events = self._events = EventRecorder(
                 kube, self.config.scheduler_name, clock=self.state.clock
             )
-            self._server, self._webhook_server = self._http_servers(self._app(kube, events))
+            app = self._app(kube, events)
+            self._server, self._webhook_server = self._http_servers(app)
+            self._probe_server = self._probe_listener(app)
             self._make_informers(kube)
             recovery = self._recovery(kube, events)
             if self.config.leader_elect:
@@ -268,7 +291,7 @@ class SchedulerDaemon:
             max_body_bytes=config.max_body_bytes,
         )
 
-    def _http_servers(self, app: ExtenderApp) -> tuple[ExtenderServer, ExtenderServer | None]:
+    def _http_servers(self, app: ExtenderApp) -> tuple[BoundedServer, BoundedServer | None]:
         """The extender's listener and, with `--webhook-bind`, the webhook's own (bound when
         started)."""
         config, clock = self.config, self.state.clock
@@ -278,20 +301,61 @@ class SchedulerDaemon:
                 config.cert_file, config.key_file, client_ca_file=config.client_ca_file, clock=clock
             )
         if config.webhook_host is None:
-            return ExtenderServer(config.http_host, config.http_port, app, tls=tls), None
+            server = BoundedServer(
+                config.http_host,
+                config.http_port,
+                app,
+                tls=tls,
+                limits=self._limits,
+                name="extender-http",
+            )
+            self.liveness.add(server.problem)
+            return server, None
         # the API server and kubelet present no client certificate: the webhook and the probes
         # get a listener of their own, without the client CA
-        extender = ExtenderServer(
-            config.http_host, config.http_port, app.only(EXTENDER_ROUTES), tls=tls
+        extender = BoundedServer(
+            config.http_host,
+            config.http_port,
+            app.only(EXTENDER_ROUTES),
+            tls=tls,
+            limits=self._limits,
+            name="extender-http",
         )
-        webhook = ExtenderServer(
+        webhook = BoundedServer(
             config.webhook_host,
             config.webhook_port,
             app.only(WEBHOOK_ROUTES),
             tls=TlsFiles(config.cert_file, config.key_file, clock=clock),
+            limits=self._limits,
             name="webhook-http",
         )
+        self.liveness.add(extender.problem)
+        self.liveness.add(webhook.problem)
         return extender, webhook
+
+    def _probe_listener(self, app: ExtenderApp) -> BoundedServer | None:
+        """kubelet's probes on a plain-HTTP listener of their own (`--probe-bind-address`),
+        which strangers filling the webhook's or the extender's slots cannot starve; None when
+        off. `/healthz` there fails when any listener's accept loop ended."""
+        try:
+            address = parse_listen_address(self.config.probe_bind_address)
+        except ValueError as error:
+            raise StartError(f"--probe-bind-address: {error}") from error
+        if address is None:
+            return None
+        routes = ProbeRoutes(
+            self.liveness,
+            {"/readyz": app.readyz, "/readyz/informer-sync": app.informer_sync},
+        )
+        server = BoundedServer(
+            address.host or "0.0.0.0",
+            address.port,
+            routes,
+            limits=PROBE_LIMITS,
+            name="probe-http",
+        )
+        self.liveness.add(server.problem)
+        return server
 
     def _make_informers(self, kube: KubeClient) -> None:
         """The pod, node and ResourceQuota watches that feed the state."""
@@ -372,6 +436,9 @@ class SchedulerDaemon:
             logger.info(
                 "webhook and probes on https://%s:%d", config.webhook_host, self.webhook_port
             )
+        if self._probe_server is not None:
+            self._probe_server.start()
+            logger.info("probes on http://%s", config.probe_bind_address)
 
     def _pod_watch_failed_at(self) -> float | None:
         informer = self.pod_informer
@@ -390,6 +457,8 @@ class SchedulerDaemon:
             self._metrics_server = metrics.serve(self.config.metrics_bind_address)
         except MetricsServerError as error:
             raise StartError(f"metrics endpoint: {error}") from error
+        if self._metrics_server is not None:
+            self.liveness.add(self._metrics_server.problem)
         self.state.attach_observer(metrics)
 
     def _make_elector(self, kube: KubeClient) -> Elector:
@@ -479,7 +548,7 @@ class SchedulerDaemon:
             drain = (
                 timeout if timeout is not None else self.config.node_lock_retry_timeout_seconds + 5
             )
-            for listener in (self._server, self._webhook_server):
+            for listener in (self._server, self._webhook_server, self._probe_server):
                 if listener is not None:
                     listener.stop(drain)
             for thread in self._threads:

@@ -14,7 +14,7 @@ Routes (HAMi v2.10 `pkg/scheduler/routes/route.go`, docs/hami-reference.md 3.8):
   must stay ready, or a rolling update never completes and the webhook loses its replicas).
 
 `ExtenderApp` is bytes in, `HttpReply` out, independent of the socket; the listeners
-(`hami_plugin.extender.httpserver`) frame HTTP and call it. One listener serves every route, or,
+(`hami_plugin.httpserve.server`) frame HTTP and call it. One listener serves every route, or,
 with `--webhook-bind`, the extender listener serves `EXTENDER_ROUTES` (with `--client-ca-file`
 only to clients holding a certificate from that CA: kube-scheduler) and the webhook listener
 `WEBHOOK_ROUTES` (the API server and kubelet's probes present no client certificate); a route a
@@ -28,7 +28,6 @@ from collections.abc import Callable, Set
 
 from hami_plugin.extender.bind import Binder
 from hami_plugin.extender.filtering import FilterAnswer
-from hami_plugin.extender.httpserver import text_reply
 from hami_plugin.extender.state import SchedulerState
 from hami_plugin.extender.wire import (
     MAX_BODY_BYTES,
@@ -42,6 +41,7 @@ from hami_plugin.extender.wire import (
     decode_filter_request,
     filter_reply,
 )
+from hami_plugin.httpserve.server import TEXT_CONTENT_TYPE
 from hami_plugin.kube.events import EventSink
 from hami_plugin.protocol.objects import ObjectError, read_pod
 from hami_plugin.scheduler.admission_review import WEBHOOK_MAX_BODY_BYTES, review_admission_body
@@ -59,6 +59,11 @@ EXTENDER_ROUTES = frozenset({"/filter", "/bind"}) | _PROBES
 WEBHOOK_ROUTES = frozenset({"/webhook"}) | _PROBES
 """What the webhook listener serves: the API server's calls and kubelet's probes."""
 _NOT_FOUND = "404 page not found"
+
+
+def text_reply(status: int, message: str) -> HttpReply:
+    """A plain-text answer, one line."""
+    return HttpReply(status, (message + "\n").encode(), TEXT_CONTENT_TYPE)
 
 
 class ExtenderApp:

@@ -104,6 +104,9 @@ class SchedulerConfig:
     leader_elect_retry_period_seconds: float = 2.0
     node_label_selector: Mapping[str, str] = field(default_factory=dict)
     metrics_bind_address: str = ":9395"
+    probe_bind_address: str = "0"
+    """`--probe-bind-address`: kubelet's probes on a listener of their own (plain HTTP,
+    `hami_plugin.httpserve.probes`); `0`: off, the probes stay on the webhook listener."""
     max_body_bytes: int = 1024 * 1024
     booking_key_file: str = ""
     """`--booking-key-file`: sign bookings and count only signed ones; "" trusts every
@@ -257,6 +260,10 @@ OPTIONS = OptionTable(
                "(default: every node)"),
         Option("metrics_bind_address", ("--metrics-bind-address",), parse_str, default=":9395",
                metavar="HOST:PORT", help="Prometheus /metrics address; 0 turns it off (:9395)"),
+        Option("probe_bind_address", ("--probe-bind-address",), parse_str, default="0",
+               metavar="HOST:PORT", help="kubelet's /healthz and /readyz on a plain-HTTP "
+               "listener of their own, which no other client can fill; 0 (default) serves them "
+               "on the webhook listener only"),
         Option("device_config_file", ("--device-config-file",), parse_optional_str,
                metavar="PATH", help="HAMi's device config YAML; its nvidia: section sets "
                "defaults and resource names"),
@@ -528,6 +535,7 @@ def resolve_config(
         leader_elect_retry_period_seconds=retry_period,
         node_label_selector=values["node_label_selector"],
         metrics_bind_address=values["metrics_bind_address"],
+        probe_bind_address=values["probe_bind_address"],
         max_body_bytes=values["max_body_bytes"],
         booking_key_file=booking_key_file,
         log_level=_log_level(values),

@@ -5,9 +5,13 @@ HAMi's syntax for the address (its monitor's and scheduler's `--metrics-bind-add
 the Kubernetes components' flags. Port 0 asks the kernel for a free port (tests use it).
 
 The server serves one registry that the caller builds and passes in (never prometheus_client's
-global one), on a thread per request; `stop()` closes the socket and joins the serving thread.
-`ScrapeGuard` runs a daemon's collectors at scrape time, times each one and keeps a collector
-that raises from failing the whole scrape.
+global one) on the bounded server every listener runs on (`hami_plugin.httpserve.server`), with
+`METRICS_LIMITS`: a few connections, a few per client, short header and idle timeouts, so that
+idle or half-sent connections cannot take the daemon's threads (a thread per connection without
+a cap once let 400 of them kill the extender's accept thread and the device plugin's gRPC
+server, issue 25). `stop()` closes the socket and joins the serving thread. `ScrapeGuard` runs a
+daemon's collectors at scrape time, times each one and keeps a collector that raises from
+failing the whole scrape.
 
 `prometheus_client` is imported when a server starts, not when this module is imported, so the
 daemons' flag parsing (which validates the address with `parse_bind_address`) stays light.
@@ -15,16 +19,22 @@ daemons' flag parsing (which validates the address with `parse_bind_address`) st
 
 from __future__ import annotations
 
-import gzip
 import logging
-import socket
+import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from hami_plugin.clock import Clock, SystemClock
-from hami_plugin.protocol.address import BindAddress, parse_host_port
+from hami_plugin.httpserve.probes import parse_listen_address
+from hami_plugin.httpserve.server import (
+    BoundedServer,
+    PlainReply,
+    ServerLimits,
+    ThreadStarter,
+    text_reply,
+)
+from hami_plugin.protocol.address import BindAddress
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -35,6 +45,16 @@ logger = logging.getLogger(__name__)
 METRICS_PATH = "/metrics"
 DISABLED = "0"
 """The `--metrics-bind-address` value that turns the endpoint off."""
+
+METRICS_LIMITS = ServerLimits(
+    max_connections=16,
+    max_per_client=4,
+    max_header_bytes=16 * 1024,
+    idle_seconds=90.0,
+    request_seconds=10.0,
+)
+"""Prometheus scrapes over one kept-alive connection per target (two servers in an HA pair);
+idle above its 30-60 s scrape interval, so the connection is kept between scrapes."""
 
 
 class MetricsServerError(Exception):
@@ -47,87 +67,95 @@ def parse_bind_address(text: str) -> BindAddress | None:
 
     Raises ValueError naming the problem.
     """
-    value = text.strip()
-    if value == DISABLED:
-        return None
-    if ":" not in value:
-        raise ValueError(f"expected host:port, :port or 0 (off), got {text!r}")
-    return parse_host_port(text)
+    return parse_listen_address(text)
 
 
-class _QuietHandler(WSGIRequestHandler):
-    """Requests are logged at debug level, not written to stderr."""
-
-    def log_message(self, format: str, *args: Any) -> None:
-        logger.debug("metrics %s: " + format, self.address_string(), *args)
+_NOT_FOUND = "not found: the metrics are at " + METRICS_PATH
 
 
-_NOT_FOUND = b"not found: the metrics are at " + METRICS_PATH.encode() + b"\n"
+class _MetricsRoutes:
+    """`GET /metrics`: the registry rendered now; anything else 404."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def body_limit(self, path: str) -> int:
+        return 0
+
+    def handle(self, method: str, path: str, body: bytes, content_type: str) -> PlainReply:
+        from hami_plugin.metrics.exposition import CONTENT_TYPE, render_text
+
+        if path != METRICS_PATH:
+            return text_reply(404, _NOT_FOUND)
+        if method not in ("GET", "HEAD"):
+            return text_reply(405, "method not allowed")
+        return PlainReply(200, render_text(self._registry.collect()), CONTENT_TYPE, compress=True)
 
 
 class MetricsServer:
     """The `/metrics` endpoint over one registry. `start()`, then `stop()` (idempotent).
 
-    Other paths answer 404. Usable as a context manager.
+    Other paths answer 404. Usable as a context manager. `limits` and `start_thread` are
+    `BoundedServer`'s (tests make them small, or make the thread start fail).
     """
 
-    def __init__(self, address: BindAddress, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        address: BindAddress,
+        registry: CollectorRegistry,
+        *,
+        limits: ServerLimits = METRICS_LIMITS,
+        start_thread: ThreadStarter | None = None,
+    ) -> None:
         self.address = address
         self._registry = registry
-        self._httpd: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
+        self._limits = limits
+        self._start_thread = start_thread
+        self._server: BoundedServer | None = None
+        self._stopped = False
         self._lock = threading.Lock()
 
     def start(self) -> MetricsServer:
         """Listen and serve on a background thread. Raises MetricsServerError (port in use,
         unknown host ...) with the address in the message."""
-        from prometheus_client.exposition import ThreadingWSGIServer
-
-        from hami_plugin.metrics.exposition import CONTENT_TYPE, render_text
-
-        registry = self._registry
-
-        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-            if environ.get("PATH_INFO") != METRICS_PATH:
-                start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-                return [_NOT_FOUND]
-            body = render_text(registry.collect())
-            headers = [("Content-Type", CONTENT_TYPE)]
-            if "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""):
-                # Level 1: a node's 1.5 MB of samples shrink ~10x in a few ms (level 9 costs
-                # more than rendering them).
-                body = gzip.compress(body, compresslevel=1)
-                headers.append(("Content-Encoding", "gzip"))
-            start_response("200 OK", headers)
-            return [body]
-
         host = self.address.host or "0.0.0.0"
-
-        class _Server(ThreadingWSGIServer):
-            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
         try:
-            httpd = make_server(host, self.address.port, app, _Server, _QuietHandler)
+            server = BoundedServer(
+                host,
+                self.address.port,
+                _MetricsRoutes(self._registry),
+                limits=self._limits,
+                name="metrics-http",
+                start_thread=self._start_thread,
+            )
         except OSError as error:
-            reason = error.strerror or str(error)
+            # create_server's message adds the address again: the system's words alone
+            reason = os.strerror(error.errno) if error.errno else str(error)
             raise MetricsServerError(
                 f"metrics endpoint: cannot listen on {self.address}: {reason}"
             ) from error
-        thread = threading.Thread(
-            target=httpd.serve_forever, kwargs={"poll_interval": 0.2}, name="metrics-http"
-        )
         with self._lock:
-            self._httpd, self._thread = httpd, thread
-        thread.start()
+            self._server = server
+        server.start()
         logger.info("serving metrics on http://%s%s", self.bound, METRICS_PATH)
         return self
 
     @property
     def port(self) -> int:
         """The port listened on (the kernel's choice when the address asked for port 0)."""
-        if self._httpd is None:
+        if self._server is None:
             raise RuntimeError("metrics server not started")
-        return int(self._httpd.server_address[1])
+        return self._server.port
+
+    @property
+    def connection_count(self) -> int:
+        """Connections open now (each holds a thread)."""
+        return 0 if self._server is None else self._server.connection_count
+
+    def problem(self) -> str | None:
+        """None while serving (or stopped on purpose), else why not (for liveness)."""
+        server = self._server
+        return None if server is None else server.problem()
 
     @property
     def bound(self) -> BindAddress:
@@ -143,13 +171,10 @@ class MetricsServer:
     def stop(self) -> None:
         """Stop serving, close the socket and join the serving thread."""
         with self._lock:
-            httpd, thread = self._httpd, self._thread
-            self._thread = None
-        if httpd is None or thread is None:
+            server, stopped, self._stopped = self._server, self._stopped, True
+        if server is None or stopped:
             return
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join()
+        server.stop(5.0)
         logger.info("metrics endpoint on %s stopped", self.bound)
 
     def __enter__(self) -> MetricsServer:

@@ -20,9 +20,9 @@ from hami_plugin.certs.plan import CA_CERT, CA_KEY, TLS_CERT, TLS_KEY
 from hami_plugin.certs.settings import CertsSettings
 from hami_plugin.cli import main
 from hami_plugin.clock import ManualClock
-from hami_plugin.extender.httpserver import ExtenderServer, text_reply
 from hami_plugin.extender.tls import TLS_RECHECK_SECONDS, TlsFiles
 from hami_plugin.extender.wire import HttpReply
+from hami_plugin.httpserve.server import BoundedServer, text_reply
 from hami_plugin.testing.apiserver import FakeApiServer
 from tests.certs.helpers import CA, CLIENT, SERVICE_NAMES, SERVING, put_secret, secret_data
 
@@ -61,7 +61,7 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def listener(installed: Path, clock: ManualClock) -> Iterator[ExtenderServer]:
+def listener(installed: Path, clock: ManualClock) -> Iterator[BoundedServer]:
     """The scheduler's listener with the serving certificate, requiring a client certificate
     from the CA (`--client-ca-file` = the serving Secret's ca.crt)."""
     serving = installed / "serving"
@@ -71,7 +71,7 @@ def listener(installed: Path, clock: ManualClock) -> Iterator[ExtenderServer]:
         client_ca_file=str(serving / CA_CERT),
         clock=clock,
     )
-    server = ExtenderServer("127.0.0.1", 0, _Probe(), tls=tls)
+    server = BoundedServer("127.0.0.1", 0, _Probe(), tls=tls)
     server.start()
     yield server
     server.stop(timeout=5.0)
@@ -86,7 +86,7 @@ def kube_scheduler_context(directory: Path, *, certificate: bool = True) -> ssl.
     return context
 
 
-def healthz(server: ExtenderServer, context: ssl.SSLContext, name: str) -> tuple[bytes, int]:
+def healthz(server: BoundedServer, context: ssl.SSLContext, name: str) -> tuple[bytes, int]:
     """GET /healthz over TLS as `name`; the answer's status line and the serial served."""
     with (
         socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw,
@@ -103,19 +103,19 @@ def healthz(server: ExtenderServer, context: ssl.SSLContext, name: str) -> tuple
 
 @pytest.mark.parametrize("name", sorted(SERVICE_NAMES))
 def test_kube_scheduler_reaches_the_listener_by_every_service_name(
-    listener: ExtenderServer, installed: Path, name: str
+    listener: BoundedServer, installed: Path, name: str
 ) -> None:
     status, _ = healthz(listener, kube_scheduler_context(installed / "client"), name)
 
     assert status == b"HTTP/1.1 200 OK"
 
 
-def test_another_name_is_refused_by_the_client(listener: ExtenderServer, installed: Path) -> None:
+def test_another_name_is_refused_by_the_client(listener: BoundedServer, installed: Path) -> None:
     with pytest.raises(ssl.SSLCertVerificationError, match="Hostname mismatch"):
         healthz(listener, kube_scheduler_context(installed / "client"), "evil.example")
 
 
-def handshake(listener: ExtenderServer, client: ssl.SSLContext, name: str) -> None:
+def handshake(listener: BoundedServer, client: ssl.SSLContext, name: str) -> None:
     """A TLS handshake in memory between `client` and the listener's own server context (what
     its TlsFiles loaded), so that the server's reason for refusing is what is raised."""
     assert listener.tls is not None
@@ -140,13 +140,13 @@ def handshake(listener: ExtenderServer, client: ssl.SSLContext, name: str) -> No
 
 
 def test_the_handshake_of_kube_scheduler_completes(
-    listener: ExtenderServer, installed: Path
+    listener: BoundedServer, installed: Path
 ) -> None:
     handshake(listener, kube_scheduler_context(installed / "client"), "hami-scheduler")
 
 
 def test_a_client_without_the_kube_scheduler_certificate_is_refused(
-    listener: ExtenderServer, installed: Path
+    listener: BoundedServer, installed: Path
 ) -> None:
     anonymous = kube_scheduler_context(installed / "client", certificate=False)
 
@@ -155,7 +155,7 @@ def test_a_client_without_the_kube_scheduler_certificate_is_refused(
 
 
 def test_the_serving_certificate_is_no_client_certificate(
-    listener: ExtenderServer, installed: Path
+    listener: BoundedServer, installed: Path
 ) -> None:
     # the serving pair presented as a client certificate: its one usage is serverAuth
     posing = kube_scheduler_context(installed / "serving")
@@ -168,7 +168,7 @@ def test_a_renewed_certificate_is_served_without_a_restart(
     apiserver: FakeApiServer,
     kubeconfig_path: Path,
     installed: Path,
-    listener: ExtenderServer,
+    listener: BoundedServer,
     clock: ManualClock,
 ) -> None:
     client = kube_scheduler_context(installed / "client")
@@ -204,7 +204,7 @@ def test_a_renewed_certificate_is_served_without_a_restart(
 
 
 def test_a_certificate_from_another_ca_is_refused_both_ways(
-    listener: ExtenderServer, installed: Path, tmp_path: Path
+    listener: BoundedServer, installed: Path, tmp_path: Path
 ) -> None:
     now = datetime.now(UTC)
     stranger = make_ca("hami-plugin-ca.hami-system", now, timedelta(days=3650))

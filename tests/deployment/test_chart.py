@@ -137,7 +137,7 @@ def test_without_the_webhook_the_extender_keeps_mutual_tls(tmp_path: Path) -> No
     ]
     config, _ = scheduler_config(objects, tmp_path)
     assert config.tls and config.client_ca_file == "/tls/ca.crt"
-    assert config.webhook_port  # the probes' listener
+    assert config.webhook_port and config.probe_bind_address != "0"  # the probes' own
     scheduling = yaml.safe_load(config_map_data(objects, "hami-scheduler", "config.yaml"))
     extender = scheduling["extenders"][0]
     assert extender["urlPrefix"] == "https://hami-scheduler-extender.hami-system.svc:443"
@@ -422,3 +422,22 @@ def test_a_topology_aware_gpu_policy_turns_the_pair_scores_on(
     objects = helm_template(f"scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy={policy}")
     settings = device_plugin_settings(objects, tmp_path, "node-a")
     assert settings.enable_topology_score is scored
+
+
+def test_who_may_scrape_is_one_value_for_both_network_policies() -> None:
+    # Helm merges maps: a default label goes with null, as docs/install.md says
+    objects = helm_template(
+        "prometheus.scrapeFrom.namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=null",
+        "prometheus.scrapeFrom.namespaceSelector.matchLabels.team=observability",
+        "prometheus.scrapeFrom.podSelector.matchLabels.app=vmagent",
+    )
+    for name in ("hami-scheduler", "hami-device-plugin"):
+        policy = named(objects, "NetworkPolicy", name)
+        (rule,) = [r for r in policy["spec"]["ingress"] if {"port": "metrics", "protocol": "TCP"}
+                   in r.get("ports", [])]  # fmt: skip
+        (source,) = rule["from"]
+        assert source["namespaceSelector"]["matchLabels"] == {"team": "observability"}
+        assert source["podSelector"]["matchLabels"] == {
+            "app.kubernetes.io/name": "prometheus",
+            "app": "vmagent",
+        }

@@ -245,11 +245,15 @@ def test_the_device_plugin_daemonset(objects: list[Obj], tmp_path: Path) -> None
     assert _services_selecting(objects, pod["metadata"]["labels"]) == [
         _service(objects, "device-plugin")
     ]
-    # the probes dial the socket the daemon serves
+    # startup and readiness dial the socket the daemon serves; liveness asks the probe
+    # listener, whose /healthz calls the gRPC server
     socket_path = f"{settings.device_plugin_path.rstrip('/')}/{settings.socket_name}"
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+    for probe in ("startupProbe", "readinessProbe"):
         command = plugin[probe]["exec"]["command"]
         assert command[0] == "python" and command[-1] == socket_path
+    request = plugin["livenessProbe"]["httpGet"]
+    assert (request["path"], request["port"], request["scheme"]) == ("/healthz", "probe", "HTTP")
+    assert settings.probe_bind_address == f":{_container_port(plugin, 'probe')}"
 
 
 # --- the scheduler ----------------------------------------------------------------------------
@@ -301,12 +305,13 @@ def test_the_scheduler_deployment(objects: list[Obj], tmp_path: Path) -> None:
     assert parse_hami_args(extender["args"], []).booking_key_file == "/booking/keys"
     tls = secret_volume(deployment, extender, "/tls")
     booking = secret_volume(deployment, extender, "/booking")
-    # kubelet presents no client certificate: the probes go to the webhook listener. Ready
-    # once synced, leader or not (/readyz, 503 on followers, would stall rolling updates and
-    # empty the webhook's Service); the extender's Service adds the leader label below.
+    # the probes go to a listener of their own, which no other client can fill. Ready once
+    # synced, leader or not (/readyz, 503 on followers, would stall rolling updates and empty
+    # the webhook's Service); the extender's Service adds the leader label below.
+    assert config.probe_bind_address == f":{_container_port(extender, 'probe')}"
     for probe, path in (("readinessProbe", "/readyz/informer-sync"), ("livenessProbe", "/healthz")):
         request = extender[probe]["httpGet"]
-        assert (request["path"], request["port"], request["scheme"]) == (path, "webhook", "HTTPS")
+        assert (request["path"], request["port"], request["scheme"]) == (path, "probe", "HTTP")
     strategy = deployment["spec"]["strategy"]
     assert strategy["rollingUpdate"]["maxUnavailable"] == 0  # why followers must be ready
 
@@ -451,54 +456,79 @@ def test_the_certificate_job_and_its_renewal(objects: list[Obj]) -> None:
 # --- the network policy -------------------------------------------------------------------------
 
 
-def check_network_policy(objects: list[Obj]) -> None:
-    """Raise AssertionError unless the one NetworkPolicy selects the scheduler pods, admits
-    their extender port only from the scheduler pods, and their webhook and metrics ports
-    from anywhere."""
-    (policy,) = of_kind(objects, "NetworkPolicy")
-    deployment = workload_running(objects, "scheduler")
-    scheduler_labels = _pod_labels(deployment)
-    plugin_labels = _pod_labels(workload_running(objects, "device-plugin"))
-    assert policy["metadata"]["namespace"] == deployment["metadata"]["namespace"]
-    spec = policy["spec"]
-    assert _selects(spec["podSelector"], scheduler_labels)
-    assert not _selects(spec["podSelector"], plugin_labels)
-    assert spec["policyTypes"] == ["Ingress"]
-    named_ports = {
-        p["name"]: p["containerPort"] for c in containers(deployment) for p in c.get("ports", [])
-    }
+def _named_ports(workload: Obj) -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for c in containers(workload) for p in c.get("ports", [])}
 
-    def numbers(rule: Mapping[str, Any]) -> set[int]:
+
+def _rules_admitting(policy: Obj, workload: Obj, port: int) -> list[list[Obj] | None]:
+    """The sources of each ingress rule of `policy` that admits `port` of `workload`'s pods
+    (None: every source)."""
+    named_ports = _named_ports(workload)
+    found: list[list[Obj] | None] = []
+    for rule in policy["spec"]["ingress"]:
         ports = set()
         for entry in rule.get("ports") or []:
             assert entry.get("protocol", "TCP") == "TCP" and "endPort" not in entry
-            port = entry["port"]
-            ports.add(named_ports[port] if isinstance(port, str) else int(port))
-        return ports
-
-    extender = _container_port(hami_container(deployment, "scheduler"), "https")
-    open_ports: set[int] = set()
-    for rule in spec["ingress"]:
-        ports = numbers(rule)
-        sources = rule.get("from")
-        if not sources:
-            assert ports, "a rule without ports and sources admits everything"
-            open_ports |= ports
-        if extender in ports or not ports:
-            # the extender only from pods of this namespace that are scheduler pods
-            assert sources, "the extender port is open to every source"
-            for source in sources:
-                assert set(source) == {"podSelector"}, source
-                assert _selects(source["podSelector"], scheduler_labels)
-                assert not _selects(source["podSelector"], plugin_labels)
-                assert source["podSelector"]["matchLabels"], "every pod of the namespace"
-    assert extender not in open_ports
-    webhook = _container_port(hami_container(deployment, "scheduler"), "webhook")
-    metrics = _container_port(hami_container(deployment, "scheduler"), "metrics")
-    assert {webhook, metrics} <= open_ports
+            number = entry["port"]
+            ports.add(named_ports[number] if isinstance(number, str) else int(number))
+        if not ports or port in ports:
+            found.append(rule.get("from") or None)
+    return found
 
 
-def test_the_network_policy_admits_the_extender_port_only_from_the_scheduler_pods(
+def _policy_for(objects: list[Obj], workload: Obj, other: Obj) -> Obj:
+    """The one NetworkPolicy selecting `workload`'s pods (and not `other`'s)."""
+    labels = _pod_labels(workload)
+    (policy,) = [
+        p for p in of_kind(objects, "NetworkPolicy") if _selects(p["spec"]["podSelector"], labels)
+    ]
+    assert not _selects(policy["spec"]["podSelector"], _pod_labels(other))
+    assert policy["metadata"]["namespace"] == workload["metadata"]["namespace"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    return policy
+
+
+def _only_prometheus(rules: list[list[Obj] | None]) -> None:
+    """Every rule admits only pods chosen by both a namespace and a pod selector."""
+    assert rules, "nothing admitted: Prometheus cannot scrape"
+    for sources in rules:
+        assert sources, "the metrics port is open to every source"
+        for source in sources:
+            assert set(source) == {"namespaceSelector", "podSelector"}, source
+            assert source["namespaceSelector"].get("matchLabels"), "every namespace"
+            assert source["podSelector"].get("matchLabels"), "every pod of the namespace"
+
+
+def check_network_policy(objects: list[Obj]) -> None:
+    """Raise AssertionError unless one NetworkPolicy selects the scheduler pods and admits
+    their extender port only from the scheduler pods, their metrics port only from the
+    Prometheus selector, their webhook port from anywhere and their probe port from no pod; and
+    one selects the device plugin pods and admits their metrics port only from the Prometheus
+    selector and their probe port from no pod."""
+    deployment = workload_running(objects, "scheduler")
+    plugin = workload_running(objects, "device-plugin")
+    scheduler_labels, plugin_labels = _pod_labels(deployment), _pod_labels(plugin)
+    policy = _policy_for(objects, deployment, plugin)
+    extender = hami_container(deployment, "scheduler")
+    for sources in _rules_admitting(policy, deployment, _container_port(extender, "https")):
+        # the extender only from pods of this namespace that are scheduler pods
+        assert sources, "the extender port is open to every source"
+        for source in sources:
+            assert set(source) == {"podSelector"}, source
+            assert _selects(source["podSelector"], scheduler_labels)
+            assert not _selects(source["podSelector"], plugin_labels)
+            assert source["podSelector"]["matchLabels"], "every pod of the namespace"
+    assert None in _rules_admitting(policy, deployment, _container_port(extender, "webhook"))
+    _only_prometheus(_rules_admitting(policy, deployment, _container_port(extender, "metrics")))
+    assert _rules_admitting(policy, deployment, _container_port(extender, "probe")) == []
+
+    policy = _policy_for(objects, plugin, deployment)
+    device_plugin = hami_container(plugin, "device-plugin")
+    _only_prometheus(_rules_admitting(policy, plugin, _container_port(device_plugin, "metrics")))
+    assert _rules_admitting(policy, plugin, _container_port(device_plugin, "probe")) == []
+
+
+def test_the_network_policies_admit_each_port_only_from_whom_it_serves(
     objects: list[Obj],
 ) -> None:
     check_network_policy(objects)
@@ -520,13 +550,54 @@ def _every_pod(ingress: list[Obj]) -> None:
     ingress[0]["from"][0]["podSelector"]["matchLabels"] = {}
 
 
-@pytest.mark.parametrize("change", [_open_to_all, _no_source, _every_namespace, _every_pod])
-def test_the_network_policy_check_refuses_an_open_extender_port(
+def _metrics_open(ingress: list[Obj]) -> None:
+    ingress[1]["ports"].append({"port": "metrics", "protocol": "TCP"})
+
+
+def _probe_open(ingress: list[Obj]) -> None:
+    ingress[1]["ports"].append({"port": "probe", "protocol": "TCP"})
+
+
+def _metrics_from_every_namespace(ingress: list[Obj]) -> None:
+    ingress[2]["from"][0]["namespaceSelector"] = {}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        _open_to_all,
+        _no_source,
+        _every_namespace,
+        _every_pod,
+        _metrics_open,
+        _probe_open,
+        _metrics_from_every_namespace,
+    ],
+)
+def test_the_network_policy_check_refuses_an_open_port(
     change: Callable[[list[Obj]], None],
 ) -> None:
     objects = plain_manifests()
     check_network_policy(objects)
     change(named(objects, "NetworkPolicy", "hami-scheduler")["spec"]["ingress"])
+    with pytest.raises(AssertionError):
+        check_network_policy(objects)
+
+
+def _plugin_metrics_open(ingress: list[Obj]) -> None:
+    ingress[0].pop("from")
+
+
+def _plugin_probe_open(ingress: list[Obj]) -> None:
+    ingress.append({"ports": [{"port": "probe", "protocol": "TCP"}]})
+
+
+@pytest.mark.parametrize("change", [_plugin_metrics_open, _plugin_probe_open])
+def test_the_network_policy_check_refuses_an_open_device_plugin_port(
+    change: Callable[[list[Obj]], None],
+) -> None:
+    objects = plain_manifests()
+    change(named(objects, "NetworkPolicy", "hami-device-plugin")["spec"]["ingress"])
     with pytest.raises(AssertionError):
         check_network_policy(objects)
 

@@ -10,7 +10,8 @@ party connects as it would in a cluster, from the manifests alone:
   signature verifies with the key file the device plugin's pods mount;
 * the API server, with the caBundle `hami certs` wrote into the webhook configuration and the
   Service DNS name it checks, calls /webhook through the webhook's Service port;
-* kubelet's probes (/healthz, /readyz/informer-sync) answer 200 on the port they name;
+* kubelet's probes (/healthz, /readyz/informer-sync) answer 200 on the port they name (plain
+  HTTP on the probe listener);
 * a client without kube-scheduler's certificate gets no answer from the extender port.
 """
 
@@ -176,6 +177,7 @@ def test_every_party_reaches_the_scheduler_with_the_certificates_it_is_given(
             "--http-bind=127.0.0.1:0",
             "--webhook-bind=127.0.0.1:0",
             "--metrics-bind-address=0",
+            "--probe-bind-address=127.0.0.1:0",
         ],
     )
     assert config.tls and config.client_ca_file and config.booking_key_file
@@ -183,7 +185,11 @@ def test_every_party_reaches_the_scheduler_with_the_certificates_it_is_given(
     pod = api.add_object(gpu_pod("tenant"))
     # one replica, leading by itself: the election is not what this test is about
     with running_scheduler(api, replace(config, leader_elect=False)) as scheduler:
-        ports = {"https": scheduler.daemon.port, "webhook": scheduler.daemon.webhook_port}
+        ports = {
+            "https": scheduler.daemon.port,
+            "webhook": scheduler.daemon.webhook_port,
+            "probe": scheduler.daemon.probe_port,
+        }
 
         # kube-scheduler: its configuration as the ConfigMap holds it, its files as mounted
         kube_scheduler = container(deployment, "kube-scheduler")
@@ -271,15 +277,16 @@ def test_every_party_reaches_the_scheduler_with_the_certificates_it_is_given(
         )
         assert status == 200 and result["response"]["allowed"] is True, result
 
-        # kubelet's probes: HTTPS without verification and without a client certificate
+        # kubelet's probes: plain HTTP on the probe listener
         for probe in ("readinessProbe", "livenessProbe"):
             check = extender[probe]["httpGet"]
-            assert check["scheme"] == "HTTPS"
-            kubelet = ssl.create_default_context()
-            kubelet.check_hostname = False
-            kubelet.verify_mode = ssl.CERT_NONE
-            status, _ = _request(ports[check["port"]], "10.0.0.1", kubelet, "GET", check["path"])
-            assert status == 200, probe
+            assert check["scheme"] == "HTTP"
+            connection = http.client.HTTPConnection("127.0.0.1", ports[check["port"]], timeout=10)
+            try:
+                connection.request("GET", check["path"])
+                assert connection.getresponse().status == 200, probe
+            finally:
+                connection.close()
 
 
 def _service_named(objects: list[Obj], url: str) -> Obj:

@@ -2,7 +2,7 @@
 the connection closed, bodies are cut at the route's limit plus one byte, heads and connections
 are bounded, idle and slow clients are closed, and one huge body leaves the daemon's memory flat.
 
-Most tests run an `ExtenderServer` over a recording stand-in for the routes, with small limits
+Most tests run an `BoundedServer` over a recording stand-in for the routes, with small limits
 (a deadline of a fraction of a second, two connections); the ones about the extender's own
 answers run the daemon, in process or as `hami scheduler`.
 """
@@ -23,8 +23,8 @@ from typing import Any, BinaryIO
 
 import pytest
 
-from hami_plugin.extender.httpserver import ExtenderServer, ServerLimits
 from hami_plugin.extender.wire import HttpReply
+from hami_plugin.httpserve.server import BoundedServer, ServerLimits
 from hami_plugin.testing.apiserver import FakeApiServer
 from tests.extender.cluster import running_scheduler
 from tests.processes import LoggedProcess, wait_until
@@ -56,10 +56,8 @@ class RecordingRoutes:
 
 
 @contextmanager
-def serving(
-    routes: RecordingRoutes, limits: ServerLimits | None = None
-) -> Iterator[ExtenderServer]:
-    server = ExtenderServer("127.0.0.1", 0, routes, limits=limits)
+def serving(routes: RecordingRoutes, limits: ServerLimits | None = None) -> Iterator[BoundedServer]:
+    server = BoundedServer("127.0.0.1", 0, routes, limits=limits)
     server.start()
     try:
         yield server
@@ -303,7 +301,7 @@ def test_connections_over_the_bound_are_closed_at_once_and_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     routes = RecordingRoutes()
-    caplog.set_level(logging.WARNING, "hami_plugin.extender.httpserver")
+    caplog.set_level(logging.WARNING, "hami_plugin.httpserve.server")
     with serving(routes, ServerLimits(max_connections=2, log_interval_seconds=3600)) as server:
         first, second = Client(server.port), Client(server.port)
         try:
@@ -372,7 +370,7 @@ def test_an_idle_kept_alive_connection_is_closed_after_the_idle_timeout() -> Non
 
 def test_stop_finishes_the_request_in_progress_and_closes_idle_connections() -> None:
     routes = RecordingRoutes()
-    server = ExtenderServer("127.0.0.1", 0, routes)
+    server = BoundedServer("127.0.0.1", 0, routes)
     server.start()
     with Client(server.port) as idle, Client(server.port) as busy:
         idle.sendall(GOOD)

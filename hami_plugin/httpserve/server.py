@@ -1,14 +1,14 @@
-"""The scheduler's HTTP/1.1 listeners: sockets and threads here, the framing by h11.
+"""The bounded HTTP/1.1 server every listener of both daemons runs on: sockets and threads
+here, the framing by h11.
 
 The request line, the headers, `Content-Length` and chunked bodies are parsed by h11, a
 maintained sans-I/O HTTP/1.1 implementation, so that no framing is parsed by hand (a chunk size
 `-1` once passed a hand-written size check and read a connection to its end). h11 is imported
-here only (import-linter checks it); the routes (`hami_plugin.extender.http`) see a method, a
-path, the body and its Content-Type, and return an `HttpReply`. h11 rather than a threaded
-WSGI server (cheroot): it frames HTTP and nothing else, so the threads, TLS (the handshake in
-the connection's thread, client certificates, the reload on change), the bounds below and the
-drain at stop stay as they are here, and it costs nothing measurable (`/filter` p50 in
-`make bench` is the same as with `http.server`, whose header parsing it replaces).
+here only (import-linter checks it); the routes (`Routes`: the extender's, the webhook's, the
+probes', `/metrics`) see a method, a path, the body and its Content-Type, and return a `Reply`.
+h11 rather than a threaded WSGI server (cheroot, wsgiref): it frames HTTP and nothing else, so
+the threads, TLS (the handshake in the connection's thread, client certificates, the reload on
+change), the bounds below and the drain at stop stay as they are here.
 
 One thread per connection, as kube-scheduler calls: its binds go out up to 16 at once, each on
 its own kept-alive connection. The TLS handshake runs in the connection's thread, so a slow
@@ -25,12 +25,21 @@ What one client can cost is bounded (`ServerLimits`):
 * a body is read up to the route's limit plus one byte, never further: the route answers a body
   over its limit (the extender's JSON error answer, the webhook's refusal) and the connection is
   closed; at most `limit + 1` body bytes are ever held;
-* at most `max_connections` connections (and so connection threads) at once: one more is
-  closed as soon as it is accepted, logged at most once a minute;
+* at most `max_connections` connections (and so connection threads) at once, and at most
+  `max_per_client` from one source address, so one client cannot take every slot from the
+  others (kube-scheduler, kubelet, Prometheus): one more is closed as soon as it is accepted,
+  logged at most once a minute;
 * a kept-alive connection idle for `idle_seconds` is closed; a request must arrive whole (head
-  and body, and for a new connection the TLS handshake as well) within `request_seconds` of its
-  first byte (of the connection's accept for the first request), else the connection is closed
-  (a slowloris client holds a thread that long at most).
+  and body, and for a new connection the TLS handshake, itself bounded by `handshake_seconds`)
+  within `request_seconds` of its first byte (of the connection's accept for the first
+  request), else the connection is closed (a slowloris client holds a thread that long at
+  most).
+
+A connection thread that cannot start (`RuntimeError: can't start new thread` under a pids
+limit) closes that client, is logged at most once a minute, and the accept loop waits
+`thread_backoff_seconds` before accepting again: it never dies of it. Should the accept loop end
+any other way while the server is meant to run, `problem()` says so, and the daemon's liveness
+endpoint (`hami_plugin.httpserve.probes`) fails so that kubelet restarts the pod.
 
 After an answer that closes the connection, the server stops sending and reads (and drops) what
 the client still sends for up to `linger_seconds`, so the client reads the answer rather than a
@@ -44,26 +53,34 @@ then returns.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import logging
 import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import NoReturn, Protocol
 
 import h11
 
-from hami_plugin.extender.tls import TlsFiles
-from hami_plugin.extender.wire import HttpReply
-
-__all__ = ["ExtenderServer", "Routes", "ServerLimits", "text_reply"]
+__all__ = [
+    "BoundedServer",
+    "PlainReply",
+    "Reply",
+    "Routes",
+    "ServerLimits",
+    "ThreadStarter",
+    "TlsSource",
+    "text_reply",
+]
 
 logger = logging.getLogger(__name__)
 
 TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
-SERVER_NAME = b"hami-scheduler"
+SERVER_NAME = b"hami-plugin"
 _RECV_BYTES = 64 * 1024
 _LINGER_MAX_BYTES = 1024 * 1024
 _ACCEPT_POLL_SECONDS = 0.2
@@ -71,21 +88,56 @@ _LISTEN_BACKLOG = 128
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 
 
-def text_reply(status: int, message: str) -> HttpReply:
+class Reply(Protocol):
+    """What a route answers (`hami_plugin.extender.wire.HttpReply`, `PlainReply`)."""
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def body(self) -> bytes: ...
+
+    @property
+    def content_type(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PlainReply:
+    """A status, a body and its Content-Type."""
+
+    status: int
+    body: bytes
+    content_type: str = TEXT_CONTENT_TYPE
+    compress: bool = False
+    """Sent gzip-compressed (level 1) to a client that accepts it (`/metrics`: a node's
+    1.5 MB of samples shrink ~10x in a few ms; level 9 costs more than rendering them)."""
+
+
+def text_reply(status: int, message: str) -> PlainReply:
     """A plain-text answer, one line."""
-    return HttpReply(status, (message + "\n").encode(), TEXT_CONTENT_TYPE)
+    return PlainReply(status, (message + "\n").encode())
+
+
+class TlsSource(Protocol):
+    """Where a TLS listener gets its context from, per connection
+    (`hami_plugin.extender.tls.TlsFiles`: reloaded when the files change)."""
+
+    def context(self) -> ssl.SSLContext: ...
 
 
 class Routes(Protocol):
-    """What a listener serves (`hami_plugin.extender.http.ExtenderApp`, or some of its routes).
-    Both methods are called from many connection threads at once."""
+    """What a listener serves. Both methods are called from many connection threads at once."""
 
     def body_limit(self, path: str) -> int:
         """How many body bytes a request to `path` may carry."""
 
-    def handle(self, method: str, path: str, body: bytes, content_type: str) -> HttpReply:
+    def handle(self, method: str, path: str, body: bytes, content_type: str) -> Reply:
         """The answer to one request; `body` longer than `body_limit(path)` (by one byte) when
         the client sent more than that."""
+
+
+ThreadStarter = Callable[[threading.Thread], None]
+"""Starts a connection thread (`threading.Thread.start`; a test seam for its failure)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,12 +145,14 @@ class ServerLimits:
     """What one listener lets its clients cost; see the module docstring."""
 
     max_connections: int = 128
+    max_per_client: int = 64
     max_header_bytes: int = 64 * 1024
     idle_seconds: float = 120.0
-    request_seconds: float = 30.0
-    handshake_seconds: float = 10.0
+    request_seconds: float = 10.0
+    handshake_seconds: float = 5.0
     linger_seconds: float = 2.0
     log_interval_seconds: float = 60.0
+    thread_backoff_seconds: float = 0.5
 
 
 class _Throttled:
@@ -134,6 +188,8 @@ class _Request:
     content_type: str
     body: bytes
     complete: bool
+    gzip: bool
+    """The client accepts a gzip-compressed answer."""
     """False when the body went over the route's limit and the rest was left unread."""
 
 
@@ -142,9 +198,12 @@ class _ConnectionEnd(Exception):  # noqa: N818 (an ending, not an error)
     or answered already with the error that ends it."""
 
 
-class ExtenderServer:
+class BoundedServer:
     """Serves `routes` on `host:port` (port 0: a free one; see `port`), over TLS when `tls`
-    is given. Raises OSError at construction when the address cannot be bound."""
+    is given. Raises OSError at construction when the address cannot be bound.
+
+    `start_thread` starts each connection's thread (`threading.Thread.start`; tests pass one
+    that fails the way a pids limit makes it fail)."""
 
     def __init__(
         self,
@@ -152,28 +211,36 @@ class ExtenderServer:
         port: int,
         routes: Routes,
         *,
-        tls: TlsFiles | None = None,
+        tls: TlsSource | None = None,
         limits: ServerLimits | None = None,
-        name: str = "extender-http",
+        name: str = "http",
+        start_thread: ThreadStarter | None = None,
     ) -> None:
         self.routes = routes
         self.tls = tls
         self.limits = limits or ServerLimits()
         self.name = name
         self.stopping = threading.Event()
+        self._start_thread: ThreadStarter = start_thread or threading.Thread.start
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, port), family=family, backlog=_LISTEN_BACKLOG)
         self._listener.settimeout(_ACCEPT_POLL_SECONDS)
         self._port = int(self._listener.getsockname()[1])
         self._thread: threading.Thread | None = None
+        self._ended: str | None = None
         self._connections: dict[_Connection, None] = {}
+        self._per_client: dict[str, int] = {}
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         interval = self.limits.log_interval_seconds
         self.log_refused = _Throttled(
             logging.WARNING,
-            f"{name}: connection from %s refused: {self.limits.max_connections} connections open",
+            f"{name}: connection from %s refused: {self.limits.max_connections} connections "
+            f"open, or {self.limits.max_per_client} from that address",
             interval,
+        )
+        self.log_no_thread = _Throttled(
+            logging.ERROR, f"{name}: connection from %s closed: no thread for it: %s", interval
         )
         self.log_handshake = _Throttled(logging.INFO, "TLS handshake with %s failed: %s", interval)
         self.log_bad_request = _Throttled(logging.INFO, "bad request from %s: %s", interval)
@@ -194,8 +261,19 @@ class ExtenderServer:
 
     def start(self) -> None:
         """Accept from a background thread."""
-        self._thread = threading.Thread(target=self._accept_loop, name=self.name)
+        self._thread = threading.Thread(target=self._accept_loop, name=self.name, daemon=True)
         self._thread.start()
+
+    def problem(self) -> str | None:
+        """None while the server accepts (or was stopped on purpose, or not started yet), else
+        why not: what the liveness endpoint reports."""
+        if self.stopping.is_set() or self._thread is None:
+            return None
+        if self._ended is not None:
+            return f"{self.name} on port {self._port}: {self._ended}"
+        if not self._thread.is_alive():
+            return f"{self.name} on port {self._port}: accept loop ended"
+        return None
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop accepting, close idle connections, let requests in progress finish (for at
@@ -209,30 +287,54 @@ class ExtenderServer:
             logger.warning("stopping with requests still in progress after %g s", timeout)
 
     def _accept_loop(self) -> None:
-        while not self.stopping.is_set():
-            try:
-                client, address = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError as error:  # out of file descriptors, say: wait, do not spin
-                logger.warning("%s: accept failed: %s", self.name, error)
-                self.stopping.wait(_ACCEPT_POLL_SECONDS)
-                continue
-            self._admit(client, str(address[0]))
+        try:
+            while not self.stopping.is_set():
+                try:
+                    client, address = self._listener.accept()
+                except TimeoutError:
+                    continue
+                except OSError as error:  # out of file descriptors, say: wait, do not spin
+                    logger.warning("%s: accept failed: %s", self.name, error)
+                    self.stopping.wait(_ACCEPT_POLL_SECONDS)
+                    continue
+                if not self._admit(client, str(address[0])):
+                    self.stopping.wait(self.limits.thread_backoff_seconds)
+        except BaseException as error:  # a bug: say so where kubelet sees it
+            self._ended = f"accept loop ended: {error!r}"
+            logger.exception("%s: accept loop ended; the liveness probe fails now", self.name)
 
-    def _admit(self, client: socket.socket, peer: str) -> None:
+    def _admit(self, client: socket.socket, peer: str) -> bool:
+        """Serve `client` on a thread of its own, or close it (over a cap: refused; no thread:
+        closed). False when no thread could be started (the loop backs off)."""
         connection = _Connection(self, client, peer)
+        limits = self.limits
         with self._lock:
-            admitted = len(self._connections) < self.limits.max_connections
+            from_peer = self._per_client.get(peer, 0)
+            admitted = (
+                len(self._connections) < limits.max_connections
+                and from_peer < limits.max_per_client
+            )
             if admitted:
                 self._connections[connection] = None
+                self._per_client[peer] = from_peer + 1
         if not admitted:
             client.close()
             self.log_refused(peer)
-            return
-        threading.Thread(
+            return True
+        thread = threading.Thread(
             target=self._serve, args=(connection,), name=f"{self.name}-connection", daemon=True
-        ).start()
+        )
+        try:
+            self._start_thread(thread)
+        except BaseException as error:
+            self._release(connection)
+            client.close()
+            if not isinstance(error, RuntimeError):
+                raise
+            # "can't start new thread": a pids or memory limit
+            self.log_no_thread(peer, error)
+            return False
+        return True
 
     def _serve(self, connection: _Connection) -> None:
         try:
@@ -244,10 +346,18 @@ class ExtenderServer:
         except Exception:
             logger.exception("connection from %s failed", connection.peer)
         finally:
-            with self._lock:
-                self._connections.pop(connection, None)
-                self._changed.notify_all()
+            self._release(connection)
             connection.socket.close()
+
+    def _release(self, connection: _Connection) -> None:
+        with self._lock:
+            if self._connections.pop(connection, False) is None:
+                left = self._per_client[connection.peer] - 1
+                if left:
+                    self._per_client[connection.peer] = left
+                else:
+                    del self._per_client[connection.peer]
+            self._changed.notify_all()
 
     def mark(self, connection: _Connection, busy: bool) -> None:
         with self._lock:
@@ -274,7 +384,7 @@ class _Connection:
     """One client connection: its socket (plain, or TLS once wrapped), its h11 state machine,
     and whether a request is being answered (what the drain at stop waits for)."""
 
-    def __init__(self, server: ExtenderServer, client: socket.socket, peer: str) -> None:
+    def __init__(self, server: BoundedServer, client: socket.socket, peer: str) -> None:
         self.server = server
         self.socket = client
         self.peer = peer
@@ -302,6 +412,8 @@ class _Connection:
         while True:
             request = self._receive(deadline)
             reply = self._answer(request)
+            if request.gzip and getattr(reply, "compress", False):
+                reply = _gzipped(reply)
             close = not request.complete or self.server.stopping.is_set()
             self._send(request.method, reply, close)
             if close or self._h11.our_state is h11.MUST_CLOSE:
@@ -313,7 +425,7 @@ class _Connection:
             pipelined = self._h11.trailing_data[0]
             deadline = time.monotonic() + limits.request_seconds if pipelined else None
 
-    def _handshake(self, tls: TlsFiles, deadline: float) -> None:
+    def _handshake(self, tls: TlsSource, deadline: float) -> None:
         try:
             wrapped = tls.context().wrap_socket(
                 self.socket, server_side=True, do_handshake_on_connect=False
@@ -407,7 +519,7 @@ class _Connection:
                 self.server.log_slow(self.peer, "request not in whole in time")
             raise _ConnectionEnd from None
 
-    def _answer(self, request: _Request) -> HttpReply:
+    def _answer(self, request: _Request) -> Reply:
         try:
             return self.server.routes.handle(
                 request.method, request.path, request.body, request.content_type
@@ -424,12 +536,14 @@ class _Connection:
             self._linger()
         raise _ConnectionEnd
 
-    def _send(self, method: str, reply: HttpReply, close: bool) -> None:
+    def _send(self, method: str, reply: Reply, close: bool) -> None:
         headers = [
             (b"content-type", reply.content_type.encode()),
             (b"content-length", str(len(reply.body)).encode()),
             (b"server", SERVER_NAME),
         ]
+        if isinstance(reply, _Gzipped):
+            headers.append((b"content-encoding", b"gzip"))
         if close:
             headers.append((b"connection", b"close"))
         connection = self._h11
@@ -478,15 +592,30 @@ def _framing_problem(request: h11.Request) -> str:
     return ""
 
 
+@dataclass(frozen=True, slots=True)
+class _Gzipped:
+    status: int
+    body: bytes
+    content_type: str
+
+
+def _gzipped(reply: Reply) -> _Gzipped:
+    return _Gzipped(reply.status, gzip.compress(reply.body, compresslevel=1), reply.content_type)
+
+
 def _request(head: h11.Request, body: bytes, *, complete: bool) -> _Request:
     content_type = ""
+    accepts_gzip = False
     for name, value in head.headers:
         if name == b"content-type":
             content_type = value.split(b";", 1)[0].strip().decode("latin-1")
+        elif name == b"accept-encoding":
+            accepts_gzip = accepts_gzip or b"gzip" in value
     return _Request(
         method=head.method.decode("ascii"),
         path=_path(head.target),
         content_type=content_type,
         body=body,
         complete=complete,
+        gzip=accepts_gzip,
     )
