@@ -11,10 +11,15 @@ budget, and reporting a failure has its own: kubelet waits for Allocate without 
 Through an API server outage (`ApiFallback`, docs/device-plugin.md): the pods and the node come
 from the node's watch when the API does not answer in time, a pod is then chosen only when its
 next entry asks kubelet's count, and the writes go through the write-behind queue. With
-kubelet's PodResources list (`KubeletAdmission`, in-flight/v2, docs/design.md 5.6): asked only
-when two or more pods are pending; while kubelet does not answer, the node stops claiming v2,
-and until its claim is old enough several not-started pods asking the count fail the call
-instead of a guess.
+kubelet's PodResources list (`KubeletAdmission`, in-flight/v2, docs/design.md 5.6): without a
+booking key asked only when two or more pods are pending; while kubelet does not answer, the
+node stops claiming v2, and until its claim is old enough several not-started pods asking the
+count fail the call instead of a guess. With a booking key it is asked on every call and must
+confirm the chosen pod (`pending.admission_doubt`): a pod that skipped the scheduler, admitted
+while a signed booking waits here, would otherwise get that booking. An unconfirmed choice
+(kubelet does not list the pod as being admitted, or does not answer) fails the call
+(`AdmissionUnconfirmed`) with a Warning event on the pod and leaves its booking untouched, for
+its own admission.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Sequence
 
 from hami_plugin.clock import Clock, SystemClock
+from hami_plugin.deviceplugin.admitting import NOT_ASKED, KubeletAdmission, KubeletAdmitting
 from hami_plugin.deviceplugin.allocate import (
     AllocateConfig,
     AllocateFailure,
@@ -42,7 +48,12 @@ from hami_plugin.deviceplugin.allocate import (
 from hami_plugin.deviceplugin.hamicore import HamiCoreWatch
 from hami_plugin.deviceplugin.mig.allocate import MigAllocateStep, MigRealised
 from hami_plugin.deviceplugin.nodecache import CacheNotListedError, NodeCache
-from hami_plugin.deviceplugin.pending import PendingPodChoice, is_pending_on, select_pending_pod
+from hami_plugin.deviceplugin.pending import (
+    PendingPodChoice,
+    admission_doubt,
+    is_pending_on,
+    select_pending_pod,
+)
 from hami_plugin.deviceplugin.preferred import PreferredAnswer, PreferredRequest, decide_preferred
 from hami_plugin.deviceplugin.writebehind import WriteBehind, release_lock_now
 from hami_plugin.kube.api import AllocateApi
@@ -62,6 +73,8 @@ from hami_plugin.protocol.signature import BookingKeys
 logger = logging.getLogger(__name__)
 
 EVENT_REASON_ALLOCATE_FAILED = "AllocateFailed"
+EVENT_REASON_ADMISSION_UNCONFIRMED = "AllocateNotForThisPod"
+"""A Warning event on a pod whose booking an Allocate call did not get (`AdmissionUnconfirmed`)."""
 
 ALLOCATE_BUDGET_SECONDS = 20.0
 """All API calls of one Allocate, up to writing its result."""
@@ -79,6 +92,20 @@ MAX_SERVED_PODS = 10_000
 
 class HostSetupError(Exception):
     """A host directory for the container could not be prepared."""
+
+
+class AdmissionUnconfirmed(AllocateFailure):
+    """With a booking key, kubelet's PodResources list did not confirm that its call is for
+    `pod`, the pod chosen for it (`pending.admission_doubt`): nothing was served or patched,
+    the pod's booking stands for its own admission."""
+
+    def __init__(self, pod: PodInfo, doubt: str) -> None:
+        super().__init__(
+            FailureReason.NO_MATCHING_POD,
+            f"the booking of pod {pod.namespace}/{pod.name} is not served: {doubt}",
+            pod_known=False,
+        )
+        self.pod = pod
 
 
 class PodAllocationError(Exception):
@@ -196,22 +223,6 @@ class ApiFallback:
     writes: WriteBehind
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class KubeletAdmission:
-    """Kubelet's word on which pod it is admitting (in-flight/v2).
-
-    `pods` returns the (namespace, name) of the pods kubelet lists without a device of the
-    served resource (`podresources.PodResourcesClient.without_devices`), raising when kubelet
-    does not answer; it is asked only when two or more pods are pending on the node.
-    `on_failed` gets each of its errors and answers whether the node claimed in-flight/v2
-    recently (then several not-started candidates are no answer, else the v1 rule chooses
-    without kubelet's list).
-    """
-
-    pods: Callable[[], frozenset[tuple[str, str]]]
-    on_failed: Callable[[Exception], bool] | None = None
-
-
 class PodAllocator:
     """Allocate and GetPreferredAllocation against the API server, for one node.
 
@@ -263,11 +274,7 @@ class PodAllocator:
         )
         self._away_since: float | None = None
         """When a read last found the API server away (monotonic), None once one succeeds."""
-        self._kubelet_pods = kubelet.pods if kubelet is not None else None
-        self._on_kubelet_pods_failed = kubelet.on_failed if kubelet is not None else None
-        self._kubelet_pods_lock = threading.Lock()
-        self._kubelet_pods_failing = False
-        """Set by a failed `kubelet_pods` call (logged once), cleared by the next success."""
+        self._kubelet = KubeletAdmitting(kubelet, node_name) if kubelet is not None else None
 
     def _within(self, seconds: float) -> contextlib.AbstractContextManager[object]:
         """The API calls of this thread inside the block share `seconds` (when supported)."""
@@ -338,9 +345,9 @@ class PodAllocator:
         neither (kubelet does not retry a failed Allocate)."""
         try:
             return self._pending_pod_from(self._read(), device_count)
-        except AllocateFailure:
+        except AllocateFailure as error:
             writes = self._writes
-            if writes is None or not writes.backlog:
+            if writes is None or not writes.backlog or isinstance(error, AdmissionUnconfirmed):
                 raise
             # still from the watch within `away_hold_seconds` of a failed read
             return self._pending_pod_from(self._read(past_queue=True), device_count)
@@ -357,16 +364,23 @@ class PodAllocator:
             pods = self.served.applied(pods)
         if writes is not None:
             pods = writes.applied(pods, queued=False)
+        keys = self._booking_keys() if self._booking_keys is not None else None
+        kubelet, confirm = NOT_ASKED, False
+        if self._kubelet is not None:
+            # with a key on every call; without, only to tell several pending pods apart
+            confirm = keys is not None
+            if confirm or sum(1 for pod in pods if is_pending_on(pod, self._node_name)) > 1:
+                kubelet = self._kubelet.view(confirming=confirm)
         try:
             choice = select_pending_pod(
                 self._node_name,
                 node.annotations.get(ANNOTATION_NODE_LOCK),
                 pods,
                 device_count,
-                self._booking_keys() if self._booking_keys is not None else None,
+                keys,
                 resource_name=self._resource_name,
                 count_must_match=away is not None,
-                admitting=self._admitting(pods),
+                admitting=kubelet.admitting,
             )
         except AllocateFailure as error:
             if away is None:
@@ -386,37 +400,11 @@ class PodAllocator:
             )
         if choice.lock_warning:
             logger.warning("node %s: %s", self._node_name, choice.lock_warning)
+        if confirm:
+            doubt = admission_doubt(choice.pod, kubelet.pods, kubelet.failure)
+            if doubt is not None:
+                raise AdmissionUnconfirmed(choice.pod, doubt)
         return node, choice, away is not None
-
-    def _admitting(self, pods: Sequence[PodInfo]) -> frozenset[tuple[str, str]] | None:
-        """The pods kubelet lists without our devices (`kubelet_pods`), asked only when two or
-        more `pods` are pending here; None when not asked, or when kubelet did not answer and
-        the node did not claim v2 recently; empty when it did not answer but the node did."""
-        if self._kubelet_pods is None:
-            return None
-        if sum(1 for pod in pods if is_pending_on(pod, self._node_name)) < 2:
-            return None
-        try:
-            listed = self._kubelet_pods()
-        except Exception as error:
-            with self._kubelet_pods_lock:
-                first, self._kubelet_pods_failing = not self._kubelet_pods_failing, True
-            if first:
-                logger.warning(
-                    "node %s: %s; until kubelet answers, several pending pods are told apart "
-                    "by creation order alone (in-flight/v1), and not at all while pods bound "
-                    "under in-flight/v2 may be among them",
-                    self._node_name,
-                    error,
-                )
-            if self._on_kubelet_pods_failed is not None and self._on_kubelet_pods_failed(error):
-                return frozenset()  # pods bound under v2 may be here: no guess by creation order
-            return None
-        with self._kubelet_pods_lock:
-            recovered, self._kubelet_pods_failing = self._kubelet_pods_failing, False
-        if recovered:
-            logger.info("node %s: kubelet's PodResources API answers again", self._node_name)
-        return listed
 
     def allocate(
         self, requests: Sequence[Sequence[str]], advertised: Collection[str] | None = None
@@ -425,7 +413,9 @@ class PodAllocator:
 
         `advertised` is every device ID kubelet was offered; an ID outside it fails the pod.
         Raises AllocateFailure(NO_PENDING_POD, NO_MATCHING_POD or INVALID_REQUEST) or a
-        KubeError when no pod could be chosen (nothing is patched then), or PodAllocationError
+        KubeError when no pod could be chosen (nothing is patched then), AdmissionUnconfirmed
+        when kubelet's list did not confirm the chosen pod (nothing patched, a Warning event on
+        the pod), or PodAllocationError
         when the chosen pod failed (it is then marked `failed`, its lock released and a Warning
         event recorded), its cause an AllocateFailure(BOOKING_NOT_SIGNED) when its booking was
         refused.
@@ -433,7 +423,11 @@ class PodAllocator:
         check_requests(requests)
         with self._within(self._allocate_budget):
             # kubelet sends one container per call; the first one's count picks the pod.
-            node, choice, away = self._pending_pod(len(requests[0]))
+            try:
+                node, choice, away = self._pending_pod(len(requests[0]))
+            except AdmissionUnconfirmed as error:
+                self._tell_unconfirmed(error)
+                raise
             pod = choice.pod
             realised: MigRealised | None = None
             try:
@@ -530,14 +524,31 @@ class PodAllocator:
                 )
             self._release_lock(pod, node, away)
             # The allocation's own error must reach kubelet: the event is best effort.
-            event = PodEvent.of_pod(pod, EVENT_REASON_ALLOCATE_FAILED, message, "Warning")
-            if self._writes is not None:
-                self._writes.record(event, queue=away)
-                return
-            try:
-                self._kube.create_pod_event(event)
-            except Exception as event_error:
-                logger.warning("no event for pod %s/%s: %s", pod.namespace, pod.name, event_error)
+            self._record(
+                PodEvent.of_pod(pod, EVENT_REASON_ALLOCATE_FAILED, message, "Warning"), away
+            )
+
+    def _tell_unconfirmed(self, error: AdmissionUnconfirmed) -> None:
+        """A Warning event on the pod whose booking a call did not get (best effort, within
+        the report budget); its booking, bind-phase and lock stay as they are."""
+        with self._within(self._report_budget):
+            event = PodEvent.of_pod(
+                error.pod,
+                EVENT_REASON_ADMISSION_UNCONFIRMED,
+                f"an Allocate call on node {self._node_name} was refused: {error}",
+                "Warning",
+            )
+            self._record(event, away=False)
+
+    def _record(self, event: PodEvent, away: bool) -> None:
+        """Record `event` (through the write-behind queue when there is one); never raises."""
+        if self._writes is not None:
+            self._writes.record(event, queue=away)
+            return
+        try:
+            self._kube.create_pod_event(event)
+        except Exception as event_error:
+            logger.warning("no event for pod %s/%s: %s", event.namespace, event.name, event_error)
 
     def _patch_pod(self, pod: PodInfo, annotations: dict[str, str | None], away: bool) -> None:
         """Patch the pod's annotations, through the write-behind queue when there is one

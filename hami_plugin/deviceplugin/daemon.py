@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.config import EXIT_USAGE, ConfigError
 from hami_plugin.config.keys import BookingKeyFile
+from hami_plugin.deviceplugin.admitting import KubeletAdmission
 from hami_plugin.deviceplugin.allocate import AllocateConfig
-from hami_plugin.deviceplugin.allocator import ApiFallback, KubeletAdmission, PodAllocator
+from hami_plugin.deviceplugin.allocator import ApiFallback, PodAllocator
 from hami_plugin.deviceplugin.board import DeviceBoard
 from hami_plugin.deviceplugin.cdi import build_cdi_spec, read_mig_minors, write_cdi_spec
 from hami_plugin.deviceplugin.hamicore import HamiCoreCheck, HamiCoreWatch
@@ -231,6 +232,12 @@ class DevicePluginDaemon:
             )
         else:
             logger.info("serving only bookings signed by the scheduler (keys from %s)", keys.path)
+            if not self.settings.pod_resources_socket:
+                logger.warning(
+                    "--pod-resources-socket is empty: Allocate cannot ask kubelet which pod it "
+                    "is admitting, so a pod bound to this node without the scheduler can be "
+                    "served a signed booking pending here (docs/design.md 8.5)"
+                )
         try:
             gpus = self._scan(backend)
             self.static_mig = self._static_mig(backend, gpus)
@@ -379,7 +386,7 @@ class DevicePluginDaemon:
         kubelet = None
         if podresources is not None:
             kubelet = KubeletAdmission(
-                functools.partial(podresources.without_devices, settings.resource_name),
+                functools.partial(podresources.kubelet_pods, settings.resource_name),
                 self._on_kubelet_pods_failed,
             )
         config = AllocateConfig(

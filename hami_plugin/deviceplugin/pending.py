@@ -5,7 +5,10 @@ HAMi's node lock names, else a Pending pod bound here `allocating`; several of t
 scheduler's in-flight protocol) are told apart by kubelet's device count and, in-flight/v2, by
 kubelet's PodResources list (`inflight.choose`, docs/design.md 5.3 and 5.6).
 
-With a booking key only signed bookings are served (docs/design.md 8.2, `booking_refusal`). A
+With a booking key only signed bookings are served (docs/design.md 8.2, `booking_refusal`), and
+only to the pod kubelet's PodResources list shows it is admitting (`admission_doubt`, checked by
+the allocator on every call: a pod bound here without the scheduler would otherwise be served
+the one pending booking). A
 refused or unreadable booking is never chosen for another pod's call: it stands where kubelet
 could be admitting it (the lock's pod, the one candidate, the in-flight wildcard) so that it,
 not a signed pod, takes the failure; a refused pod that asks for none of the plugin's resource
@@ -28,6 +31,61 @@ from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, Booking
 
 BOOKING_NOT_SIGNED = "booking not signed by the scheduler"
 """How a refused booking's message starts (the Allocate error and the pod's Warning event)."""
+NOT_CONFIRMED = "kubelet is not admitting this pod"
+"""How an unconfirmed choice's message starts (`admission_doubt`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KubeletPods:
+    """Kubelet's PodResources `List` as Allocate reads it: the (namespace, name) of every pod it
+    lists (`listed`), and of those none of whose containers holds a device of the resource
+    (`without_devices`: the pod it is admitting is among them, the pods it admits later are not
+    listed at all; docs/design.md 5.6)."""
+
+    listed: frozenset[tuple[str, str]]
+    without_devices: frozenset[tuple[str, str]]
+
+
+def admission_doubt(pod: PodInfo, kubelet: KubeletPods | None, unknown: str = "") -> str | None:
+    """With a booking key: why kubelet's call cannot be confirmed to be for `pod`, the pod
+    chosen for it; None when it can (docs/design.md 8.2).
+
+    Kubelet adds a pod to its pod manager just before admitting it and records each
+    container's devices after its Allocate (pkg/kubelet/kubelet.go HandlePodAdditions,
+    cm/devicemanager allocateContainerResources), so during the call:
+    * a not-started pod kubelet is admitting is listed without a device of the resource;
+    * a started pod (an entry consumed: kubelet is between its containers) is listed;
+    * a pod kubelet admits later in the same batch (or a later one) is not listed at all.
+    A pod not shown so is not the one being admitted: another pod, one that skipped the
+    scheduler (`spec.nodeName` set by its author), would get its booking. `kubelet` None: the
+    list is unknown (`unknown` says why), and nothing can be confirmed.
+    """
+    key = (pod.namespace, pod.name)
+    if kubelet is None:
+        return (
+            f"{NOT_CONFIRMED} as far as can be told: kubelet's PodResources list, which names "
+            f"the pod being admitted, is unavailable ({unknown}); with a booking key a booking "
+            "is served only to the pod kubelet is admitting"
+        )
+    view = inflight.in_flight_pod(pod)
+    if view is not None and view.started and not view.finished:
+        if key in kubelet.listed:
+            return None
+        return (
+            f"{NOT_CONFIRMED}: kubelet's PodResources list does not show it, though some of its "
+            "containers were allocated; its booking is left for its own admission"
+        )
+    if key in kubelet.without_devices:
+        return None
+    if key in kubelet.listed:
+        where = "shows it with devices already"
+    else:
+        where = "does not show it yet (kubelet admits it later, if at all)"
+    return (
+        f"{NOT_CONFIRMED}: kubelet's PodResources list {where}, so this call is for another "
+        "pod (one bound to the node without the scheduler?); the booking is left for the "
+        "pod's own admission"
+    )
 
 
 @dataclass(frozen=True, slots=True)

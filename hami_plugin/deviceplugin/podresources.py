@@ -24,6 +24,7 @@ import time
 import grpc
 
 from hami_plugin.deviceplugin.api.podresources import api_pb2, api_pb2_grpc
+from hami_plugin.deviceplugin.pending import KubeletPods
 from hami_plugin.kube.retry import RetryPolicy
 
 DEFAULT_TIMEOUT_SECONDS = 2.0
@@ -56,15 +57,23 @@ class PodResourcesClient:
     def without_devices(self, resource_name: str) -> frozenset[tuple[str, str]]:
         """(namespace, name) of every pod kubelet lists none of whose containers holds a device
         of `resource_name`. Raises PodResourcesError."""
+        return self.kubelet_pods(resource_name).without_devices
+
+    def kubelet_pods(self, resource_name: str) -> KubeletPods:
+        """(namespace, name) of every pod kubelet lists, and of those none of whose containers
+        holds a device of `resource_name`. Raises PodResourcesError."""
         response = self.list()
-        return frozenset(
-            (pod.namespace, pod.name)
-            for pod in response.pod_resources
-            if not any(
-                devices.resource_name == resource_name and devices.device_ids
-                for container in pod.containers
-                for devices in container.devices
-            )
+        return KubeletPods(
+            listed=frozenset((pod.namespace, pod.name) for pod in response.pod_resources),
+            without_devices=frozenset(
+                (pod.namespace, pod.name)
+                for pod in response.pod_resources
+                if not any(
+                    devices.resource_name == resource_name and devices.device_ids
+                    for container in pod.containers
+                    for devices in container.devices
+                )
+            ),
         )
 
     def list(self) -> api_pb2.ListPodResourcesResponse:

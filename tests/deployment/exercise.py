@@ -43,7 +43,7 @@ from hami_plugin.protocol.signature import (
 )
 from hami_plugin.testing.apiserver import FakeApiServer, RecordedRequest, make_pod
 from hami_plugin.testing.hamicore import install_fake_hamicore
-from hami_plugin.testing.kubelet import FakeKubelet
+from hami_plugin.testing.kubelet import FakeKubelet, ListedPod
 from tests.bookings import signed_fields
 from tests.deployment.manifests import (
     Obj,
@@ -196,6 +196,9 @@ def device_plugin_requests(objects: Sequence[Obj], directory: Path) -> list[Reco
                 f"--hook-path={directory / 'hook'}",
                 "--metrics-bind-address=127.0.0.1:0",
                 "--register-interval-seconds=0.3",
+                # the test kubelet's PodResources API (a booking is served only to the pod
+                # kubelet lists as being admitted)
+                f"--pod-resources-socket={sock_dir}/pod-resources.sock",
             ],
         )
         with FakeApiServer() as api:
@@ -208,6 +211,8 @@ def device_plugin_requests(objects: Sequence[Obj], directory: Path) -> list[Reco
                 vgpulock_path=str(directory / "vgpulock"),
             )
             kubelet = FakeKubelet(sock_dir).start()
+            admitting: list[ListedPod] = []
+            kubelet.install_pod_resources(lambda: admitting)
             codes: list[int] = []
             thread = threading.Thread(target=lambda: codes.append(daemon.run()))
             thread.start()
@@ -224,11 +229,13 @@ def device_plugin_requests(objects: Sequence[Obj], directory: Path) -> list[Reco
                 # Allocate: the pod named by the node lock gets its GPU, the lock is released
                 dp_pods.add_pending_pod(api, "served", [[dp_pods.dev(dp_pods.GPU_A)]])
                 sign_pod(api, "default", "served", keys)
+                admitting[:] = [ListedPod("default", "served")]
                 kubelet.allocate([f"{dp_pods.GPU_A}-0"])
                 assert dp_pods.pod_annotations(api, "served")[ANNOTATION_BIND_PHASE] == "success"
                 # Allocate for a pod whose booking is unreadable: bind-phase failed and an event
                 dp_pods.add_pending_pod(api, "broken", raw_value="GPU-x,NVIDIA,bad,0:;", lock=None)
                 sign_pod(api, "default", "broken", keys)
+                admitting[:] = [ListedPod("default", "broken")]
                 try:
                     kubelet.allocate([f"{dp_pods.GPU_B}-0"])
                     raise AssertionError("Allocate for an unreadable booking succeeded")

@@ -80,7 +80,12 @@ def running(
     the node (with `node_annotations`) listed."""
     apiserver.add_node(NODE, annotations=dict(node_annotations))
     with FakeKubelet(sock_dir) as kubelet:
-        plugin, url = start_plugin(tmp_path, sock_dir, apiserver, *key_file_args(tmp_path))
+        # Without kubelet's PodResources API (in-flight/v1, creation order): the outage is
+        # what is tested here; kubelet's confirmation of each call is `test_admission_wire`'s.
+        no_podresources = ("--pod-resources-socket", "")
+        plugin, url = start_plugin(
+            tmp_path, sock_dir, apiserver, *key_file_args(tmp_path), *no_podresources
+        )
         try:
             kubelet.wait_for_registrations(1, timeout=15)
             kubelet.wait_for_list(lambda states: len(states) == len(GPUS) * SPLIT, timeout=30.0)

@@ -13,7 +13,10 @@ from hypothesis import strategies as st
 from hami_plugin.deviceplugin.allocate import AllocateFailure, FailureReason
 from hami_plugin.deviceplugin.pending import (
     BOOKING_NOT_SIGNED,
+    NOT_CONFIRMED,
+    KubeletPods,
     PendingPodChoice,
+    admission_doubt,
     booking_refusal,
     requests_resource,
     select_pending_pod,
@@ -635,3 +638,38 @@ def test_with_a_key_kubelets_list_keeps_a_forged_pod_it_does_not_show_from_any_c
     choice = select_pending_pod(NODE, None, pods, 1, KEYS, admitting=listed(forged))
     assert choice.pod is forged
     assert refused(choice) == f"{BOOKING_NOT_SIGNED}: the pod has no {ANNOTATION_BOOKING_SIGNATURE}"
+
+
+# --- with a key: kubelet's list must confirm the chosen pod (issue 25) ---------------------------
+
+
+def kubelet_pods(
+    without: tuple[PodInfo, ...] = (), with_devices: tuple[PodInfo, ...] = ()
+) -> KubeletPods:
+    return KubeletPods(listed(*without, *with_devices), listed(*without))
+
+
+def test_a_not_started_pod_is_confirmed_only_while_kubelet_lists_it_without_devices() -> None:
+    victim, thief = signed(in_flight("victim", 1, created=5)), in_flight("thief", 1, created=0)
+    assert admission_doubt(victim, kubelet_pods(without=(victim,))) is None
+    # kubelet admits the thief first: the victim is not in its pod manager yet
+    doubt = admission_doubt(victim, kubelet_pods(without=(thief,)))
+    assert doubt is not None and doubt.startswith(NOT_CONFIRMED)
+    assert "does not show it yet" in doubt
+    # listed with devices: kubelet admitted it already, this call is someone else's
+    doubt = admission_doubt(victim, kubelet_pods(with_devices=(victim,)))
+    assert doubt is not None and "with devices already" in doubt
+
+
+def test_a_started_pod_is_confirmed_while_kubelet_lists_it_with_or_without_devices() -> None:
+    started = signed(in_flight("started", 1, 1, consumed=1))
+    assert admission_doubt(started, kubelet_pods(with_devices=(started,))) is None
+    assert admission_doubt(started, kubelet_pods(without=(started,))) is None
+    doubt = admission_doubt(started, kubelet_pods())
+    assert doubt is not None and doubt.startswith(NOT_CONFIRMED)
+
+
+def test_an_unknown_list_confirms_nothing() -> None:
+    pod = signed(in_flight("victim", 1))
+    doubt = admission_doubt(pod, None, "kubelet's PodResources API on /x.sock is unavailable")
+    assert doubt is not None and "is unavailable" in doubt

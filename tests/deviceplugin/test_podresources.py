@@ -11,19 +11,37 @@ from pathlib import Path
 import grpc
 import pytest
 
+from hami_plugin.deviceplugin.admitting import KubeletAdmission
 from hami_plugin.deviceplugin.allocate import AllocateConfig, AllocateFailure, FailureReason
-from hami_plugin.deviceplugin.allocator import KubeletAdmission, PodAllocator
+from hami_plugin.deviceplugin.allocator import (
+    EVENT_REASON_ADMISSION_UNCONFIRMED,
+    AdmissionUnconfirmed,
+    PodAllocator,
+)
 from hami_plugin.deviceplugin.api.podresources import api_pb2 as podresources_pb2
 from hami_plugin.deviceplugin.api.podresources import api_pb2_grpc as podresources_pb2_grpc
 from hami_plugin.deviceplugin.hamicore import HamiCoreWatch
+from hami_plugin.deviceplugin.pending import KubeletPods
 from hami_plugin.deviceplugin.podresources import PodResourcesClient, PodResourcesError
 from hami_plugin.deviceplugin.preferred import PreferredRequest
 from hami_plugin.kube.client import KubeClient
-from hami_plugin.protocol.model import ANNOTATION_BIND_PHASE
+from hami_plugin.protocol.model import ANNOTATION_BIND_PHASE, ANNOTATION_NODE_LOCK
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE
 from hami_plugin.testing.apiserver import FakeApiServer
 from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import FakeKubelet, ListedContainer, ListedPod
-from tests.deviceplugin.pods import GPU_A, GPU_B, NODE, add_pending_pod, dev, pod_annotations, vgpus
+from tests.bookings import signed_fields
+from tests.deviceplugin.pods import (
+    GPU_A,
+    GPU_B,
+    NODE,
+    add_pending_pod,
+    dev,
+    node_annotations,
+    pod_annotations,
+    vgpus,
+)
+from tests.deviceplugin.records import KEYS
 
 GPU = "nvidia.com/gpu"
 
@@ -173,11 +191,13 @@ ADVERTISED = {device.id for device in vgpus(GPU_A, GPU_B)}
 SAME_SECOND = "2026-03-01T00:00:07Z"
 
 
-class KubeletPods:
-    """A stand-in for `PodResourcesClient.without_devices`: answers `listed`, or raises."""
+class FakeKubeletPods:
+    """A stand-in for `PodResourcesClient.kubelet_pods`: answers `listed` (the pods listed
+    without devices; `with_devices` are listed too), or raises."""
 
     def __init__(self) -> None:
         self.listed: frozenset[tuple[str, str]] = frozenset()
+        self.with_devices: frozenset[tuple[str, str]] = frozenset()
         self.error: Exception | None = None
         self.calls = 0
         self.reported: list[Exception] = []
@@ -188,21 +208,21 @@ class KubeletPods:
         self.reported.append(error)
         return self.recently_v2
 
-    def __call__(self) -> frozenset[tuple[str, str]]:
+    def __call__(self) -> KubeletPods:
         self.calls += 1
         if self.error is not None:
             raise self.error
-        return self.listed
+        return KubeletPods(self.listed | self.with_devices, self.listed)
 
 
 @pytest.fixture
-def kubelet_pods() -> KubeletPods:
-    return KubeletPods()
+def kubelet_pods() -> FakeKubeletPods:
+    return FakeKubeletPods()
 
 
 @pytest.fixture
 def allocator(
-    apiserver: FakeApiServer, kube: KubeClient, tmp_path: Path, kubelet_pods: KubeletPods
+    apiserver: FakeApiServer, kube: KubeClient, tmp_path: Path, kubelet_pods: FakeKubeletPods
 ) -> PodAllocator:
     apiserver.add_node(NODE)
     install_fake_hamicore(tmp_path / "hook")
@@ -222,7 +242,7 @@ def add_twins(apiserver: FakeApiServer) -> None:
 
 
 def test_one_pending_pod_is_chosen_without_asking_kubelet(
-    apiserver: FakeApiServer, allocator: PodAllocator, kubelet_pods: KubeletPods
+    apiserver: FakeApiServer, allocator: PodAllocator, kubelet_pods: FakeKubeletPods
 ) -> None:
     add_pending_pod(apiserver, "only", [[dev(GPU_A, 2000)]], lock=None, created=SAME_SECOND)
     decision = allocator.allocate([[f"{GPU_A}-0"]], ADVERTISED)
@@ -231,7 +251,7 @@ def test_one_pending_pod_is_chosen_without_asking_kubelet(
 
 
 def test_kubelets_list_names_which_of_two_identical_pods_is_being_admitted(
-    apiserver: FakeApiServer, allocator: PodAllocator, kubelet_pods: KubeletPods
+    apiserver: FakeApiServer, allocator: PodAllocator, kubelet_pods: FakeKubeletPods
 ) -> None:
     add_twins(apiserver)
     kubelet_pods.listed = frozenset({("default", "twin-b")})
@@ -252,13 +272,13 @@ def test_kubelets_list_names_which_of_two_identical_pods_is_being_admitted(
 def test_a_failing_kubelet_falls_back_to_the_v1_rule_logged_once_and_reported(
     apiserver: FakeApiServer,
     allocator: PodAllocator,
-    kubelet_pods: KubeletPods,
+    kubelet_pods: FakeKubeletPods,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     add_twins(apiserver)
     error = PodResourcesError("kubelet's PodResources API on /x.sock is unavailable: down")
     kubelet_pods.error = error
-    with caplog.at_level(logging.INFO, logger="hami_plugin.deviceplugin.allocator"):
+    with caplog.at_level(logging.INFO, logger="hami_plugin.deviceplugin.admitting"):
         for _ in range(3):
             with pytest.raises(AllocateFailure) as caught:
                 allocator.allocate([[f"{GPU_A}-0"]], ADVERTISED)
@@ -284,7 +304,7 @@ def _request(size: int = 1) -> PreferredRequest:
 def test_kubelet_failing_after_the_node_claimed_v2_no_guess_by_creation_order(
     apiserver: FakeApiServer,
     allocator: PodAllocator,
-    kubelet_pods: KubeletPods,
+    kubelet_pods: FakeKubeletPods,
     recently_v2: bool,
 ) -> None:
     """Two identical pods of successive seconds: the v1 rule takes the older, which is right
@@ -307,3 +327,88 @@ def test_kubelet_failing_after_the_node_claimed_v2_no_guess_by_creation_order(
     assert "default/older" in str(caught.value) and "default/younger" in str(caught.value)
     for name in ("older", "younger"):
         assert pod_annotations(apiserver, name)[ANNOTATION_BIND_PHASE] == "allocating"
+
+
+# --- with a booking key: kubelet's list confirms every call (issue 25) ---------------------------
+
+
+@pytest.fixture
+def keyed_allocator(
+    apiserver: FakeApiServer, kube: KubeClient, tmp_path: Path, kubelet_pods: FakeKubeletPods
+) -> PodAllocator:
+    apiserver.add_node(NODE)
+    install_fake_hamicore(tmp_path / "hook")
+    return PodAllocator(
+        kube,
+        NODE,
+        AllocateConfig(hook_path=str(tmp_path / "hook"), vgpulock_host_path=str(tmp_path / "l")),
+        booking_keys=lambda: KEYS,
+        kubelet=KubeletAdmission(kubelet_pods, kubelet_pods.report),
+        hamicore=HamiCoreWatch(str(tmp_path / "hook"), node_name=NODE, version="9.9.9"),
+    )
+
+
+def add_signed_pod(apiserver: FakeApiServer, name: str, gpu: str, lock: str | None) -> None:
+    """A pending pod as our scheduler's bind leaves it, booking signed over its UID."""
+    uid = str(add_pending_pod(apiserver, name, [[dev(gpu, 2000)]], lock=lock)["metadata"]["uid"])
+    fields = signed_fields(uid, pod_annotations(apiserver, name))
+    assert fields is not None
+    apiserver.update_object(
+        "pods",
+        "default",
+        name,
+        lambda pod: pod["metadata"]["annotations"].update(
+            {ANNOTATION_BOOKING_SIGNATURE: KEYS.sign(fields)}
+        ),
+    )
+
+
+@pytest.mark.parametrize("lock", [None, "owned"], ids=["one-candidate", "node-lock"])
+def test_with_a_key_the_one_candidate_is_served_only_when_kubelet_lists_it_as_admitting(
+    apiserver: FakeApiServer,
+    keyed_allocator: PodAllocator,
+    kubelet_pods: FakeKubeletPods,
+    lock: str | None,
+) -> None:
+    add_signed_pod(apiserver, "victim", GPU_A, lock)
+    before = pod_annotations(apiserver, "victim")
+    kubelet_pods.listed = frozenset({("default", "thief")})  # kubelet admits another pod
+    with pytest.raises(AdmissionUnconfirmed) as caught:
+        keyed_allocator.allocate([[f"{GPU_A}-0"]], ADVERTISED)
+    assert not caught.value.pod_known
+    assert "does not show it yet" in str(caught.value)
+    assert pod_annotations(apiserver, "victim") == before  # booking, phase, lock untouched
+    if lock is not None:
+        assert node_annotations(apiserver)[ANNOTATION_NODE_LOCK].endswith(",default,victim")
+    (event,) = apiserver.events("default")
+    assert (event["involvedObject"]["name"], event["type"]) == ("victim", "Warning")
+    assert event["reason"] == EVENT_REASON_ADMISSION_UNCONFIRMED
+    # GetPreferredAllocation falls back for the thief, following no booking
+    assert keyed_allocator.preferred([_request()])[0].fallback_note
+    # the victim's own admission: kubelet lists it without devices
+    kubelet_pods.listed = frozenset({("default", "victim")})
+    decision = keyed_allocator.allocate([[f"{GPU_A}-0"]], ADVERTISED)
+    assert decision.containers[0].envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A
+    assert pod_annotations(apiserver, "victim")[ANNOTATION_BIND_PHASE] == "success"
+    assert kubelet_pods.calls == 3
+
+
+def test_with_a_key_a_failing_kubelet_serves_no_booking_and_fails_no_pod(
+    apiserver: FakeApiServer,
+    keyed_allocator: PodAllocator,
+    kubelet_pods: FakeKubeletPods,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    add_signed_pod(apiserver, "victim", GPU_A, None)
+    error = PodResourcesError("kubelet's PodResources API on /x.sock is unavailable: down")
+    kubelet_pods.error = error
+    with caplog.at_level(logging.WARNING, logger="hami_plugin.deviceplugin.admitting"):
+        for _ in range(2):
+            with pytest.raises(AdmissionUnconfirmed) as caught:
+                keyed_allocator.allocate([[f"{GPU_A}-0"]], ADVERTISED)
+            assert "is unavailable: down" in str(caught.value)
+    assert kubelet_pods.reported == [error, error]  # the register loop stops claiming v2
+    (warning,) = [r for r in caplog.records if "is unavailable: down" in r.getMessage()]
+    assert "no booking is served" in warning.getMessage()
+    assert pod_annotations(apiserver, "victim")[ANNOTATION_BIND_PHASE] == "allocating"
+    assert len(apiserver.events("default")) == 2

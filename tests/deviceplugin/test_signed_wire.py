@@ -41,7 +41,7 @@ from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, Booking
 from hami_plugin.testing.admission import PodAdmitter
 from hami_plugin.testing.apiserver import FakeApiServer, JsonObject, make_container, make_pod
 from hami_plugin.testing.hamicore import install_fake_hamicore
-from hami_plugin.testing.kubelet import FakeKubelet
+from hami_plugin.testing.kubelet import FakeKubelet, ListedPod
 from tests.processes import LoggedProcess, hami_command, wait_until
 
 NODE = "gpu-node-1"
@@ -131,7 +131,8 @@ def _running(
 ) -> Iterator[Node]:
     apiserver.add_node(NODE)
     with FakeKubelet(sock_dir) as kubelet:
-        plugin, url = start_plugin(tmp_path, sock_dir, apiserver, *args)
+        socket = ("--pod-resources-socket", kubelet.pod_resources_socket)
+        plugin, url = start_plugin(tmp_path, sock_dir, apiserver, *socket, *args)
         try:
             kubelet.wait_for_registrations(1, timeout=15)
             kubelet.wait_for_list(lambda states: len(states) == len(GPUS) * SPLIT, timeout=30.0)
@@ -313,6 +314,7 @@ def test_kubelets_calls_for_a_forged_booking_neither_follow_it_nor_serve_it(
         NODE,
         lambda n: n["metadata"]["annotations"].update({ANNOTATION_NODE_LOCK: lock}),
     )
+    node.kubelet.install_pod_resources(lambda: [ListedPod(*FORGED)])  # kubelet admits it
     # GetPreferredAllocation does not follow the forged booking to GPU 2: it falls back to the
     # first offered GPU, and marks nothing (kubelet's Allocate tells the pod).
     offered = [f"{GPUS[0]}-0", f"{GPUS[2]}-0"]
@@ -337,46 +339,39 @@ def test_kubelets_calls_for_a_forged_booking_neither_follow_it_nor_serve_it(
 
 
 @pytest.mark.parametrize(
-    ("resource_args", "asks_for", "tenant_served"),
+    ("resource_args", "asks_for"),
     [
-        ((), None, True),  # the forged pod asks for no GPU: kubelet never calls for it
-        (("--resource-name", "example.com/vgpu"), "nvidia.com/gpu", True),  # not our resource
-        ((), "nvidia.com/gpu", False),  # what is left: it could be what kubelet admits
+        ((), None),  # the forged pod asks for no GPU: kubelet never calls for it
+        (("--resource-name", "example.com/vgpu"), "nvidia.com/gpu"),  # not our resource
+        ((), "nvidia.com/gpu"),  # it could be what kubelet admits, but kubelet lists the tenant
     ],
     ids=["asks-for-nothing", "asks-for-another-resource", "asks-for-the-gpu"],
 )
-def test_an_older_forged_pod_takes_the_tenants_call_only_if_it_asks_for_the_resource(
+def test_an_older_forged_pod_does_not_take_the_tenants_call(
     sock_dir: str,
     tmp_path: Path,
     apiserver: FakeApiServer,
     kube: KubeClient,
     resource_args: tuple[str, ...],
     asks_for: str | None,
-    tenant_served: bool,
 ) -> None:
     """The forged pod is created first, with a one-GPU booking like the tenant's: as the
-    in-flight wildcard it would take the tenant's Allocate and fail it (a denial of service by
-    pod creation), unless it asks for no device of this plugin."""
+    in-flight wildcard it took the tenant's Allocate and failed it when it asked for the
+    resource (a denial of service by pod creation). With a key every call asks kubelet's
+    PodResources list, which shows the tenant being admitted, so the forged pod is no
+    candidate (issue 25)."""
     args = (*key_file_args(tmp_path), *resource_args)
     with contextlib.contextmanager(_running)(sock_dir, tmp_path, apiserver, kube, *args) as node:
         create_forged(apiserver, booking=entries((2, 81920)), asks_for=asks_for)
         create_and_bind_tenant(node, entries((3, 81920)))
+        node.kubelet.install_pod_resources(lambda: [ListedPod(*TENANT)])
         call = [f"{GPUS[3]}-0"]  # kubelet admitting the tenant (its preferred GPU)
-        if tenant_served:
-            (container,) = node.kubelet.allocate(call).container_responses
-            assert container.envs["NVIDIA_VISIBLE_DEVICES"] == GPUS[3]
-            assert annotations_of(apiserver, TENANT)[ANNOTATION_BIND_PHASE] == "success"
-            # The forged pod is not touched: it is nobody's answer.
-            assert annotations_of(apiserver, FORGED)[ANNOTATION_BIND_PHASE] == "allocating"
-            assert apiserver.events("default") == []
-        else:
-            with pytest.raises(grpc.RpcError) as caught:
-                node.kubelet.allocate(call)
-            assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
-            assert caught.value.details().startswith(f"pod default/forged: {NOT_SIGNED}")
-            assert annotations_of(apiserver, FORGED)[ANNOTATION_BIND_PHASE] == "failed"
-            # The tenant's admission failed with it; its booking is intact for no one else.
-            assert annotations_of(apiserver, TENANT)[ANNOTATION_BIND_PHASE] == "allocating"
+        (container,) = node.kubelet.allocate(call).container_responses
+        assert container.envs["NVIDIA_VISIBLE_DEVICES"] == GPUS[3]
+        assert annotations_of(apiserver, TENANT)[ANNOTATION_BIND_PHASE] == "success"
+        # The forged pod is not touched: it is nobody's answer.
+        assert annotations_of(apiserver, FORGED)[ANNOTATION_BIND_PHASE] == "allocating"
+        assert apiserver.events("default") == []
 
 
 def test_an_entry_its_author_writes_back_is_not_served_twice(signed_node: Node) -> None:
@@ -385,6 +380,7 @@ def test_an_entry_its_author_writes_back_is_not_served_twice(signed_node: Node) 
     node = signed_node
     booking = (*entries((0, 40960)), *entries((1, 40960)))
     create_and_bind_tenant(node, booking)
+    node.kubelet.install_pod_resources(lambda: [ListedPod(*TENANT)])  # kubelet admits it
     (first,) = node.kubelet.allocate([f"{GPUS[0]}-0"]).container_responses
     assert first.envs["NVIDIA_VISIBLE_DEVICES"] == GPUS[0]
     restored = codec.encode_pod_devices(booking)

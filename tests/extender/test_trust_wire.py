@@ -9,8 +9,10 @@ import json
 import logging
 import sys
 import urllib.request
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -205,3 +207,52 @@ def test_with_a_key_no_warning_and_a_rotated_key_is_picked_up_without_a_restart(
     assert verify_pod(KEYS, *signatures["first"])
     assert not verify_pod(KEYS, *signatures["second"])
     assert verify_pod(BookingKeys((new_key.encode(),)), *signatures["second"])
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["with-a-key", "without-a-key"])
+def test_a_bound_signed_pod_stays_counted_whatever_bind_phase_its_author_writes(
+    apiserver: FakeApiServer, tmp_path: Path, signed: bool
+) -> None:
+    """Issue 25, item 9: bind-phase is not signed. After Allocate served the trainer (both GPUs
+    of n1, still Pending: its image pulls), its author writes `hami.io/bind-phase: failed`.
+    With a key the trainer stays counted until it is Failed, Succeeded or deleted, so the next
+    whole-GPU pod finds no room; without one HAMi's rule stands (a failed Pending pod counts for
+    nothing: its GPUs look free)."""
+    apiserver.add_object(gpu_node("n1", 2, split=1, protocol=True))
+    key_file = str(write_key_file(tmp_path / "keys")) if signed else None
+    with running_scheduler(apiserver, booking_key_file=key_file) as scheduler:
+        trainer = apiserver.add_object(gpu_pod("trainer", gpus=2, memory=32768))
+        assert scheduler.schedule(trainer, ["n1"]) == "n1"
+        # what our device plugin's Allocate writes, then the author's own patch
+        for phase in ("success", "failed"):
+            apiserver.update_object(
+                "pods",
+                "default",
+                "trainer",
+                lambda pod, phase=phase: pod["metadata"]["annotations"].update(
+                    {ANNOTATION_BIND_PHASE: phase}
+                ),
+            )
+        scheduler.sees_pod("default", "trainer", lambda p: p.booking.failed)
+        usage = scheduler.state.node_usage("n1")
+        assert usage is not None
+        late = apiserver.add_object(gpu_pod("late", gpus=1, memory=32768))
+        nodes = scheduler.filter(late, ["n1"])["NodeNames"]
+        if signed:
+            assert sum(usage.used) == 2
+            assert nodes is None  # both GPUs are still the trainer's
+        else:
+            assert sum(usage.used) == 0
+            assert nodes == ["n1"]
+        # Failed ends it either way (what stays is `late`'s filter booking, if it got one)
+        apiserver.update_object("pods", "default", "trainer", _set_phase("Failed"))
+        scheduler.sees_pod("default", "trainer", lambda p: p.phase == "Failed")
+        usage = scheduler.state.node_usage("n1")
+        assert usage is not None and sum(usage.used) == (0 if signed else 1)
+
+
+def _set_phase(phase: str) -> Callable[[dict[str, Any]], None]:
+    def update(pod: dict[str, Any]) -> None:
+        pod.setdefault("status", {})["phase"] = phase
+
+    return update

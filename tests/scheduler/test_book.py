@@ -201,6 +201,16 @@ class Run:
                 )
             )
 
+    def tamper(self, name: str) -> None:
+        """The pod's author writes `hami.io/bind-phase: failed` on its bound, Pending pod
+        (after Allocate served it: bind-phase is not signed, issue 25)."""
+        pod = self.pods.get(f"default/{name}")
+        if pod is None or not pod.node_name or pod.booking is None or pod.key in self.unseen:
+            return
+        if pod.phase == "Pending" and not pod.booking.failed:
+            annotations = {**pod.annotations, ANNOTATION_BIND_PHASE: BindPhase.FAILED.value}
+            self.show(dataclasses.replace(pod, annotations=annotations))
+
     def finish(self, name: str) -> None:
         pod = self.pods.get(f"default/{name}")
         if pod is not None and pod.phase == "Running" and pod.key not in self.unseen:
@@ -248,6 +258,23 @@ class Run:
                 )
                 assert all(0 <= n <= c for n, c in zip(numbers, CAPACITY[gpu.uuid], strict=True))
 
+    def check_signed_bound_counted(self) -> None:
+        """With a key, a pod bound with this book's signed booking counts until it ends,
+        whatever its bind-phase says (the watch has shown it: nothing unseen)."""
+        if self.keys is None:
+            return
+        tracked = {pod.key for pod in self.book.tracked_pods()}
+        for pod in self.pods.values():
+            booking = pod.booking
+            if (
+                pod.key not in self.unseen
+                and pod.node_name
+                and pod.phase in ("Pending", "Running")
+                and booking is not None
+                and booking.verifies(self.keys, pod.uid)
+            ):
+                assert pod.key in tracked, f"{pod.key} bound with a signed booking, not counted"
+
     def settle(self) -> None:
         for key in list(self.unseen):
             self.deliver(key.split("/", 1)[1])
@@ -284,7 +311,7 @@ OPERATIONS = st.lists(
             + ("schedule",) * 4
             + ("deliver",) * 3
             + ("allocate",) * 2
-            + ("finish", "delete", "forge", "lock", "expire")
+            + ("finish", "delete", "forge", "lock", "expire", "tamper")
         ),
         st.sampled_from(NAMES),
         st.sampled_from(MEMORIES),
@@ -313,6 +340,8 @@ def _run(run: Run, operation: tuple[str, str, int, str, bool]) -> None:
             run.delete(name)
         case "forge":
             run.forge(name, memory)
+        case "tamper":
+            run.tamper(name)
         case "lock":
             run.lock(name, flag)
         case "expire":
@@ -330,4 +359,5 @@ def test_property_the_book_is_a_value_whose_changes_say_what_to_do(
     for operation in operations:
         _run(run, operation)
         run.check_capacity()
+        run.check_signed_bound_counted()
     run.settle()

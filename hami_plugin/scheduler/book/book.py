@@ -531,9 +531,15 @@ class Book:
 
     def _track_from_annotations(self, info: PodInfo) -> None:
         """Count what the pod's own booking books, except for a pod whose bind failed while it
-        is still Pending (our Allocate never serves it)."""
+        is still Pending (our Allocate never serves it), unless its booking is signed and the
+        pod bound (`BookingTrust.signed_and_bound`: bind-phase is the pod author's to write)."""
         booking = info.booking
-        if booking is not None and booking.failed and info.phase in (POD_PENDING, ""):
+        if (
+            booking is not None
+            and booking.failed
+            and info.phase in (POD_PENDING, "")
+            and not self._trust.signed_and_bound(info)
+        ):
             self._ledger.untrack(info.key)
         else:
             self._ledger.update_pod(info)

@@ -161,6 +161,18 @@ class BookingTrust:
         booking was dropped and the pod's own annotations count again)."""
         return self._counted_views.get(pod.key, pod)
 
+    def signed_and_bound(self, info: PodInfo) -> bool:
+        """The pod is bound to a node (`spec.nodeName`) and its booking is one this process
+        signed or verified (`counted` saw it). Such a booking may have been served by kubelet's
+        Allocate, so it counts until the pod is Failed, Succeeded or deleted, whatever its
+        `hami.io/bind-phase` says: bind-phase is not signed, and the pod's author can write
+        `failed` on a pod whose container holds the GPU (issue 25). Always False without keys
+        (nothing is sealed then): HAMi's rules."""
+        if not info.node_name:
+            return False
+        sealed = self._sealed.get(info.key)
+        return sealed is not None and sealed[0] == info.uid and booking_seal(info) == sealed[1]
+
     def sign(
         self, key: str, uid: str, annotations: dict[str, str], keys: BookingKeys | None
     ) -> str:
