@@ -193,7 +193,7 @@ class Recovery:
             f"GPU allocation on node {stale.node} did not happen within "
             f"{format_go_duration(timedelta(seconds=self._allocation_timeout))}{since} "
             "(kubelet never called the device plugin's Allocate for this pod): bind-phase set "
-            "to failed and its GPUs freed; delete the pod to schedule it again"
+            "to failed; delete the pod to schedule it again"
         )
         logger.warning("pod %s: %s", pod.key, message)
         self._events.record(

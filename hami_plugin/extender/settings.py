@@ -224,7 +224,7 @@ OPTIONS = OptionTable(
                help="how long a bind waits for a node lock or an in-flight pod (28s)"),
         Option("allocation_timeout", ("--allocation-timeout",), _positive_duration,
                default="2m", metavar="DURATION", help="a pod still allocating after this is "
-               "marked failed and its GPUs freed (2m)"),
+               "marked failed (its GPUs freed; with a booking key once it ends) (2m)"),
         Option("filter_booking_ttl", ("--filter-booking-ttl",), _positive_duration,
                default="30s", metavar="DURATION",
                help="how long a filter booking that no bind follows holds its GPUs (30s)"),
