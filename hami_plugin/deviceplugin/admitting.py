@@ -15,6 +15,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from hami_plugin.config.keys import BookingKeyFile
 from hami_plugin.deviceplugin.pending import KubeletPods
 
 logger = logging.getLogger(__name__)
@@ -91,3 +92,20 @@ class KubeletAdmitting:
         if recovered:
             logger.info("node %s: kubelet's PodResources API answers again", self._node_name)
         return KubeletView(listed, listed.without_devices, "")
+
+
+def log_trust(keys: BookingKeyFile | None, pod_resources_socket: str) -> None:
+    """Once, after NVML (a node that cannot start says only why): which bookings are served."""
+    if keys is None:
+        logger.warning(
+            "no --booking-key-file: Allocate serves every pod's hami.io booking annotations as "
+            "HAMi does, so anyone who can create a pod can claim GPUs"
+        )
+        return
+    logger.info("serving only bookings signed by the scheduler (keys from %s)", keys.path)
+    if not pod_resources_socket:
+        logger.warning(
+            "--pod-resources-socket is empty: Allocate cannot ask kubelet which pod it is "
+            "admitting, so a pod bound to this node without the scheduler can be served a "
+            "signed booking pending here (docs/design.md 8.5)"
+        )

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.config import EXIT_USAGE, ConfigError
 from hami_plugin.config.keys import BookingKeyFile
-from hami_plugin.deviceplugin.admitting import KubeletAdmission
+from hami_plugin.deviceplugin.admitting import KubeletAdmission, log_trust
 from hami_plugin.deviceplugin.allocate import AllocateConfig
 from hami_plugin.deviceplugin.allocator import ApiFallback, PodAllocator
 from hami_plugin.deviceplugin.board import DeviceBoard
@@ -223,21 +223,7 @@ class DevicePluginDaemon:
 
     def _serve(self, backend: NvmlBackend) -> int:
         """Serve the GPUs NVML lists until `stop()`; returns the exit status."""
-        keys = self._booking_keys
-        if keys is None:
-            # Once, after NVML: a node that cannot start says only why (one line).
-            logger.warning(
-                "no --booking-key-file: Allocate serves every pod's hami.io booking "
-                "annotations as HAMi does, so anyone who can create a pod can claim GPUs"
-            )
-        else:
-            logger.info("serving only bookings signed by the scheduler (keys from %s)", keys.path)
-            if not self.settings.pod_resources_socket:
-                logger.warning(
-                    "--pod-resources-socket is empty: Allocate cannot ask kubelet which pod it "
-                    "is admitting, so a pod bound to this node without the scheduler can be "
-                    "served a signed booking pending here (docs/design.md 8.5)"
-                )
+        log_trust(self._booking_keys, self.settings.pod_resources_socket)
         try:
             gpus = self._scan(backend)
             self.static_mig = self._static_mig(backend, gpus)
