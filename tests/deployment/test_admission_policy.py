@@ -1,12 +1,13 @@
 """The ValidatingAdmissionPolicies (`daemonset/admission-policy.yaml`, and the chart's on
 Kubernetes 1.30+), checked by what their CEL says.
 
-No CEL evaluator is among the test dependencies, so the expressions are read, not run: the
-users they exempt are the ServiceAccounts the workloads run as, the annotation keys they guard
-are exactly the ones the daemons own (and that the webhook strips at CREATE, so a normal pod
-passes), every optional field is read behind `has()`, `oldObject` only on UPDATE, the node name
-comes from the requester's token, and both policies fail closed. Their schemas are checked in
-test_manifests.py, their equality between the file and the chart in test_chart.py.
+Here the expressions are read (test_admission_policy_cel.py runs them on allowed and denied
+requests): the users they exempt are the ServiceAccounts the workloads run as, the annotation
+keys they guard are exactly the ones the daemons own (and that the webhook strips at CREATE, so
+a normal pod passes), every optional field is read behind `has()`, `oldObject` only on UPDATE,
+the node name comes from the requester's token, and every policy fails closed. Their schemas
+are checked in test_manifests.py, their equality between the file and the chart in
+test_chart.py.
 """
 
 from __future__ import annotations
@@ -51,13 +52,15 @@ def _username(objects: list[Obj], subcommand: str) -> str:
 
 
 def _policy(objects: list[Obj], users_of: str) -> Obj:
-    """The policy whose match conditions name the user of `hami <users_of>` (one each)."""
+    """The policy whose match conditions name the user of `hami <users_of>`: the device
+    plugin's on nodes, the booking's (which names the scheduler) on pods."""
     user = _username(objects, users_of)
     found = [
         p
         for p in of_kind(objects, "ValidatingAdmissionPolicy")
-        if any(user in c["expression"] for c in p["spec"]["matchConditions"])
+        if any(user in c["expression"] for c in p["spec"].get("matchConditions", []))
         and (users_of == "scheduler") == ("pods" in _resources(p))
+        and not p["metadata"]["name"].endswith("-own-pods")
     ]
     assert len(found) == 1, [p["metadata"]["name"] for p in found]
     return found[0]
@@ -87,9 +90,9 @@ def _expressions(policy: Obj) -> dict[str, str]:
     return {where: " ".join(text.split()) for where, text in found.items()}
 
 
-def test_both_policies_fail_closed_and_are_bound_to_deny(objects: list[Obj]) -> None:
+def test_every_policy_fails_closed_and_is_bound_to_deny(objects: list[Obj]) -> None:
     policies = of_kind(objects, "ValidatingAdmissionPolicy")
-    assert len(policies) == 2
+    assert len(policies) == 4
     for policy in policies:
         assert policy["spec"]["failurePolicy"] == "Fail"
         assert "paramKind" not in policy["spec"]
@@ -189,7 +192,12 @@ def test_only_the_two_service_accounts_may_touch_the_booking_annotations(
         "oldObject.metadata.annotations : {}"
     )
     for where, text in cel.items():
-        if where not in ("variables.newAnnotations", "variables.oldAnnotations"):
+        if where not in (
+            "variables.newAnnotations",
+            "variables.oldAnnotations",
+            "variables.newLabels",
+            "variables.oldLabels",
+        ):
             assert not re.search(r"\b(object|oldObject)\.", text), where
     # the keys guarded: exactly the annotations the daemons own, which the webhook strips at
     # CREATE (so a pod created normally passes); none a pod author sets
