@@ -41,6 +41,9 @@ from hami_plugin.protocol.model import (
 from hami_plugin.protocol.objects import ContainerSpec, PodInfo
 
 ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
+"""HAMi leaves the preload out for a container that sets it (v2.10 plugin/server.go 866-883),
+so HAMi-core never loads and nothing limits it; we do not (design.md 8): any pod author could
+set it, also through an envFrom we cannot see at admission."""
 
 
 # --- configuration -----------------------------------------------------------------------------
@@ -53,8 +56,8 @@ class AllocateConfig:
     `libvgpu_host_path` is the HAMi-core library the edge found (`hamicore.HamiCoreCheck`;
     None: `<hook>/vgpu/libvgpu.so`); `license_present` says whether `<hook>/vgpu/license`
     exists. `library_problem` and `preload_problem` say, naming the node and the file, why
-    HAMi-core cannot be handed out (None: nothing wrong): every container needs the library
-    (HAMi mounts it even with `CUDA_DISABLE_CONTROL=true`), only the others need the preload.
+    HAMi-core cannot be handed out (None: nothing wrong): every container needs both (HAMi
+    spares the preload to `CUDA_DISABLE_CONTROL=true` containers; we mount it always).
     `device_list` is how the GPU list reaches the runtime (`deviceplugin.device_list`).
     """
 
@@ -285,16 +288,6 @@ def _container_at(pod: PodInfo, index: int) -> ContainerSpec:
     )
 
 
-def _go_parse_bool_true(value: str | None) -> bool:
-    # HAMi reads CUDA_DISABLE_CONTROL with Go's ParseBool; anything unparsable counts as false.
-    if value is None:
-        return False
-    try:
-        return govalues.parse_go_bool(value)
-    except ValueError:
-        return False
-
-
 def _align_with_kubelet(
     devices: ContainerDevices, kubelet_ids: Sequence[str], node_gpus: Collection[str] | None
 ) -> tuple[ContainerDevices, tuple[str, ...]]:
@@ -357,16 +350,14 @@ def container_envs(
 
 
 def check_hamicore(container: ContainerSpec, config: AllocateConfig) -> None:
-    """Refuse a container HAMi-core cannot be handed to: the library is missing, or the
-    preload is while the container does not set `CUDA_DISABLE_CONTROL=true`.
+    """Refuse a container HAMi-core cannot be handed to: the library or the preload is missing
+    (whatever the container's `CUDA_DISABLE_CONTROL` says: `ENV_DISABLE_CONTROL`).
 
     Raises AllocateFailure(HAMI_CORE_MISSING) with the config's problem sentence.
     """
     if config.library_problem is not None:
         raise AllocateFailure(FailureReason.HAMI_CORE_MISSING, config.library_problem)
-    if config.preload_problem is not None and not _go_parse_bool_true(
-        container.env.get(ENV_DISABLE_CONTROL)
-    ):
+    if config.preload_problem is not None:
         raise AllocateFailure(FailureReason.HAMI_CORE_MISSING, config.preload_problem)
 
 
@@ -398,14 +389,14 @@ def container_mounts(
             read_only=False,
         ),
     ]
-    if not _go_parse_bool_true(container.env.get(ENV_DISABLE_CONTROL)):
-        mounts.append(
-            MountSpec(
-                container_path=hostpaths.LD_SO_PRELOAD_CONTAINER_PATH,
-                host_path=hostpaths.ld_so_preload_path(hook),
-                read_only=True,
-            )
+    # always, `CUDA_DISABLE_CONTROL` or not (`ENV_DISABLE_CONTROL`)
+    mounts.append(
+        MountSpec(
+            container_path=hostpaths.LD_SO_PRELOAD_CONTAINER_PATH,
+            host_path=hostpaths.ld_so_preload_path(hook),
+            read_only=True,
         )
+    )
     if config.license_present:
         mounts.append(
             MountSpec(

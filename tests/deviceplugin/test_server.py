@@ -217,12 +217,19 @@ def test_a_multi_container_pod_keeps_the_lock_until_the_last_container(
 
 
 def test_versioned_libvgpu_and_disable_control(plugin: Plugin, apiserver: FakeApiServer) -> None:
+    """Before: `CUDA_DISABLE_CONTROL=true` in the pod's env left `/etc/ld.so.preload` out of
+    kubelet's Allocate answer (HAMi's choice), so HAMi-core never loaded. After: it is there,
+    read-only, as for any container."""
     install_fake_hamicore(plugin.hook_path, version="9.9.9")
     add_pending_pod(apiserver, "p3", [[dev(GPU_A)]], env={"CUDA_DISABLE_CONTROL": "true"})
     answer = allocate(plugin, f"{GPU_A}-0")
-    mounts = {m.container_path: m.host_path for m in answer.mounts}
-    assert mounts[f"{plugin.hook_path}/vgpu/libvgpu.so"].endswith("/libvgpu.so.9.9.9")
-    assert "/etc/ld.so.preload" not in mounts
+    mounts = {m.container_path: m for m in answer.mounts}
+    assert mounts[f"{plugin.hook_path}/vgpu/libvgpu.so"].host_path.endswith("/libvgpu.so.9.9.9")
+    preload = mounts["/etc/ld.so.preload"]
+    assert (preload.host_path, preload.read_only) == (
+        f"{plugin.hook_path}/vgpu/ld.so.preload",
+        True,
+    )
 
 
 def test_two_concurrent_allocates_serve_two_pending_pods(
