@@ -17,7 +17,7 @@ Ours too, and fail closed (docs/scheduler.md, "Who may skip hami-scheduler"): a 
 any of the GPU resources (`asks_gpu`) is denied when it names another scheduler (HAMi lets it
 through, webhook.go 64-69), is created with `spec.nodeName`, has a privileged container, or
 (outside a namespace the API server sends to `/webhook/gpu-admin`) sets HAMi-core's control
-environment (`CONTROL_ENV_NAMES`, `CONTROL_ENV_PREFIX`) in a container. The
+environment (`scheduler.gpu_pods`) in a container. The
 ValidatingAdmissionPolicy `hami-gpu-pods` holds the same rules in the API server for when this
 webhook is skipped or down.
 """
@@ -33,13 +33,16 @@ from typing import Any
 from hami_plugin.protocol.booking import BOOKING_ANNOTATIONS, BOOKING_LABELS
 from hami_plugin.protocol.objects import ContainerSpec
 from hami_plugin.protocol.quantity import QuantityError, parse_quantity
+from hami_plugin.scheduler.gpu_pods import (
+    LABEL_WEBHOOK,
+    WEBHOOK_IGNORE,
+    control_env,
+    control_env_refusal,
+)
 from hami_plugin.scheduler.requests import RequestProblem, container_request
 from hami_plugin.scheduler.settings import ResourceNames, SchedulerSettings
 
 __all__ = [
-    "ADMIN_NAMESPACE_LABEL",
-    "CONTROL_ENV_NAMES",
-    "CONTROL_ENV_PREFIX",
     "DEFAULT_SCHEDULER_NAME",
     "ENV_CORE_UTILIZATION_POLICY",
     "ENV_NVIDIA_VISIBLE_DEVICES",
@@ -56,17 +59,6 @@ DEFAULT_SCHEDULER_NAME = "default-scheduler"
 ENV_TASK_PRIORITY = "CUDA_TASK_PRIORITY"
 ENV_CORE_UTILIZATION_POLICY = "GPU_CORE_UTILIZATION_POLICY"
 ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
-
-CONTROL_ENV_NAMES = (ENV_DISABLE_CONTROL, ENV_NVIDIA_VISIBLE_DEVICES)
-CONTROL_ENV_PREFIX = "CUDA_DEVICE_"
-"""What only an admin namespace's GPU pods may set in a container: HAMi-core off, the GPU list
-(but `none`, what `overwrite_env` writes) and HAMi-core's limits (CUDA_DEVICE_MEMORY_LIMIT_*,
-CUDA_DEVICE_SM_LIMIT, CUDA_DEVICE_MEMORY_SHARED_CACHE)."""
-_HARMLESS_VISIBLE_DEVICES = "none"
-ADMIN_NAMESPACE_LABEL = "hami-plugin.io/gpu-admin"
-"""The namespace label (value `true`) whose GPU pods may set the control environment."""
-
 
 _INT32_MAX = 2**31 - 1
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -256,7 +248,7 @@ def _read_container(value: object, path: str) -> _Container:
     env = container.get("env")
     if env is not None and not isinstance(env, list):
         raise _BadPodError(f"pod {what}.env must be a list, got {_kind(env)}")
-    control_env = _control_env(env or (), container.get("envFrom"))
+    found_env = control_env(env or (), container.get("envFrom"))
     security = _mapping(container.get("securityContext"), f"{what}.securityContext")
     privileged = (security or {}).get("privileged")
     if privileged is not None and not isinstance(privileged, bool):
@@ -272,31 +264,8 @@ def _read_container(value: object, path: str) -> _Container:
         limits_present=limits is not None,
         env_present=env is not None,
         privileged=privileged is True,
-        control_env=control_env,
+        control_env=found_env,
     )
-
-
-def _control_env(env: Sequence[object], env_from: object) -> tuple[str, ...]:
-    """The control variables a container sets (`CONTROL_ENV_NAMES`, `CONTROL_ENV_PREFIX`), by
-    value or valueFrom, and the envFrom prefixes that can only make such names (an envFrom
-    without one may too, from keys we cannot see: the device plugin mounts the preload anyway).
-    Items that are not objects with a string name are the API server's to refuse."""
-    found = []
-    for variable in env:
-        if not isinstance(variable, Mapping) or not isinstance(variable.get("name"), str):
-            continue
-        name = variable["name"]
-        if name == ENV_NVIDIA_VISIBLE_DEVICES and variable.get("value") == (
-            _HARMLESS_VISIBLE_DEVICES
-        ):
-            continue
-        if name in CONTROL_ENV_NAMES or name.startswith(CONTROL_ENV_PREFIX):
-            found.append(name)
-    for source in env_from if isinstance(env_from, list) else ():
-        prefix = source.get("prefix") if isinstance(source, Mapping) else None
-        if isinstance(prefix, str) and prefix.startswith(CONTROL_ENV_PREFIX):
-            found.append(f"envFrom prefix {prefix}")
-    return tuple(found)
 
 
 def _read_containers(spec: Mapping[str, Any], key: str) -> list[_Container]:
@@ -544,11 +513,7 @@ def _control_refusal(view: _PodView, settings: WebhookSettings) -> str | None:
         return None
     for container in view.containers:
         if container.control_env:
-            return (
-                f"container {container.name} sets {container.control_env[0]}: only pods in a "
-                f"namespace labelled {ADMIN_NAMESPACE_LABEL}=true may set CUDA_DISABLE_CONTROL, "
-                f"{CONTROL_ENV_PREFIX}* or {ENV_NVIDIA_VISIBLE_DEVICES}"
-            )
+            return control_env_refusal(container.name, container.control_env[0])
     return None
 
 
@@ -561,6 +526,8 @@ def admit_pod(pod: object, settings: WebhookSettings) -> PodAdmission:
             return _denied("pod has no containers")
         strip = _strip_operations(view)
         asks_gpu = _asks_gpu(view, settings)
+        if not asks_gpu and view.labels.get(LABEL_WEBHOOK) == WEBHOOK_IGNORE:
+            return _allowed(patch=strip)
         if _other_scheduler(view.scheduler_name, settings):
             if asks_gpu and settings.scheduler_name:
                 return _denied(

@@ -21,7 +21,7 @@ from hami_plugin.protocol.model import (
     ANNOTATION_DEVICES_TO_ALLOCATE,
     ANNOTATION_VGPU_MIG_ALLOCATIONS,
 )
-from hami_plugin.scheduler.webhook import ADMIN_NAMESPACE_LABEL
+from hami_plugin.scheduler.gpu_pods import ADMIN_NAMESPACE_LABEL
 from tests.deployment.cel import Request, admit
 from tests.deployment.manifests import (
     Obj,

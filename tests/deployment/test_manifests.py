@@ -21,7 +21,7 @@ from hami_plugin.certs.command import settings_from
 from hami_plugin.certs.settings import CertsSettings
 from hami_plugin.extender.http import WEBHOOK_ADMIN_PATH, WEBHOOK_ROUTES
 from hami_plugin.protocol.model import GpuPolicyName, NodePolicy
-from hami_plugin.scheduler.webhook import ADMIN_NAMESPACE_LABEL
+from hami_plugin.scheduler.gpu_pods import ADMIN_NAMESPACE_LABEL
 from tests.deployment.exercise import (
     certs_job,
     device_plugin_settings,

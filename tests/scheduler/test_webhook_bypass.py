@@ -16,12 +16,8 @@ from typing import Any
 
 import pytest
 
-from hami_plugin.scheduler.webhook import (
-    ADMIN_NAMESPACE_LABEL,
-    AdmissionVerdict,
-    WebhookSettings,
-    admit_pod,
-)
+from hami_plugin.scheduler.gpu_pods import ADMIN_NAMESPACE_LABEL
+from hami_plugin.scheduler.webhook import AdmissionVerdict, WebhookSettings, admit_pod
 from hami_plugin.testing.apiserver import FakeApiServer, make_container, make_pod
 from tests.extender.cluster import running_scheduler
 from tests.scheduler.test_webhook import CORES, DEFAULTS, GPU, MEM, PCT, container, pod
@@ -72,6 +68,42 @@ def test_without_a_scheduler_name_the_webhook_names_none() -> None:
     the pod to."""
     settings = WebhookSettings(scheduler_name="")
     assert admit_pod(pod(container(limits={GPU: "1"}), schedulerName="x"), settings).allowed
+
+
+IGNORE = {"hami.io/webhook": "ignore"}
+
+
+def test_a_gpu_pods_own_ignore_label_skips_nothing() -> None:
+    """Before: the webhook configuration's objectSelector kept a pod labelled
+    hami.io/webhook=ignore away, so its author chose its scheduler and node and kept a forged
+    booking. After: the label counts only on the namespace (the webhook configuration's
+    namespaceSelector); a GPU pod with it goes through every rule."""
+    labelled = pod(container(limits={GPU: "1"}), labels=IGNORE, schedulerName="other")
+    assert _denied(labelled).startswith("a pod asking for GPUs must be scheduled by")
+    assert _denied(pod(container(limits={GPU: "1"}), labels=IGNORE, nodeName="n1")) == (
+        "pod has node assigned"
+    )
+    admission = admit_pod(pod(container(limits={GPU: "1"}), labels=IGNORE), DEFAULTS)
+    assert {"op": "add", "path": "/spec/schedulerName", "value": "hami-scheduler"} in (
+        admission.patch
+    )
+
+
+def test_a_pod_asking_no_gpu_keeps_its_ignore_label() -> None:
+    """Our own pods carry the label (HAMi's chart does too): while they ask for no GPU they are
+    left as they are, overwriteEnv or not, as HAMi's objectSelector left them; a booking key is
+    still removed."""
+    settings = WebhookSettings(overwrite_env=True)
+    plugin = pod(container("plugin", env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]),
+                 labels=IGNORE, annotations={"hami.io/bind-phase": "success"})  # fmt: skip
+    admission = admit_pod(plugin, settings)
+    assert admission.allowed
+    assert admission.patch == (
+        {"op": "remove", "path": "/metadata/annotations/hami.io~1bind-phase"},
+    )
+    # without the label, overwriteEnv hides the GPUs from it (HAMi's rule)
+    unlabelled = admit_pod(pod(container("plugin")), settings)
+    assert unlabelled.patch[0]["value"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]
 
 
 @pytest.mark.parametrize("asks", [{"limits": {GPU: "1"}}, {"requests": {MEM: "1000"}}])
