@@ -20,6 +20,7 @@ import pytest
 from hami_plugin.protocol import model
 from hami_plugin.protocol.booking import BOOKING_ANNOTATIONS
 from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE
+from tests.deployment import exercise
 from tests.deployment.manifests import (
     Obj,
     admission_policy_manifests,
@@ -234,3 +235,43 @@ def test_the_key_reading_sees_a_policy_that_guards_too_little() -> None:
         _guarded(weaker)
     with pytest.raises(AssertionError):
         _guarded(old + " + " + new)
+
+
+# --- hami-device-plugin-own-pods: what it lets through is what the device plugin writes ------
+
+
+@pytest.fixture(scope="module")
+def device_plugin_pod_patches(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
+    """The bodies of the pod PATCHes `hami device-plugin`, as the manifests run it, sends
+    (`tests.deployment.exercise`: Allocate served and failed)."""
+    calls = exercise.device_plugin_requests(
+        plain_manifests(), tmp_path_factory.mktemp("device-plugin-patches")
+    )
+    return [
+        r.json()
+        for r in calls
+        if r.method == "PATCH" and re.fullmatch(r"/api/v1/namespaces/[^/]+/pods/[^/]+", r.path)
+    ]
+
+
+def test_the_device_plugin_writes_only_what_its_pod_policy_lets_through(
+    objects: list[Obj], device_plugin_pod_patches: list[Obj]
+) -> None:
+    (policy,) = [
+        p
+        for p in of_kind(objects, "ValidatingAdmissionPolicy")
+        if p["metadata"]["name"].endswith("-own-pods")
+    ]
+    (condition,) = policy["spec"]["matchConditions"]
+    assert _literals(condition["expression"]) == [_username(objects, "device-plugin")]
+    written = set(_literals(_expressions(policy)["variables.written"]))
+    assert written == {
+        model.ANNOTATION_BIND_PHASE,
+        model.ANNOTATION_DEVICES_TO_ALLOCATE,
+        model.ANNOTATION_VGPU_MIG_ALLOCATIONS,
+    }
+    assert device_plugin_pod_patches, "the exercise patched no pod"
+    for body in device_plugin_pod_patches:
+        assert set(body) == {"metadata"}, body
+        assert set(body["metadata"]) == {"annotations"}, body  # no label, no finalizer
+        assert set(body["metadata"]["annotations"]) <= written, body
