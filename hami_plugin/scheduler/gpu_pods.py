@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from hami_plugin.protocol.gpu_admin import ENV_DISABLE_CONTROL, LABEL_GPU_ADMIN
+
 __all__ = [
     "ADMIN_NAMESPACE_LABEL",
     "CONTROL_ENV_NAMES",
@@ -20,7 +22,6 @@ __all__ = [
 ]
 
 ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
 
 CONTROL_ENV_NAMES = (ENV_DISABLE_CONTROL, ENV_NVIDIA_VISIBLE_DEVICES)
 CONTROL_ENV_PREFIX = "CUDA_DEVICE_"
@@ -34,7 +35,7 @@ WEBHOOK_IGNORE = "ignore"
 32-36 on namespaces, 52-56 on pods). On a namespace the webhook configuration honours it; on a
 pod only while the pod asks for no GPU resource (our own pods: left unchanged, as HAMi's
 objectSelector leaves them), so a pod author cannot label a GPU pod past these rules."""
-ADMIN_NAMESPACE_LABEL = "hami-plugin.io/gpu-admin"
+ADMIN_NAMESPACE_LABEL = LABEL_GPU_ADMIN
 """The namespace label (value `true`) whose GPU pods may set the control environment."""
 
 
