@@ -157,6 +157,10 @@ def test_hamicore_control_env_needs_an_admin_namespace(
     init = gpu_pod()
     init["spec"]["initContainers"] = [{"name": "i", "env": [variable]}]
     assert admit(policies["gpu-pods"], Request("CREATE", init)) == [message.replace("main", "i")]
+    debugged = gpu_pod()
+    debugged["spec"]["ephemeralContainers"] = [{"name": "debug", "env": [variable]}]
+    update = Request("UPDATE", debugged, gpu_pod(), sub_resource="ephemeralcontainers")
+    assert admit(policies["gpu-pods"], update) == [message.replace("main", "debug")]
     admin = Request("CREATE", pod, namespace_labels={**ADMIN, "team": "x"})
     assert admit(policies["gpu-pods"], admin) == []
     not_admin = Request("CREATE", pod, namespace_labels={ADMIN_NAMESPACE_LABEL: "yes"})
