@@ -10,15 +10,22 @@ preload (one warning line says why).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Protocol, runtime_checkable
 
-from hami_plugin.kube.api import NamespaceApi
 from hami_plugin.kube.errors import KubeError
 from hami_plugin.protocol.gpu_admin import LABEL_GPU_ADMIN, is_gpu_admin
 
-__all__ = ["gpu_admin_reader"]
+__all__ = ["NamespaceApi", "gpu_admin_reader"]
 
 logger = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class NamespaceApi(Protocol):
+    """A namespace's labels (`KubeClient.get_namespace_labels`)."""
+
+    def get_namespace_labels(self, name: str) -> Mapping[str, str]: ...
 
 
 def gpu_admin_reader(kube: object) -> Callable[[str], bool] | None:

@@ -11,7 +11,7 @@ import contextlib
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from hami_plugin.kube.events import PodEvent
 from hami_plugin.kube.records import (
@@ -34,7 +34,6 @@ __all__ = [
     "EventApi",
     "LeaseApi",
     "ListApi",
-    "NamespaceApi",
     "NodeApi",
     "NodeMetricsApi",
     "PodEventApi",
@@ -153,14 +152,6 @@ class AllocateApi(NodeApi, NodeMetricsApi, PodPatchApi, PodEventApi, Protocol):
 
     An implementation that also has `deadline(seconds)` gets its calls time-bounded.
     """
-
-
-@runtime_checkable
-class NamespaceApi(Protocol):
-    """A namespace's labels (the device plugin's Allocate, for a container that sets
-    `CUDA_DISABLE_CONTROL`: `protocol.gpu_admin`)."""
-
-    def get_namespace_labels(self, name: str) -> Mapping[str, str]: ...
 
 
 class DevicePluginApi(AllocateApi, WatchApi, Protocol):

@@ -72,8 +72,6 @@ class FakeKube:
         self.secrets: dict[tuple[str, str], SecretRecord] = {}
         self.webhook_configurations: dict[str, WebhookConfigurationRecord] = {}
         self.events: list[dict[str, Any]] = []
-        self.namespace_labels: dict[str, dict[str, str]] = {}
-        """Namespaces by name, as their labels (set up by assigning)."""
         self.calls: list[str] = []
         self.writes = 0
         for node in nodes:
@@ -114,16 +112,6 @@ class FakeKube:
         with self._lock:
             self._always.pop(call, None)
             self._failures.pop(call, None)
-
-    # --- namespaces -----------------------------------------------------------------------
-
-    def get_namespace_labels(self, name: str) -> Mapping[str, str]:
-        """The namespace's labels. Raises NotFound."""
-        with self._lock:
-            self._enter("get_namespace_labels")
-            if name not in self.namespace_labels:
-                raise NotFound(f"get namespace {name}: HTTP 404: not found", 404)
-            return dict(self.namespace_labels[name])
 
     # --- nodes ----------------------------------------------------------------------------
 
