@@ -29,7 +29,7 @@ from hami_plugin.deviceplugin.device_list import (
     device_list_answer,
 )
 from hami_plugin.deviceplugin.inventory import physical_uuid_of
-from hami_plugin.protocol import codec, govalues, hostpaths
+from hami_plugin.protocol import codec, govalues, gpu_admin, hostpaths
 from hami_plugin.protocol.booking import PodBooking
 from hami_plugin.protocol.model import (
     ANNOTATION_DEVICES_ALLOCATED,
@@ -40,7 +40,11 @@ from hami_plugin.protocol.model import (
 )
 from hami_plugin.protocol.objects import ContainerSpec, PodInfo
 
-ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
+ENV_DISABLE_CONTROL = gpu_admin.ENV_DISABLE_CONTROL
+"""HAMi leaves the preload out for a container that sets it true (v2.10 plugin/server.go
+866-883), so HAMi-core never loads and nothing limits it. Any pod author could, also through
+an envFrom admission cannot read: we leave it out only in a namespace labelled
+`hami-plugin.io/gpu-admin=true` (`AllocateConfig.gpu_admin_namespace`)."""
 
 
 # --- configuration -----------------------------------------------------------------------------
@@ -53,11 +57,16 @@ class AllocateConfig:
     `libvgpu_host_path` is the HAMi-core library the edge found (`hamicore.HamiCoreCheck`;
     None: `<hook>/vgpu/libvgpu.so`); `license_present` says whether `<hook>/vgpu/license`
     exists. `library_problem` and `preload_problem` say, naming the node and the file, why
-    HAMi-core cannot be handed out (None: nothing wrong): every container needs the library
-    (HAMi mounts it even with `CUDA_DISABLE_CONTROL=true`), only the others need the preload.
+    HAMi-core cannot be handed out (None: nothing wrong): every container needs the library,
+    every one that gets the preload (`gets_preload`) the preload.
     `device_list` is how the GPU list reaches the runtime (`deviceplugin.device_list`).
     """
 
+    gpu_admin_namespace: Callable[[str], bool] | None = None
+    """Whether a namespace is labelled `hami-plugin.io/gpu-admin=true` (the adapter reads it
+    from the API server), asked only for a container that sets `CUDA_DISABLE_CONTROL=true`; it
+    answers False when it cannot tell. None: no namespace is (every container gets the
+    preload)."""
     hook_path: str = hostpaths.DEFAULT_HOOK_PATH
     memory_scaling: float = 1.0
     libcuda_log_level: str | None = None
@@ -285,16 +294,6 @@ def _container_at(pod: PodInfo, index: int) -> ContainerSpec:
     )
 
 
-def _go_parse_bool_true(value: str | None) -> bool:
-    # HAMi reads CUDA_DISABLE_CONTROL with Go's ParseBool; anything unparsable counts as false.
-    if value is None:
-        return False
-    try:
-        return govalues.parse_go_bool(value)
-    except ValueError:
-        return False
-
-
 def _align_with_kubelet(
     devices: ContainerDevices, kubelet_ids: Sequence[str], node_gpus: Collection[str] | None
 ) -> tuple[ContainerDevices, tuple[str, ...]]:
@@ -356,17 +355,33 @@ def container_envs(
     return envs
 
 
-def check_hamicore(container: ContainerSpec, config: AllocateConfig) -> None:
+def _go_parse_bool_true(value: str | None) -> bool:
+    # HAMi reads CUDA_DISABLE_CONTROL with Go's ParseBool; anything unparsable counts as false.
+    if value is None:
+        return False
+    try:
+        return govalues.parse_go_bool(value)
+    except ValueError:
+        return False
+
+
+def gets_preload(namespace: str, container: ContainerSpec, config: AllocateConfig) -> bool:
+    """HAMi-core's preload goes into every container but one that sets
+    `CUDA_DISABLE_CONTROL=true` in a gpu-admin namespace (`ENV_DISABLE_CONTROL`)."""
+    if not _go_parse_bool_true(container.env.get(ENV_DISABLE_CONTROL)):
+        return True
+    return config.gpu_admin_namespace is None or not config.gpu_admin_namespace(namespace)
+
+
+def check_hamicore(container: ContainerSpec, config: AllocateConfig, preload: bool = True) -> None:
     """Refuse a container HAMi-core cannot be handed to: the library is missing, or the
-    preload is while the container does not set `CUDA_DISABLE_CONTROL=true`.
+    preload is while the container gets it (`gets_preload`).
 
     Raises AllocateFailure(HAMI_CORE_MISSING) with the config's problem sentence.
     """
     if config.library_problem is not None:
         raise AllocateFailure(FailureReason.HAMI_CORE_MISSING, config.library_problem)
-    if config.preload_problem is not None and not _go_parse_bool_true(
-        container.env.get(ENV_DISABLE_CONTROL)
-    ):
+    if config.preload_problem is not None and preload:
         raise AllocateFailure(FailureReason.HAMI_CORE_MISSING, config.preload_problem)
 
 
@@ -375,6 +390,8 @@ def container_mounts(
     host_dir: str,
     config: AllocateConfig,
     device_list: DeviceListAnswer | None = None,
+    *,
+    preload: bool = True,
 ) -> tuple[MountSpec, ...]:
     """One container's mounts, in HAMi's order (docs/hami-reference.md 4.4): the
     `volume-mounts` strategy's (`/dev/null` at `/var/run/nvidia-container-devices/<uuid>`,
@@ -398,7 +415,7 @@ def container_mounts(
             read_only=False,
         ),
     ]
-    if not _go_parse_bool_true(container.env.get(ENV_DISABLE_CONTROL)):
+    if preload:  # `gets_preload`
         mounts.append(
             MountSpec(
                 container_path=hostpaths.LD_SO_PRELOAD_CONTAINER_PATH,
@@ -472,8 +489,9 @@ def decide_allocation(
                 f"has {len(devices)} device(s), kubelet asked for {len(kubelet_ids)}",
             )
         container = _container_at(pod, next_index)
+        preload = gets_preload(pod.namespace, container, config)
         if not config.mig_mode:
-            check_hamicore(container, config)
+            check_hamicore(container, config, preload)
         overridden: tuple[str, ...] = ()
         if config.enable_preferred_allocation and not config.mig_mode:  # HAMi server.go:807
             devices, overridden = _align_with_kubelet(devices, kubelet_ids, node_gpus)
@@ -500,7 +518,7 @@ def decide_allocation(
                 entry_index=next_index,
                 devices=devices,
                 envs=container_envs(devices, config, new_cache_id(), device_list),
-                mounts=container_mounts(container, host_dir, config, device_list),
+                mounts=container_mounts(container, host_dir, config, device_list, preload=preload),
                 host_dir=host_dir,
                 kubelet_ids_not_used=overridden,
                 annotations=device_list.annotations,

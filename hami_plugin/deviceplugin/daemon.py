@@ -38,6 +38,7 @@ from hami_plugin.deviceplugin.allocate import AllocateConfig
 from hami_plugin.deviceplugin.allocator import ApiFallback, PodAllocator
 from hami_plugin.deviceplugin.board import DeviceBoard
 from hami_plugin.deviceplugin.cdi import build_cdi_spec, read_mig_minors, write_cdi_spec
+from hami_plugin.deviceplugin.gpu_admin import gpu_admin_reader
 from hami_plugin.deviceplugin.hamicore import HamiCoreCheck, HamiCoreWatch
 from hami_plugin.deviceplugin.health import HealthChange, HealthMonitor
 from hami_plugin.deviceplugin.inventory import build_register_devices, build_vgpu_devices
@@ -376,6 +377,7 @@ class DevicePluginDaemon:
                 self._on_kubelet_pods_failed,
             )
         config = AllocateConfig(
+            gpu_admin_namespace=gpu_admin_reader(kube),
             hook_path=settings.hook_path,
             memory_scaling=settings.memory_scaling,
             libcuda_log_level=settings.libcuda_log_level,

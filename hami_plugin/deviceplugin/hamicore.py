@@ -70,9 +70,9 @@ class HamiCoreCheck:
 
     `library_host_path` is the host file Allocate mounts at `<hook>/vgpu/libvgpu.so` (None:
     none usable). `library_problem` (no usable library: no container can be served) and
-    `preload_problem` (containers that load HAMi-core through the preload cannot be served;
-    `CUDA_DISABLE_CONTROL=true` ones get no preload) are one sentence each, naming the file
-    and what installs it; None when fine.
+    `preload_problem` (containers that get the preload cannot be served: all but those that
+    set `CUDA_DISABLE_CONTROL=true` in a gpu-admin namespace, `allocate.gets_preload`) are one
+    sentence each, naming the file and what installs it; None when fine.
     """
 
     hook_path: str

@@ -6,7 +6,8 @@ Routes (HAMi v2.10 `pkg/scheduler/routes/route.go`, docs/hami-reference.md 3.8):
   always HTTP 200 with `Error` set on a problem (malformed JSON, a body over the cap, a pod
   missing, "not the leader" on a follower), as HAMi answers;
 * `POST /webhook`: the AdmissionReview (`hami_plugin.scheduler.admission_review`), answered on
-  every replica (it needs no state);
+  every replica (it needs no state); `POST /webhook/gpu-admin` the same for the namespaces
+  labelled `hami-plugin.io/gpu-admin=true` (their GPU pods may set HAMi-core's environment);
 * `GET /healthz`: 200 while the process serves; `GET /readyz`: 200 once the first pod and node
   lists are in and, with leader election, while this replica leads, else 503 with the reason
   (HAMi always answers 200, so a Service could route to a replica that refuses everything);
@@ -24,6 +25,7 @@ with its traceback and an HTTP 500, never a dead server.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Set
 
 from hami_plugin.extender.bind import Binder
@@ -47,7 +49,14 @@ from hami_plugin.protocol.objects import ObjectError, read_pod
 from hami_plugin.scheduler.admission_review import WEBHOOK_MAX_BODY_BYTES, review_admission_body
 from hami_plugin.scheduler.webhook import WebhookSettings
 
-__all__ = ["EXTENDER_ROUTES", "NOT_LEADER", "WEBHOOK_ROUTES", "ExtenderApp", "RouteSubset"]
+__all__ = [
+    "EXTENDER_ROUTES",
+    "NOT_LEADER",
+    "WEBHOOK_ADMIN_PATH",
+    "WEBHOOK_ROUTES",
+    "ExtenderApp",
+    "RouteSubset",
+]
 
 NOT_LEADER = "not the leader"
 _SYNC_WAIT_SECONDS = 10.0
@@ -56,7 +65,10 @@ _NOT_SYNCED = "waiting for the first pod and node lists"
 _PROBES = frozenset({"/healthz", "/readyz", _INFORMER_SYNC})
 EXTENDER_ROUTES = frozenset({"/filter", "/bind"}) | _PROBES
 """What the extender listener serves when the webhook has a listener of its own."""
-WEBHOOK_ROUTES = frozenset({"/webhook"}) | _PROBES
+WEBHOOK_ADMIN_PATH = "/webhook/gpu-admin"
+"""The webhook for namespaces labelled `hami-plugin.io/gpu-admin=true` (the webhook
+configuration's second entry): their GPU pods may set HAMi-core's control environment."""
+WEBHOOK_ROUTES = frozenset({"/webhook", WEBHOOK_ADMIN_PATH}) | _PROBES
 """What the webhook listener serves: the API server's calls and kubelet's probes."""
 _NOT_FOUND = "404 page not found"
 
@@ -88,6 +100,7 @@ class ExtenderApp:
         self._state = state
         self._binder = binder
         self._webhook = webhook
+        self._admin_webhook = dataclasses.replace(webhook, control_env_allowed=True)
         self._events = events
         self._is_leader = is_leader
         self._readiness = readiness
@@ -96,7 +109,8 @@ class ExtenderApp:
 
     def body_limit(self, path: str) -> int:
         """How many body bytes a route reads at most."""
-        return WEBHOOK_MAX_BODY_BYTES if path == "/webhook" else self.max_body_bytes
+        webhook = path in ("/webhook", WEBHOOK_ADMIN_PATH)
+        return WEBHOOK_MAX_BODY_BYTES if webhook else self.max_body_bytes
 
     def handle(self, method: str, path: str, body: bytes, content_type: str) -> HttpReply:
         """Route one request."""
@@ -104,6 +118,7 @@ class ExtenderApp:
             "/filter": ("POST", lambda: self.filter(body)),
             "/bind": ("POST", lambda: self.bind(body)),
             "/webhook": ("POST", lambda: self.webhook(body, content_type)),
+            WEBHOOK_ADMIN_PATH: ("POST", lambda: self.webhook(body, content_type, admin=True)),
             "/healthz": ("GET", lambda: text_reply(200, "ok")),
             "/readyz": ("GET", self.readyz),
             _INFORMER_SYNC: ("GET", self.informer_sync),
@@ -171,8 +186,9 @@ class ExtenderApp:
             )
         return binding_reply(ExtenderBindingResult(error=error))
 
-    def webhook(self, body: bytes, content_type: str) -> HttpReply:
-        outcome = review_admission_body(body, self._webhook, content_type=content_type)
+    def webhook(self, body: bytes, content_type: str, *, admin: bool = False) -> HttpReply:
+        settings = self._admin_webhook if admin else self._webhook
+        outcome = review_admission_body(body, settings, content_type=content_type)
         return admission_reply(outcome)
 
 

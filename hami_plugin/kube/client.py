@@ -184,6 +184,14 @@ class KubeClient(CollectionCalls):
         """
         return self._transport.deadline(seconds)
 
+    # --- namespaces -----------------------------------------------------------------------
+
+    def get_namespace_labels(self, name: str) -> Mapping[str, str]:
+        """GET the namespace; its labels (only the string ones). Raises NotFound, Retryable
+        or KubeError."""
+        request = Request("GET", "/api/v1/namespaces/{name}", {"name": name})
+        return self._transport.call(f"get namespace {name}", request, _labels_of)
+
     # --- nodes ----------------------------------------------------------------------------
 
     def get_node(self, name: str) -> NodeInfo:
@@ -532,3 +540,11 @@ class KubeClient(CollectionCalls):
 
 def _ignore_body(body: dict[str, Any]) -> None:
     return None
+
+
+def _labels_of(obj: dict[str, Any]) -> dict[str, str]:
+    metadata = obj.get("metadata")
+    labels = metadata.get("labels") if isinstance(metadata, dict) else None
+    if not isinstance(labels, dict):
+        return {}
+    return {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}

@@ -12,6 +12,14 @@ device.go` MutateAdmission; docs/hami-reference.md 2 and 3.11), told step by ste
 (`fitResourceQuota` 145-190). Step 4, a GPU request the scheduler would misread denied with
 `RequestProblem`'s message, is ours; so are the other differences (scheduler-owned annotations
 removed, a minimal patch, int64 overflow): `docs/differences.md`, "The admission webhook".
+
+Ours too, and fail closed (docs/scheduler.md, "Who may skip hami-scheduler"): a pod asking for
+any of the GPU resources (`asks_gpu`) is denied when it names another scheduler (HAMi lets it
+through, webhook.go 64-69), is created with `spec.nodeName`, has a privileged container, or
+(outside a namespace the API server sends to `/webhook/gpu-admin`) sets HAMi-core's control
+environment (`scheduler.gpu_pods`) in a container. The
+ValidatingAdmissionPolicy `hami-gpu-pods` holds the same rules in the API server for when this
+webhook is skipped or down.
 """
 
 from __future__ import annotations
@@ -25,6 +33,12 @@ from typing import Any
 from hami_plugin.protocol.booking import BOOKING_ANNOTATIONS, BOOKING_LABELS
 from hami_plugin.protocol.objects import ContainerSpec
 from hami_plugin.protocol.quantity import QuantityError, parse_quantity
+from hami_plugin.scheduler.gpu_pods import (
+    LABEL_WEBHOOK,
+    WEBHOOK_IGNORE,
+    control_env,
+    control_env_refusal,
+)
 from hami_plugin.scheduler.requests import RequestProblem, container_request
 from hami_plugin.scheduler.settings import ResourceNames, SchedulerSettings
 
@@ -45,7 +59,6 @@ DEFAULT_SCHEDULER_NAME = "default-scheduler"
 ENV_TASK_PRIORITY = "CUDA_TASK_PRIORITY"
 ENV_CORE_UTILIZATION_POLICY = "GPU_CORE_UTILIZATION_POLICY"
 ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-
 
 _INT32_MAX = 2**31 - 1
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -85,6 +98,10 @@ class WebhookSettings:
     resources: ResourceNames = field(default_factory=ResourceNames)
     memory_factor: int = 1
     quota: QuotaCheck | None = None
+    control_env_allowed: bool = False
+    """The pod's namespace is an admin namespace (`hami-plugin.io/gpu-admin=true`, which the
+    API server tells by calling `/webhook/gpu-admin`): its containers may set the control
+    environment."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.default_gpu_num <= _INT32_MAX:
@@ -192,6 +209,7 @@ class _Container:
     limits_present: bool
     env_present: bool
     privileged: bool
+    control_env: tuple[str, ...] = ()
     added_env: list[dict[str, str]] = field(default_factory=list)
     added_limits: dict[str, str] = field(default_factory=dict)
 
@@ -230,6 +248,7 @@ def _read_container(value: object, path: str) -> _Container:
     env = container.get("env")
     if env is not None and not isinstance(env, list):
         raise _BadPodError(f"pod {what}.env must be a list, got {_kind(env)}")
+    found_env = control_env(env or (), container.get("envFrom"))
     security = _mapping(container.get("securityContext"), f"{what}.securityContext")
     privileged = (security or {}).get("privileged")
     if privileged is not None and not isinstance(privileged, bool):
@@ -245,6 +264,7 @@ def _read_container(value: object, path: str) -> _Container:
         limits_present=limits is not None,
         env_present=env is not None,
         privileged=privileged is True,
+        control_env=found_env,
     )
 
 
@@ -480,6 +500,23 @@ def _other_scheduler(name: str, settings: WebhookSettings) -> bool:
     return not settings.scheduler_name or name != settings.scheduler_name
 
 
+def _asks_gpu(view: _PodView, settings: WebhookSettings) -> bool:
+    """A container names one of the GPU resources in its limits or requests."""
+    names = settings.resources
+    wanted = (names.count, names.memory, names.memory_percentage, names.cores)
+    return any(c.present(name) for c in view.containers for name in wanted)
+
+
+def _control_refusal(view: _PodView, settings: WebhookSettings) -> str | None:
+    """Why a GPU pod may not keep its containers' environment; None: it may."""
+    if settings.control_env_allowed:
+        return None
+    for container in view.containers:
+        if container.control_env:
+            return control_env_refusal(container.name, container.control_env[0])
+    return None
+
+
 def admit_pod(pod: object, settings: WebhookSettings) -> PodAdmission:
     """HAMi v2.10's admission decision for a pod (a decoded v1.Pod JSON object), with the
     JSON patch against that object. Never raises for any input."""
@@ -488,7 +525,15 @@ def admit_pod(pod: object, settings: WebhookSettings) -> PodAdmission:
         if view.app_container_count == 0:
             return _denied("pod has no containers")
         strip = _strip_operations(view)
+        asks_gpu = _asks_gpu(view, settings)
+        if not asks_gpu and view.labels.get(LABEL_WEBHOOK) == WEBHOOK_IGNORE:
+            return _allowed(patch=strip)
         if _other_scheduler(view.scheduler_name, settings):
+            if asks_gpu and settings.scheduler_name:
+                return _denied(
+                    f"a pod asking for GPUs must be scheduled by {settings.scheduler_name}, "
+                    f"not {view.scheduler_name}"
+                )
             return _allowed("pod already has different scheduler assigned", strip)
         # Every container is mutated, none skipped once one asks for GPUs.
         has_resource = False
@@ -502,10 +547,14 @@ def admit_pod(pod: object, settings: WebhookSettings) -> PodAdmission:
     misread = _misread_requests(view.containers, settings)
     if misread:
         return _denied("; ".join(problem.render(would=True) for problem in misread))
-    if has_resource:
+    gpu_pod = has_resource or asks_gpu
+    if gpu_pod:
         privileged = next((c for c in view.containers if c.privileged), None)
         if privileged is not None:
             return _denied(f"container {privileged.name} is privileged")
+        refusal = _control_refusal(view, settings)
+        if refusal is not None:
+            return _denied(refusal)
     operations = strip
     for container in view.containers:
         operations.extend(_container_operations(container))
@@ -513,7 +562,7 @@ def admit_pod(pod: object, settings: WebhookSettings) -> PodAdmission:
         operations.append(
             {"op": "add", "path": "/spec/runtimeClassName", "value": settings.runtime_class_name}
         )
-    if has_resource and settings.scheduler_name:
+    if gpu_pod and settings.scheduler_name:
         if view.node_name:
             return _denied("pod has node assigned")
         if view.scheduler_name != settings.scheduler_name:

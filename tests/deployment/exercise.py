@@ -35,6 +35,7 @@ from hami_plugin.deviceplugin.settings import DevicePluginSettings, resolve_sett
 from hami_plugin.deviceplugin_cli import load_nvml_module
 from hami_plugin.extender.settings import SchedulerConfig, resolve_config
 from hami_plugin.kube.client import KubeClient
+from hami_plugin.protocol.gpu_admin import LABEL_GPU_ADMIN
 from hami_plugin.protocol.model import ANNOTATION_BIND_PHASE, ANNOTATION_NODE_LOCK
 from hami_plugin.protocol.signature import (
     ANNOTATION_BOOKING_SIGNATURE,
@@ -242,6 +243,23 @@ def device_plugin_requests(objects: Sequence[Obj], directory: Path) -> list[Reco
                 except grpc.RpcError:
                     pass
                 assert dp_pods.pod_annotations(api, "broken")[ANNOTATION_BIND_PHASE] == "failed"
+                # Allocate for a container that turns HAMi-core off in a gpu-admin namespace:
+                # the namespace is read, the preload left out
+                api.add_object(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Namespace",
+                        "metadata": {"name": "default", "labels": {LABEL_GPU_ADMIN: "true"}},
+                    }
+                )
+                disabled = {"CUDA_DISABLE_CONTROL": "true"}
+                dp_pods.add_pending_pod(
+                    api, "tool", [[dp_pods.dev(dp_pods.GPU_A)]], env=disabled, lock=None
+                )
+                sign_pod(api, "default", "tool", keys)
+                answer = kubelet.allocate([f"{dp_pods.GPU_A}-1"])
+                (container,) = answer.container_responses
+                assert "/etc/ld.so.preload" not in {m.container_path for m in container.mounts}
                 assert daemon.metrics is not None, "the DaemonSet's metrics address did not serve"
                 with urllib.request.urlopen(daemon.metrics.url, timeout=10) as response:
                     assert response.status == 200

@@ -1,12 +1,13 @@
 """The ValidatingAdmissionPolicies (`daemonset/admission-policy.yaml`, and the chart's on
 Kubernetes 1.30+), checked by what their CEL says.
 
-No CEL evaluator is among the test dependencies, so the expressions are read, not run: the
-users they exempt are the ServiceAccounts the workloads run as, the annotation keys they guard
-are exactly the ones the daemons own (and that the webhook strips at CREATE, so a normal pod
-passes), every optional field is read behind `has()`, `oldObject` only on UPDATE, the node name
-comes from the requester's token, and both policies fail closed. Their schemas are checked in
-test_manifests.py, their equality between the file and the chart in test_chart.py.
+Here the expressions are read (test_admission_policy_cel.py runs them on allowed and denied
+requests): the users they exempt are the ServiceAccounts the workloads run as, the annotation
+keys they guard are exactly the ones the daemons own (and that the webhook strips at CREATE, so
+a normal pod passes), every optional field is read behind `has()`, `oldObject` only on UPDATE,
+the node name comes from the requester's token, and every policy fails closed. Their schemas
+are checked in test_manifests.py, their equality between the file and the chart in
+test_chart.py.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 from hami_plugin.protocol import model
 from hami_plugin.protocol.booking import BOOKING_ANNOTATIONS
 from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE
+from tests.deployment import exercise
 from tests.deployment.manifests import (
     Obj,
     admission_policy_manifests,
@@ -51,13 +53,15 @@ def _username(objects: list[Obj], subcommand: str) -> str:
 
 
 def _policy(objects: list[Obj], users_of: str) -> Obj:
-    """The policy whose match conditions name the user of `hami <users_of>` (one each)."""
+    """The policy whose match conditions name the user of `hami <users_of>`: the device
+    plugin's on nodes, the booking's (which names the scheduler) on pods."""
     user = _username(objects, users_of)
     found = [
         p
         for p in of_kind(objects, "ValidatingAdmissionPolicy")
-        if any(user in c["expression"] for c in p["spec"]["matchConditions"])
+        if any(user in c["expression"] for c in p["spec"].get("matchConditions", []))
         and (users_of == "scheduler") == ("pods" in _resources(p))
+        and not p["metadata"]["name"].endswith("-own-pods")
     ]
     assert len(found) == 1, [p["metadata"]["name"] for p in found]
     return found[0]
@@ -87,9 +91,9 @@ def _expressions(policy: Obj) -> dict[str, str]:
     return {where: " ".join(text.split()) for where, text in found.items()}
 
 
-def test_both_policies_fail_closed_and_are_bound_to_deny(objects: list[Obj]) -> None:
+def test_every_policy_fails_closed_and_is_bound_to_deny(objects: list[Obj]) -> None:
     policies = of_kind(objects, "ValidatingAdmissionPolicy")
-    assert len(policies) == 2
+    assert len(policies) == 4
     for policy in policies:
         assert policy["spec"]["failurePolicy"] == "Fail"
         assert "paramKind" not in policy["spec"]
@@ -189,7 +193,12 @@ def test_only_the_two_service_accounts_may_touch_the_booking_annotations(
         "oldObject.metadata.annotations : {}"
     )
     for where, text in cel.items():
-        if where not in ("variables.newAnnotations", "variables.oldAnnotations"):
+        if where not in (
+            "variables.newAnnotations",
+            "variables.oldAnnotations",
+            "variables.newLabels",
+            "variables.oldLabels",
+        ):
             assert not re.search(r"\b(object|oldObject)\.", text), where
     # the keys guarded: exactly the annotations the daemons own, which the webhook strips at
     # CREATE (so a pod created normally passes); none a pod author sets
@@ -226,3 +235,43 @@ def test_the_key_reading_sees_a_policy_that_guards_too_little() -> None:
         _guarded(weaker)
     with pytest.raises(AssertionError):
         _guarded(old + " + " + new)
+
+
+# --- hami-device-plugin-own-pods: what it lets through is what the device plugin writes ------
+
+
+@pytest.fixture(scope="module")
+def device_plugin_pod_patches(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
+    """The bodies of the pod PATCHes `hami device-plugin`, as the manifests run it, sends
+    (`tests.deployment.exercise`: Allocate served and failed)."""
+    calls = exercise.device_plugin_requests(
+        plain_manifests(), tmp_path_factory.mktemp("device-plugin-patches")
+    )
+    return [
+        r.json()
+        for r in calls
+        if r.method == "PATCH" and re.fullmatch(r"/api/v1/namespaces/[^/]+/pods/[^/]+", r.path)
+    ]
+
+
+def test_the_device_plugin_writes_only_what_its_pod_policy_lets_through(
+    objects: list[Obj], device_plugin_pod_patches: list[Obj]
+) -> None:
+    (policy,) = [
+        p
+        for p in of_kind(objects, "ValidatingAdmissionPolicy")
+        if p["metadata"]["name"].endswith("-own-pods")
+    ]
+    (condition,) = policy["spec"]["matchConditions"]
+    assert _literals(condition["expression"]) == [_username(objects, "device-plugin")]
+    written = set(_literals(_expressions(policy)["variables.written"]))
+    assert written == {
+        model.ANNOTATION_BIND_PHASE,
+        model.ANNOTATION_DEVICES_TO_ALLOCATE,
+        model.ANNOTATION_VGPU_MIG_ALLOCATIONS,
+    }
+    assert device_plugin_pod_patches, "the exercise patched no pod"
+    for body in device_plugin_pod_patches:
+        assert set(body) == {"metadata"}, body
+        assert set(body["metadata"]) == {"annotations"}, body  # no label, no finalizer
+        assert set(body["metadata"]["annotations"]) <= written, body

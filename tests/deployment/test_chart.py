@@ -223,6 +223,10 @@ def test_the_admission_policies_follow_the_kubernetes_version(
     expected = [
         "hami-device-plugin-own-node",
         "hami-device-plugin-own-node",
+        "hami-device-plugin-own-pods",
+        "hami-device-plugin-own-pods",
+        "hami-gpu-pods",
+        "hami-gpu-pods",
         "hami-scheduler-annotations",
         "hami-scheduler-annotations",
     ]
@@ -264,6 +268,10 @@ def test_a_release_of_another_name_names_every_secret_alike() -> None:
     (condition,) = policy["spec"]["matchConditions"]
     assert "system:serviceaccount:gpu-system:gpu-scheduler'" in condition["expression"]
     assert "system:serviceaccount:gpu-system:gpu-device-plugin'" in condition["expression"]
+    policy = named(objects, "ValidatingAdmissionPolicy", "gpu-device-plugin-own-pods")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert "'system:serviceaccount:gpu-system:gpu-device-plugin'" in condition["expression"]
+    assert named(objects, "ValidatingAdmissionPolicyBinding", "gpu-gpu-pods")
 
 
 # --- the same objects as daemonset/*.yaml ---------------------------------------------------

@@ -19,7 +19,9 @@ import yaml
 
 from hami_plugin.certs.command import settings_from
 from hami_plugin.certs.settings import CertsSettings
+from hami_plugin.extender.http import WEBHOOK_ADMIN_PATH, WEBHOOK_ROUTES
 from hami_plugin.protocol.model import GpuPolicyName, NodePolicy
+from hami_plugin.scheduler.gpu_pods import ADMIN_NAMESPACE_LABEL
 from tests.deployment.exercise import (
     certs_job,
     device_plugin_settings,
@@ -367,14 +369,18 @@ def test_the_scheduler_deployment(objects: list[Obj], tmp_path: Path) -> None:
     # two elections on one Lease would lock each other out
     assert election["resourceName"] != config.leader_elect_resource_name
 
-    # the webhook goes to the webhook's Service
-    (webhook,) = named(objects, "MutatingWebhookConfiguration", _webhook_name(objects))["webhooks"]
-    assert webhook["clientConfig"]["service"] == {
-        "name": webhook_service["metadata"]["name"],
-        "namespace": namespace,
-        "path": "/webhook",
-        "port": _port(webhook_service, "webhook")["port"],
-    }
+    # the webhook goes to the webhook's Service (the admin namespaces' entry to its own path)
+    webhooks = named(objects, "MutatingWebhookConfiguration", _webhook_name(objects))["webhooks"]
+    assert [w["clientConfig"]["service"] for w in webhooks] == [
+        {
+            "name": webhook_service["metadata"]["name"],
+            "namespace": namespace,
+            "path": path,
+            "port": _port(webhook_service, "webhook")["port"],
+        }
+        for path in ("/webhook", WEBHOOK_ADMIN_PATH)
+    ]
+    assert {"/webhook", WEBHOOK_ADMIN_PATH} <= WEBHOOK_ROUTES
 
     # `hami certs` makes exactly the Secrets mounted, the certificate for the webhook's Service
     certs = certs_settings(objects)
@@ -400,8 +406,23 @@ def _webhook_name(objects: list[Obj]) -> str:
 
 def test_the_webhook(objects: list[Obj]) -> None:
     configuration = named(objects, "MutatingWebhookConfiguration", _webhook_name(objects))
-    (webhook,) = configuration["webhooks"]
-    assert webhook["name"] == "vgpu.hami.io"
+    webhook, admin = configuration["webhooks"]
+    assert (webhook["name"], admin["name"]) == ("vgpu.hami.io", "admin.vgpu.hami.io")
+    # one entry per namespace: the admin namespaces' alone goes to /webhook/gpu-admin
+    ignore = {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}
+    for entry, operator in ((webhook, "NotIn"), (admin, "In")):
+        assert entry["namespaceSelector"]["matchExpressions"] == [
+            ignore,
+            {"key": ADMIN_NAMESPACE_LABEL, "operator": operator, "values": ["true"]},
+        ]
+        # the opt-out is the namespace's alone (a pod author may label a pod, not a namespace)
+        assert "objectSelector" not in entry
+        rest = {k: v for k, v in entry.items() if k not in ("name", "namespaceSelector")}
+        rest["clientConfig"] = {**rest["clientConfig"], "service": None}
+        assert rest == {
+            **{k: v for k, v in webhook.items() if k not in ("name", "namespaceSelector")},
+            "clientConfig": {**webhook["clientConfig"], "service": None},
+        }
     assert webhook["failurePolicy"] == "Ignore"
     assert webhook["sideEffects"] == "None"
     assert webhook["timeoutSeconds"] == 10
@@ -414,9 +435,6 @@ def test_the_webhook(objects: list[Obj]) -> None:
             "scope": "*",
         }
     ]
-    ignore = {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}
-    assert ignore in webhook["namespaceSelector"]["matchExpressions"]
-    assert ignore in webhook["objectSelector"]["matchExpressions"]
     assert "admission.k8s.io/v1" not in webhook["admissionReviewVersions"]  # versions, not groups
     assert webhook["admissionReviewVersions"][0] == "v1"
     # the CA is written by `hami certs`: not in the manifest, so `kubectl apply` leaves it alone

@@ -261,21 +261,23 @@ def test_every_party_reaches_the_scheduler_with_the_certificates_it_is_given(
             "mutatingwebhookconfigurations", "", configuration["metadata"]["name"]
         )
         assert stored is not None
-        (webhook,) = stored["webhooks"]
-        reference = webhook["clientConfig"]["service"]
-        assert reference["namespace"] == namespace
-        bundle = base64.b64decode(webhook["clientConfig"]["caBundle"]).decode()
-        apiserver = ssl.create_default_context(cadata=bundle)
-        service = named(objects, "Service", reference["name"])
-        status, result = _request(
-            ports[_target(service, reference["port"])],
-            f"{reference['name']}.{reference['namespace']}.svc",
-            apiserver,
-            "POST",
-            reference["path"],
-            _admission_review(gpu_pod("admitted")),
-        )
-        assert status == 200 and result["response"]["allowed"] is True, result
+        # both entries (other namespaces, admin namespaces) reach a route that admits a GPU pod
+        assert len(stored["webhooks"]) == 2
+        for webhook in stored["webhooks"]:
+            reference = webhook["clientConfig"]["service"]
+            assert reference["namespace"] == namespace
+            bundle = base64.b64decode(webhook["clientConfig"]["caBundle"]).decode()
+            apiserver = ssl.create_default_context(cadata=bundle)
+            service = named(objects, "Service", reference["name"])
+            status, result = _request(
+                ports[_target(service, reference["port"])],
+                f"{reference['name']}.{reference['namespace']}.svc",
+                apiserver,
+                "POST",
+                reference["path"],
+                _admission_review(gpu_pod("admitted")),
+            )
+            assert status == 200 and result["response"]["allowed"] is True, result
 
         # kubelet's probes: plain HTTP on the probe listener
         for probe in ("readinessProbe", "livenessProbe"):

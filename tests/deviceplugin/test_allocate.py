@@ -123,14 +123,30 @@ def test_every_container_gets_its_own_cache_file() -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "preload"),
-    [("true", False), ("1", False), ("True", False), ("false", True), ("yes", True), ("", True)],
+    ("value", "skips"),
+    [("true", True), ("1", True), ("True", True), ("false", False), ("yes", False), ("", False)],
 )
-def test_cuda_disable_control_drops_the_preload_mount(value: str, preload: bool) -> None:
+def test_cuda_disable_control_drops_the_preload_only_in_a_gpu_admin_namespace(
+    value: str, skips: bool
+) -> None:
+    """HAMi leaves the preload out for `CUDA_DISABLE_CONTROL=true` (server.go 866-883), so any
+    pod author turns HAMi-core off; ours only in a namespace labelled gpu-admin."""
     pod = make_pod(f"{GPU_A},NVIDIA,3000,30:;", env={"CUDA_DISABLE_CONTROL": value})
-    mounts = decide_allocation(pod, [kubelet_ids(GPU_A)], CONFIG, fixed_cache_id).containers[0]
-    paths = [m.container_path for m in mounts.mounts]
-    assert ("/etc/ld.so.preload" in paths) is preload
+    asked: list[str] = []
+
+    def admin(namespace: str) -> bool:
+        asked.append(namespace)
+        return namespace == pod.namespace
+
+    for config, preload in (
+        (CONFIG, True),  # no namespace reader: nobody may
+        (dataclasses.replace(CONFIG, gpu_admin_namespace=admin), not skips),
+        (dataclasses.replace(CONFIG, gpu_admin_namespace=lambda _: False), True),
+    ):
+        answer = decide_allocation(pod, [kubelet_ids(GPU_A)], config, fixed_cache_id)
+        paths = [m.container_path for m in answer.containers[0].mounts]
+        assert ("/etc/ld.so.preload" in paths) is preload
+    assert asked == ([pod.namespace] if skips else [])  # asked only when the variable is set
 
 
 LIBRARY_MISSING = "node gpu-1: HAMi-core is not installed: /usr/local/vgpu/libvgpu.so is missing"
@@ -151,14 +167,17 @@ def test_without_the_library_no_container_is_served(disable_control: str | None)
 
 
 @pytest.mark.parametrize(
-    ("disable_control", "served"), [("true", True), ("0", False), (None, False)]
+    ("disable_control", "admin", "served"),
+    [("true", True, True), ("true", False, False), ("0", True, False), (None, True, False)],
 )
-def test_without_the_preload_only_containers_that_skip_it_are_served(
-    disable_control: str | None, served: bool
+def test_without_the_preload_only_containers_that_may_skip_it_are_served(
+    disable_control: str | None, admin: bool, served: bool
 ) -> None:
     env = {} if disable_control is None else {"CUDA_DISABLE_CONTROL": disable_control}
     pod = make_pod(f"{GPU_A},NVIDIA,3000,30:;", env=env)
-    config = dataclasses.replace(CONFIG, preload_problem=PRELOAD_MISSING)
+    config = dataclasses.replace(
+        CONFIG, preload_problem=PRELOAD_MISSING, gpu_admin_namespace=lambda _: admin
+    )
     if served:
         decision = decide_allocation(pod, [kubelet_ids(GPU_A)], config, fixed_cache_id)
         paths = [m.container_path for m in decision.containers[0].mounts]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -10,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -18,11 +20,13 @@ from hami_plugin.deviceplugin.allocate import AllocateConfig
 from hami_plugin.deviceplugin.allocator import PodAllocator
 from hami_plugin.deviceplugin.api import api_pb2, api_pb2_grpc
 from hami_plugin.deviceplugin.board import DeviceBoard
+from hami_plugin.deviceplugin.gpu_admin import gpu_admin_reader
 from hami_plugin.deviceplugin.hamicore import HamiCoreWatch
 from hami_plugin.deviceplugin.inventory import VgpuDevice
 from hami_plugin.deviceplugin.server import DevicePluginService, PluginServer
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.fake import FakeKube
+from hami_plugin.protocol.gpu_admin import LABEL_GPU_ADMIN
 from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_DEVICES_TO_ALLOCATE,
@@ -56,6 +60,14 @@ class Plugin:
 
 @pytest.fixture
 def plugin(sock_dir: str, tmp_path: Path, kube: KubeClient) -> Iterator[Plugin]:
+    with running_plugin(sock_dir, tmp_path, kube) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def running_plugin(
+    sock_dir: str, tmp_path: Path, kube: KubeClient, **config: Any
+) -> Iterator[Plugin]:
     board = DeviceBoard(vgpus(GPU_A, GPU_B))
     hook = str(tmp_path / "hook")
     install_fake_hamicore(hook)
@@ -63,7 +75,7 @@ def plugin(sock_dir: str, tmp_path: Path, kube: KubeClient) -> Iterator[Plugin]:
     allocator = PodAllocator(
         kube,
         NODE,
-        AllocateConfig(hook_path=hook, vgpulock_host_path=vgpulock),
+        AllocateConfig(hook_path=hook, vgpulock_host_path=vgpulock, **config),
         new_cache_id=lambda: CACHE_ID,
         hamicore=HamiCoreWatch(hook, node_name=NODE, version="9.9.9"),
     )
@@ -217,12 +229,73 @@ def test_a_multi_container_pod_keeps_the_lock_until_the_last_container(
 
 
 def test_versioned_libvgpu_and_disable_control(plugin: Plugin, apiserver: FakeApiServer) -> None:
+    """Before: `CUDA_DISABLE_CONTROL=true` in the pod's env left `/etc/ld.so.preload` out of
+    kubelet's Allocate answer (HAMi's choice), so HAMi-core never loaded. After: it is there,
+    read-only, as for any container."""
     install_fake_hamicore(plugin.hook_path, version="9.9.9")
     add_pending_pod(apiserver, "p3", [[dev(GPU_A)]], env={"CUDA_DISABLE_CONTROL": "true"})
     answer = allocate(plugin, f"{GPU_A}-0")
-    mounts = {m.container_path: m.host_path for m in answer.mounts}
-    assert mounts[f"{plugin.hook_path}/vgpu/libvgpu.so"].endswith("/libvgpu.so.9.9.9")
-    assert "/etc/ld.so.preload" not in mounts
+    mounts = {m.container_path: m for m in answer.mounts}
+    assert mounts[f"{plugin.hook_path}/vgpu/libvgpu.so"].host_path.endswith("/libvgpu.so.9.9.9")
+    preload = mounts["/etc/ld.so.preload"]
+    assert (preload.host_path, preload.read_only) == (
+        f"{plugin.hook_path}/vgpu/ld.so.preload",
+        True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("labels", "preload"),
+    [
+        ({LABEL_GPU_ADMIN: "true"}, False),
+        ({LABEL_GPU_ADMIN: "yes"}, True),
+        ({}, True),
+        (None, True),  # no such namespace: the read fails, the preload is mounted
+    ],
+)
+def test_only_a_gpu_admin_namespace_may_turn_hamicore_off(
+    sock_dir: str,
+    tmp_path: Path,
+    kube: KubeClient,
+    apiserver: FakeApiServer,
+    labels: dict[str, str] | None,
+    preload: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The device plugin reads the pod's namespace (GET /api/v1/namespaces/<name>) only for a
+    container that sets `CUDA_DISABLE_CONTROL=true`, and leaves the preload out only when the
+    namespace is labelled hami-plugin.io/gpu-admin=true."""
+    if labels is not None:
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}
+        namespace["metadata"]["labels"] = labels  # type: ignore[index]
+        api_namespace = apiserver.add_object(namespace)
+        assert api_namespace["metadata"]["name"] == "default"
+    add_pending_pod(apiserver, "tool", [[dev(GPU_A)]], env={"CUDA_DISABLE_CONTROL": "true"})
+    with (
+        running_plugin(
+            sock_dir, tmp_path, kube, gpu_admin_namespace=gpu_admin_reader(kube)
+        ) as started,
+        caplog.at_level(logging.WARNING, "hami_plugin.deviceplugin.gpu_admin"),
+    ):
+        answer = allocate(started, f"{GPU_A}-0")
+    paths = {m.container_path for m in answer.mounts}
+    assert ("/etc/ld.so.preload" in paths) is preload
+    reads = [r for r in apiserver.requests if r.path == "/api/v1/namespaces/default"]
+    assert [r.method for r in reads] == ["GET"]
+    assert ("cannot read namespace default" in caplog.text) is (labels is None)
+
+
+def test_no_namespace_read_without_cuda_disable_control(
+    sock_dir: str, tmp_path: Path, kube: KubeClient, apiserver: FakeApiServer
+) -> None:
+    add_pending_pod(apiserver, "plain", [[dev(GPU_A)]])
+    with running_plugin(
+        sock_dir, tmp_path, kube, gpu_admin_namespace=gpu_admin_reader(kube)
+    ) as started:
+        answer = allocate(started, f"{GPU_A}-0")
+    assert "/etc/ld.so.preload" in {m.container_path for m in answer.mounts}
+    assert not [r for r in apiserver.requests if r.path.startswith("/api/v1/namespaces/default")
+                and "/pods" not in r.path and "/events" not in r.path]  # fmt: skip
 
 
 def test_two_concurrent_allocates_serve_two_pending_pods(

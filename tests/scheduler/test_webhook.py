@@ -271,8 +271,7 @@ def test_a_request_the_scheduler_would_misread_is_denied(
 @pytest.mark.parametrize(
     ("original", "settings"),
     [
-        # another scheduler's pod is left alone (webhook.go 64-69), whatever it asks
-        (pod(container(limits={GPU: "1", MEM: "16Gi"}), schedulerName="other"), DEFAULTS),
+        # (another scheduler's GPU pod is denied before: test_webhook_bypass.py)
         # no GPU asked: gpumem beside a zero count, or alone with the default GPU count off
         (pod(container(limits={GPU: "0", MEM: "16Gi"})), DEFAULTS),
         (pod(container(limits={MEM: "16Gi"})), WebhookSettings(default_gpu_num=0)),
@@ -294,19 +293,28 @@ def test_a_percentage_above_100_stays_hamis_error() -> None:
 @pytest.mark.parametrize(
     ("scheduler", "settings", "ours_"),
     [
-        # webhook.go 64-69
-        ("other", DEFAULTS, False),
+        # webhook.go 64-69, but a GPU pod naming another scheduler is denied (ours, None)
+        ("other", DEFAULTS, None),
         ("hami-scheduler", DEFAULTS, True),
         ("", DEFAULTS, True),
         ("default-scheduler", DEFAULTS, True),  # --force-overwrite-default-scheduler=true
-        ("default-scheduler", WebhookSettings(force_overwrite_default_scheduler=False), False),
+        ("default-scheduler", WebhookSettings(force_overwrite_default_scheduler=False), None),
         ("other", WebhookSettings(scheduler_name=""), False),
         ("default-scheduler", WebhookSettings(scheduler_name=""), True),
     ],
 )
-def test_scheduler_name_rules(scheduler: str, settings: WebhookSettings, ours_: bool) -> None:
+def test_scheduler_name_rules(
+    scheduler: str, settings: WebhookSettings, ours_: bool | None
+) -> None:
     original = pod(container(limits={GPU: "1", CORES: "20"}), schedulerName=scheduler)
     admission = admit_pod(original, settings)
+    if ours_ is None:
+        assert admission == PodAdmission(
+            AdmissionVerdict.DENIED,
+            403,
+            f"a pod asking for GPUs must be scheduled by hami-scheduler, not {scheduler}",
+        )
+        return
     if not ours_:
         assert admission == PodAdmission(
             AdmissionVerdict.ALLOWED, 200, "pod already has different scheduler assigned"
@@ -373,12 +381,13 @@ def _cores(index: int = 0, kind: str = "containers") -> Any:
          steps(lambda p: set_limit(p, 0, GPU, "2Ki"), ours)),
         (pod(container(limits={MEM: "1"})), WebhookSettings(default_gpu_num=1536),
          steps(lambda p: set_limit(p, 0, GPU, "1536"), ours)),
-        # ... but only from limits, and only with default_gpu_num > 0
-        (pod(container(requests={MEM: "1000"})), DEFAULTS, lambda p: None),
-        (pod(container(limits={MEM: "1000"})), WebhookSettings(default_gpu_num=0),
-         lambda p: None),
+        # ... but only from limits, and only with default_gpu_num > 0; a pod naming a GPU
+        # resource still goes to hami-scheduler (HAMi leaves it alone; ours: it must not be
+        # placed by another scheduler, test_webhook_bypass.py)
+        (pod(container(requests={MEM: "1000"})), DEFAULTS, ours),
+        (pod(container(limits={MEM: "1000"})), WebhookSettings(default_gpu_num=0), ours),
         # a count and memory in requests only: no GPU as far as HAMi's webhook is concerned
-        (pod(container(requests={GPU: "1", MEM: "1000"})), DEFAULTS, lambda p: None),
+        (pod(container(requests={GPU: "1", MEM: "1000"})), DEFAULTS, ours),
         # item 2: limits[priority] -> CUDA_TASK_PRIORITY=Value() (rounded up)
         (pod(container(limits={GPU: "1", CORES: "10", PRIORITY: "1"})), DEFAULTS,
          steps(lambda p: add_env(p, 0, "CUDA_TASK_PRIORITY", "1"), ours)),
@@ -488,7 +497,7 @@ FORGED = {
             labels={"hami.io/vgpu-node": "n1", "app": "x"}),
         pod(container(), annotations={**FORGED, "keep": "me"},
             labels={"hami.io/vgpu-node": "n1", "app": "x"}),
-        pod(container(limits={GPU: "1"}), annotations={**FORGED, "keep": "me"},
+        pod(container(), annotations={**FORGED, "keep": "me"},
             labels={"hami.io/vgpu-node": "n1", "app": "x"}, schedulerName="other"),
     ],
 )  # fmt: skip

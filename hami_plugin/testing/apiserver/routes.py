@@ -18,7 +18,7 @@ from hami_plugin.testing.apiserver.store import RESOURCES, ObjectStore
 
 _ROUTES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"/api/v1/(?P<res>nodes|pods|events|secrets|resourcequotas)"), "collection"),
-    (re.compile(r"/api/v1/(?P<res>nodes)/(?P<name>[^/]+)"), "object"),
+    (re.compile(r"/api/v1/(?P<res>nodes|namespaces)/(?P<name>[^/]+)"), "object"),
     (
         re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|events|secrets|resourcequotas)"),
         "collection",

@@ -33,6 +33,7 @@ class Resource:
 
 RESOURCES = {
     "nodes": Resource("nodes", "Node", namespaced=False),
+    "namespaces": Resource("namespaces", "Namespace", namespaced=False),
     "pods": Resource("pods", "Pod", namespaced=True),
     "events": Resource("events", "Event", namespaced=True),
     "leases": Resource("leases", "Lease", namespaced=True, api_version="coordination.k8s.io/v1"),
