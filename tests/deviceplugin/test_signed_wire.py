@@ -37,11 +37,12 @@ from hami_plugin.protocol.model import (
     ContainerDevice,
     PodDevices,
 )
-from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingFields, BookingKeys
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingFields
 from hami_plugin.testing.admission import PodAdmitter
 from hami_plugin.testing.apiserver import FakeApiServer, JsonObject, make_container, make_pod
 from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import FakeKubelet
+from tests.bookings import keys_from, private_key_file_text, public_key_file_text
 from tests.processes import LoggedProcess, hami_command, wait_until
 
 NODE = "gpu-node-1"
@@ -54,7 +55,7 @@ GPUS = [
 SPLIT = 4
 EPOCH = datetime(2026, 3, 1, tzinfo=UTC)
 KEY = "booking-key-for-the-wire-test-0123456789"
-KEYS = BookingKeys((KEY.encode(),))
+KEYS = keys_from(KEY.encode())
 NOT_SIGNED = "booking not signed by the scheduler"
 NO_KEY_WARNING = "no --booking-key-file"
 
@@ -106,7 +107,7 @@ def start_plugin(
 def key_file_args(tmp_path: Path) -> tuple[str, str]:
     """`--booking-key-file` naming a file of the one key the tests sign with."""
     key_file = tmp_path / "booking-keys"
-    key_file.write_text(f"# the scheduler's key\n{KEY}\n", encoding="utf-8")
+    key_file.write_text(public_key_file_text(KEY), encoding="utf-8")
     return "--booking-key-file", str(key_file)
 
 
@@ -431,9 +432,10 @@ def test_without_a_key_the_forged_booking_is_served_as_hami_serves_it(open_node:
     [
         (None, "No such file or directory"),
         ("# no key yet\n\n", "no booking key in the file"),
-        ("short\n", "fewer than 16"),
+        ("k" * 44 + "\n", "an HMAC key of the old scheme (v1) is accepted only in"),
+        (private_key_file_text(KEY), "a node must hold only the public keys"),
     ],
-    ids=["missing", "empty", "short-key"],
+    ids=["missing", "empty", "hmac-key", "private-key"],
 )
 def test_an_unusable_key_file_is_one_line_and_exit_two(
     tmp_path: Path, sock_dir: str, content: str | None, reason: str
