@@ -140,10 +140,11 @@ class BookingKeys:
         object.__setattr__(self, "public", tuple(merged))
         if not self.public:
             raise ValueError("no booking key")
-        for index, key in enumerate(self.legacy, 1):
-            if len(key) < MIN_KEY_BYTES:
+        for index, secret in enumerate(self.legacy, 1):
+            if len(secret) < MIN_KEY_BYTES:
                 raise ValueError(
-                    f"legacy booking key {index} has {len(key)} bytes, fewer than {MIN_KEY_BYTES}"
+                    f"legacy booking key {index} has {len(secret)} bytes, fewer than "
+                    f"{MIN_KEY_BYTES}"
                 )
 
     def __repr__(self) -> str:  # never print key material
