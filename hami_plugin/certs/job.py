@@ -82,6 +82,7 @@ class CertsJob:
                 settings.tls_secret,
                 settings.client_secret,
                 settings.booking_key_secret,
+                settings.booking_public_key_secret,
             )
         }
         webhook = self._read_webhooks()
@@ -95,6 +96,7 @@ class CertsJob:
             serving=data(settings.tls_secret),
             client=data(settings.client_secret),
             booking_key=data(settings.booking_key_secret),
+            booking_public=data(settings.booking_public_key_secret),
             webhooks=webhook,
         )
         decided = plan(settings, observed, self._clock.now())
