@@ -92,6 +92,9 @@ OPTIONS = OptionTable(
                help="rotation step 1: add a new booking key pair second, after the signing key "
                "(three keys at most, the oldest goes); the scheduler signs with the first key, "
                "the daemons accept any"),
+        Option("booking_keys_only", ("--booking-keys-only",), parse_bool, default="false",
+               help="the booking key pair only: no certificate, no caBundle (cert-manager "
+               "makes those)"),
         Option("promote_booking_key", ("--promote-booking-key",), parse_bool, default="false",
                help="rotation step 2, once every pod mounts the new key: the second key signs"),
         Option("log_level", ("--log-level",), parse_str, default="info",

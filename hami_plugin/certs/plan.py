@@ -267,7 +267,10 @@ def _booking_change(
 
 def plan(settings: CertsSettings, observed: Observed, now: datetime) -> Plan:
     """What to write so that every Secret and the webhook's caBundle are valid at `now` for
-    longer than `settings.renew_before` (the rules of this module's docstring)."""
+    longer than `settings.renew_before` (the rules of this module's docstring); with
+    `booking_keys_only`, the booking key pair alone."""
+    if settings.booking_keys_only:
+        return Plan(tuple(_booking_changes(observed, settings)), b"", patch_webhooks=False)
     changes: list[SecretChange] = []
     ca, reason, detail = _decide_ca(observed.ca, settings, now)
     previous: list[x509.Certificate] = []

@@ -55,6 +55,8 @@ class CertsSettings:
     """Add a new booking key second (step 1 of a rotation)."""
     promote_booking_key: bool = False
     """Make the second booking key the signing one (step 2)."""
+    booking_keys_only: bool = False
+    """Make and rotate the booking key pair only (certificates made by cert-manager)."""
     require_webhook_configuration: bool = False
     """A missing webhook configuration fails the run (after the Secrets are written), so that
     a Job applied together with it is retried until it exists."""

@@ -419,3 +419,20 @@ def test_the_job_as_a_process_creates_the_secrets(
         PUBLIC,
     }
     assert "secret hami-system/hami-scheduler-tls created" in done.stderr
+
+
+def test_booking_keys_only_makes_the_pair_and_no_certificate(
+    apiserver: FakeApiServer, kubeconfig_path: Path
+) -> None:
+    """With cert-manager making the certificates, the chart's hook makes the key pair."""
+    add_webhook_configuration(apiserver)
+    assert certs(kubeconfig_path, "--booking-keys-only") == 0
+    assert {s["metadata"]["name"] for s in apiserver.objects("secrets", NAMESPACE)} == {
+        BOOKING,
+        PUBLIC,
+    }
+    assert_usable_pair(apiserver, 1)
+    assert ca_bundles(apiserver) == [b""]
+    apiserver.clear_requests()
+    assert certs(kubeconfig_path, "--booking-keys-only") == 0
+    assert writes(apiserver) == []
