@@ -400,7 +400,7 @@ def certs_requests(objects: Sequence[Obj], directory: Path) -> list[RecordedRequ
         waits = "--require-webhook-configuration" in args
         assert run_certs(args, kubeconfig) == (1 if waits else 0)
         stored = {s["metadata"]["name"] for s in api.objects("secrets", namespace)}
-        assert len(stored) == 4, stored
+        assert len(stored) == 5, stored
         for webhook in of_kind(objects, "MutatingWebhookConfiguration"):
             api.add_object(webhook)
         assert run_certs(args, kubeconfig) == 0
