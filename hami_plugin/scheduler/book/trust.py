@@ -13,8 +13,9 @@ key a booking counts only when:
 
 A booking that fails is read as no booking at all (`without_booking`). `BookingTrust` applies
 the rules to every pod event and remembers, per pod, what it signed or verified (one
-verification per change of a pod's booking, none per filter call) and how it counted an untrusted pod. Without
-keys every booking counts, as in HAMi, and nothing is remembered. Pure: the keys are passed in.
+verification per change of a pod's booking, none per filter call) and how it counted an
+untrusted pod. Without keys every booking counts, as in HAMi, and nothing is remembered. Pure:
+the keys are passed in.
 """
 
 from __future__ import annotations
