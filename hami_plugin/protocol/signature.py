@@ -113,12 +113,12 @@ def _raw_public(key: Ed25519PublicKey) -> bytes:
     return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class BookingKeys:
     """Booking keys: `private` (the scheduler's, the first signs), `public` (any verifies a
     v2 signature; the public key of each private key is added in front of them) and `legacy`
     (HMAC keys of the old scheme: any verifies a v1 signature). At least one private or
-    public key."""
+    public key. Compared and hashed by identity (key objects are not hashable)."""
 
     public: tuple[Ed25519PublicKey, ...] = ()
     private: tuple[Ed25519PrivateKey, ...] = ()
