@@ -67,7 +67,7 @@ from hami_plugin.testing.kubelet import FakeKubelet
 from tests.bookings import verify_pod
 from tests.extender.cluster import FAST_RETRY, Scheduler, running_scheduler
 from tests.extender.helpers import gpu_pod
-from tests.extender.signing import KEYS, write_key_file
+from tests.extender.signing import KEYS, write_key_file, write_public_key_file
 from tests.processes import wait_until
 
 NODE = "mig-node-1"
@@ -226,7 +226,7 @@ def write_node(tmp_path: Path, sock_dir: str, gpus: list[dict[str, Any]], *extra
     return [
         "--node-name", NODE, "--device-plugin-path", sock_dir, "--nvml", "fake",
         "--fake-gpus", str(gpus_file), "--config-file", str(config),
-        "--booking-key-file", str(tmp_path / "booking-keys"), "--hook-path",
+        "--booking-key-file", str(tmp_path / "booking-public-keys"), "--hook-path",
         str(tmp_path / "hook"), "--register-interval-seconds", "0.2",
         "--metrics-bind-address", "0", "--pod-resources-socket", "", *extra,
     ]  # fmt: skip
@@ -253,7 +253,8 @@ def nvml_session(settings: DevicePluginSettings) -> NvmlMig:
 def cluster(apiserver: FakeApiServer, tmp_path: Path, sock_dir: str) -> Iterator[Cluster]:
     apiserver.add_node(NODE)
     apiserver.add_node(OTHER_NODE)
-    key_file = write_key_file(tmp_path / "booking-keys")
+    key_file = write_key_file(tmp_path / "booking-keys")  # the scheduler's private key
+    write_public_key_file(tmp_path / "booking-public-keys")  # the node's public key
     argv = write_node(
         tmp_path,
         sock_dir,
@@ -589,7 +590,8 @@ def test_a_static_mig_device_is_placed_by_kube_scheduler_and_allocated(
 ) -> None:
     apiserver.add_node(NODE)
     apiserver.add_node(OTHER_NODE)
-    key_file = write_key_file(tmp_path / "booking-keys")
+    key_file = write_key_file(tmp_path / "booking-keys")  # the scheduler's private key
+    write_public_key_file(tmp_path / "booking-public-keys")  # the node's public key
     install_fake_hamicore(str(tmp_path / "hook"))
     gpus = [
         {"uuid": PLAIN, "name": CARD, "memory_mib": 81920},

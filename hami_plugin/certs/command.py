@@ -78,7 +78,10 @@ OPTIONS = OptionTable(
         _text("client_secret", "Secret of kube-scheduler's client certificate: tls.crt, "
               "tls.key, ca.crt"),
         _text("client_common_name", "CN of kube-scheduler's client certificate"),
-        _text("booking_key_secret", "Secret of the booking keys: keys"),
+        _text("booking_key_secret", "Secret of the scheduler's private booking keys: keys "
+              "(mounted by the scheduler only)"),
+        _text("booking_public_key_secret", "Secret of the public booking keys: keys (mounted "
+              "by the device plugins; written from the private keys)"),
         _text("webhook_configuration", 'MutatingWebhookConfiguration whose caBundle is set; "" '
               "for none"),
         Option("require_webhook_configuration", ("--require-webhook-configuration",),
@@ -86,9 +89,12 @@ OPTIONS = OptionTable(
                help="fail (exit 1, after writing the Secrets) when the webhook configuration "
                "does not exist yet, so that a Job applied with it is retried until it does"),
         Option("rotate_booking_key", ("--rotate-booking-key",), parse_bool, default="false",
-               help="rotation step 1: add a new booking key second, after the signing key "
-               "(three keys at most, the oldest goes); the daemons sign with the first key and "
-               "accept any"),
+               help="rotation step 1: add a new booking key pair second, after the signing key "
+               "(three keys at most, the oldest goes); the scheduler signs with the first key, "
+               "the daemons accept any"),
+        Option("booking_keys_only", ("--booking-keys-only",), parse_bool, default="false",
+               help="the booking key pair only: no certificate, no caBundle (cert-manager "
+               "makes those)"),
         Option("promote_booking_key", ("--promote-booking-key",), parse_bool, default="false",
                help="rotation step 2, once every pod mounts the new key: the second key signs"),
         Option("log_level", ("--log-level",), parse_str, default="info",

@@ -75,19 +75,14 @@ class CertsJob:
 
     def _run_once(self) -> JobResult:
         settings = self._settings
-        secrets = {
-            name: self._read_secret(name)
-            for name in (
-                settings.ca_secret,
-                settings.tls_secret,
-                settings.client_secret,
-                settings.booking_key_secret,
-            )
-        }
-        webhook = self._read_webhooks()
+        booking = (settings.booking_key_secret, settings.booking_public_key_secret)
+        certificates = (settings.ca_secret, settings.tls_secret, settings.client_secret)
+        names = booking if settings.booking_keys_only else (*certificates, *booking)
+        secrets = {name: self._read_secret(name) for name in names}
+        webhook = None if settings.booking_keys_only else self._read_webhooks()
 
         def data(name: str) -> Mapping[str, bytes] | None:
-            record = secrets[name]
+            record = secrets.get(name)
             return None if record is None else record.data
 
         observed = Observed(
@@ -95,6 +90,7 @@ class CertsJob:
             serving=data(settings.tls_secret),
             client=data(settings.client_secret),
             booking_key=data(settings.booking_key_secret),
+            booking_public=data(settings.booking_public_key_secret),
             webhooks=webhook,
         )
         decided = plan(settings, observed, self._clock.now())
@@ -102,7 +98,11 @@ class CertsJob:
             self._write(change, secrets[change.name])
         if decided.patch_webhooks:
             self._patch_webhooks(decided, webhook or ())
-        required = settings.webhook_configuration and settings.require_webhook_configuration
+        required = (
+            settings.webhook_configuration
+            and settings.require_webhook_configuration
+            and not settings.booking_keys_only
+        )
         if webhook is None and required:
             raise WebhookConfigurationMissing(
                 f"MutatingWebhookConfiguration {settings.webhook_configuration} not found "

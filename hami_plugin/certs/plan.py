@@ -7,7 +7,8 @@ The Secrets (names are settings; the keys are the contract the manifests mount):
 | `hami-scheduler-ca`          | `Opaque`            | `ca.crt`, `ca.key`           |
 | `hami-scheduler-tls`         | `kubernetes.io/tls` | `tls.crt`, `tls.key`, `ca.crt` |
 | `hami-kube-scheduler-client` | `kubernetes.io/tls` | `tls.crt`, `tls.key`, `ca.crt` |
-| `hami-booking-key`           | `Opaque`            | `keys`                       |
+| `hami-booking-signing-key`   | `Opaque`            | `keys` (private, scheduler)  |
+| `hami-booking-public-keys`   | `Opaque`            | `keys` (public, nodes)       |
 
 The rules, in order:
 
@@ -19,11 +20,14 @@ The rules, in order:
 3. The `ca.crt` of both leaf Secrets, and the webhook's `caBundle`, is the trust bundle
    (`issue.trust_bundle`): the CA, and a CA it replaced because that one was expiring, until
    it expires. A leaf that stays gets only its `ca.crt` rewritten when that differs.
-4. The booking key is made when its Secret is missing or unreadable, and otherwise changes
-   only when asked, in two runs so that no daemon ever meets a signature it cannot verify:
-   `rotate_booking_key` adds a new key second (accepted everywhere once the mounted Secret is
-   updated, signing nothing yet), `promote_booking_key` later makes the second key the signing
-   one; three keys at most. It is never rotated on a schedule.
+4. The booking key pair (Ed25519) is made when its private Secret is missing or unreadable,
+   and otherwise changes only when asked, in two runs so that no daemon ever meets a signature
+   it cannot verify: `rotate_booking_key` adds a new key second (accepted everywhere once the
+   mounted Secrets are updated, signing nothing yet), `promote_booking_key` later makes the
+   second key the signing one; three keys at most. It is never rotated on a schedule.
+5. The public Secret is the public key of each private key, in order; it is written (before
+   the private one, so that a node knows a key before the scheduler can sign with it) whenever
+   it differs. The HMAC Secret of the scheme before (`hami-booking-key`) is never written.
 
 Everything valid: no change at all, so running the job again writes nothing.
 """
@@ -86,6 +90,7 @@ class Observed:
     client: Mapping[str, bytes] | None = None
     booking_key: Mapping[str, bytes] | None = None
     webhooks: tuple[tuple[str, bytes], ...] | None = None
+    booking_public: Mapping[str, bytes] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +214,29 @@ def _leaf_change(
     )
 
 
+def _booking_changes(observed: Observed, settings: CertsSettings) -> list[SecretChange]:
+    """The public Secret's change (when it differs from the private keys'), then the private
+    one's."""
+    private = _booking_change(observed.booking_key, settings)
+    if private is not None:
+        lines = booking_key.read_key_lines(private.data[BOOKING_KEYS])
+    else:
+        assert observed.booking_key is not None  # unchanged: readable
+        lines = booking_key.read_key_lines(observed.booking_key[BOOKING_KEYS])
+    public = booking_key.public_file(lines)
+    current = (observed.booking_public or {}).get(BOOKING_KEYS)
+    changes = []
+    if current != public:
+        why = (
+            "public booking keys "
+            + ("missing" if current is None else "differ")
+            + (": the public key of each private key, in order")
+        )
+        name = settings.booking_public_key_secret
+        changes.append(SecretChange(name, OPAQUE, {BOOKING_KEYS: public}, why))
+    return [*changes, *([private] if private is not None else [])]
+
+
 def _booking_change(
     data: Mapping[str, bytes] | None, settings: CertsSettings
 ) -> SecretChange | None:
@@ -239,7 +267,10 @@ def _booking_change(
 
 def plan(settings: CertsSettings, observed: Observed, now: datetime) -> Plan:
     """What to write so that every Secret and the webhook's caBundle are valid at `now` for
-    longer than `settings.renew_before` (the rules of this module's docstring)."""
+    longer than `settings.renew_before` (the rules of this module's docstring); with
+    `booking_keys_only`, the booking key pair alone."""
+    if settings.booking_keys_only:
+        return Plan(tuple(_booking_changes(observed, settings)), b"", patch_webhooks=False)
     changes: list[SecretChange] = []
     ca, reason, detail = _decide_ca(observed.ca, settings, now)
     previous: list[x509.Certificate] = []
@@ -267,9 +298,7 @@ def plan(settings: CertsSettings, observed: Observed, now: datetime) -> Plan:
         change = _leaf_change(name, data, spec, ca, ca_renewed, bundle, settings, now)
         if change is not None:
             changes.append(change)
-    booking = _booking_change(observed.booking_key, settings)
-    if booking is not None:
-        changes.append(booking)
+    changes.extend(_booking_changes(observed, settings))
     webhooks = observed.webhooks or ()
     return Plan(
         changes=tuple(changes),

@@ -44,7 +44,10 @@ class CertsSettings:
     ca_secret: str = "hami-scheduler-ca"
     tls_secret: str = "hami-scheduler-tls"
     client_secret: str = "hami-kube-scheduler-client"
-    booking_key_secret: str = "hami-booking-key"
+    booking_key_secret: str = "hami-booking-signing-key"
+    """The scheduler's Ed25519 private keys (mounted by the scheduler only)."""
+    booking_public_key_secret: str = "hami-booking-public-keys"
+    """Their public keys, in the same order (mounted by the device plugins)."""
     webhook_configuration: str = "hami-webhook"
     """Empty: leave every webhook configuration alone."""
     client_common_name: str = "hami-kube-scheduler"
@@ -52,6 +55,8 @@ class CertsSettings:
     """Add a new booking key second (step 1 of a rotation)."""
     promote_booking_key: bool = False
     """Make the second booking key the signing one (step 2)."""
+    booking_keys_only: bool = False
+    """Make and rotate the booking key pair only (certificates made by cert-manager)."""
     require_webhook_configuration: bool = False
     """A missing webhook configuration fails the run (after the Secrets are written), so that
     a Job applied together with it is retried until it exists."""
@@ -70,9 +75,15 @@ class CertsSettings:
                 "--rotate-booking-key and --promote-booking-key are two steps: run them apart, "
                 "with time between for every pod to read the new key"
             )
-        names = [self.ca_secret, self.tls_secret, self.client_secret, self.booking_key_secret]
+        names = [
+            self.ca_secret,
+            self.tls_secret,
+            self.client_secret,
+            self.booking_key_secret,
+            self.booking_public_key_secret,
+        ]
         if len(set(names)) != len(names) or not all(names):
-            raise ValueError(f"the four Secret names must be set and differ, got {names}")
+            raise ValueError(f"the five Secret names must be set and differ, got {names}")
         for flag, value in (
             ("--namespace", self.namespace),
             ("--service", self.service),

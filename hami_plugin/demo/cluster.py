@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from hami_plugin.certs.booking_key import new_key
+from hami_plugin.certs.booking_key import key_file, new_key, public_file
 from hami_plugin.demo.workload import (
     NODE_LABELS,
     NODES,
@@ -273,9 +273,13 @@ class DemoCluster:
         self._dir.mkdir(parents=True, exist_ok=True)
         self.api.start()
         kubeconfig = self.api.write_kubeconfig(self._dir / "kubeconfig")
-        # signed bookings, as the manifests configure them: one key both daemons share
+        # signed bookings, as the manifests configure them: the scheduler holds the private
+        # key, the device plugins its public key
         booking_keys = self._dir / "booking-keys"
-        booking_keys.write_text(new_key() + "\n", encoding="utf-8")
+        public_keys = self._dir / "booking-public-keys"
+        private = [new_key()]
+        booking_keys.write_bytes(key_file(private))
+        public_keys.write_bytes(public_file(private))
         # what the DaemonSet's hami-core initContainer leaves in the hook directory
         install_fake_hamicore(self._dir / "hook")
         for node in self.nodes:
@@ -296,7 +300,7 @@ class DemoCluster:
                     "--device-plugin-path", str(sockets), "--hook-path", str(self._dir / "hook"),
                     "--device-split-count", str(SPLIT_COUNT),
                     "--metrics-bind-address", "127.0.0.1:0",
-                    "--booking-key-file", str(booking_keys),
+                    "--booking-key-file", str(public_keys),
                     # kubelet's PodResources API (in-flight/v2): the test kubelet serves it
                     "--pod-resources-socket", kubelet.pod_resources_socket,
                 ],

@@ -169,7 +169,9 @@ class DevicePluginDaemon:
         if self.settings.booking_key_file is not None:
             try:
                 self._booking_keys = BookingKeyFile(
-                    self.settings.booking_key_file, clock=self._clock
+                    self.settings.booking_key_file,
+                    legacy_path=self.settings.legacy_booking_key_file or "",
+                    clock=self._clock,
                 )
             except ConfigError as error:
                 logger.error("%s", error)

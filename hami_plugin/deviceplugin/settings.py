@@ -124,9 +124,13 @@ class DevicePluginSettings:
     priority_feedback: bool = True
     """Run HAMi's priority feedback loop over the containers' shared regions (every 5 s)."""
     booking_key_file: str | None = None
-    """The booking keys shared with the scheduler (`config.keys`): only bookings it signed are
-    served. None: every booking is trusted, as HAMi's device plugin trusts them (one warning at
-    start). Read when the daemon starts (an unreadable file is a start error)."""
+    """The scheduler's public booking keys (`config.keys`; a private key there is a start
+    error): only bookings it signed are served. None: every booking is trusted, as HAMi's
+    device plugin trusts them (one warning at start). Read when the daemon starts (an
+    unreadable file is a start error)."""
+    legacy_booking_key_file: str | None = None
+    """HMAC keys of the scheme before (v1): bookings signed with them still verify (the upgrade
+    window; a file that does not exist: none)."""
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     """Kubelet's PodResources API (v1), asked which of several not-started pods kubelet is
     admitting (in-flight/v2, docs/design.md 5.6). Empty: not used, the node says in-flight/v1."""
@@ -336,9 +340,13 @@ OPTIONS = OptionTable(
                "every 5 s (default true)"),
         Option("booking_key_file", ("--booking-key-file",), parse_optional_str,
                env="HAMI_BOOKING_KEY_FILE", metavar="FILE",
-               help="file of booking keys shared with the scheduler, one per line: Allocate "
-               "serves only bookings the scheduler signed (default: none, every booking is "
-               "trusted as in HAMi)"),
+               help="the scheduler's public booking keys, one ed25519-public line each: "
+               "Allocate serves only bookings the scheduler signed (default: none, every "
+               "booking is trusted as in HAMi)"),
+        Option("legacy_booking_key_file", ("--legacy-booking-key-file",), parse_optional_str,
+               env="HAMI_LEGACY_BOOKING_KEY_FILE", metavar="FILE",
+               help="HMAC keys of the scheme before (v1), one per line: bookings signed with "
+               "them are still served (the upgrade window; a missing file: none)"),
         Option("pod_resources_socket", ("--pod-resources-socket",), parse_str,
                env="POD_RESOURCES_SOCKET", metavar="PATH",
                help="kubelet's PodResources API socket, asked which pod kubelet is admitting "

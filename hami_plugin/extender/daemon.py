@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from hami_plugin.clock import Clock, SystemClock
-from hami_plugin.config.keys import BookingKeyFile
+from hami_plugin.config.keys import BookingKeyFile, KeyRole
 from hami_plugin.extender.bind import Binder
 from hami_plugin.extender.events import EventRecorder
 from hami_plugin.extender.http import EXTENDER_ROUTES, WEBHOOK_ROUTES, ExtenderApp
@@ -130,7 +130,12 @@ class SchedulerDaemon:
         clock = clock or SystemClock()
         # raises ConfigError when the file is no longer usable (resolve_config read it)
         keys = (
-            BookingKeyFile(config.booking_key_file, clock=clock)
+            BookingKeyFile(
+                config.booking_key_file,
+                role=KeyRole.SIGN,
+                legacy_path=config.legacy_booking_key_file,
+                clock=clock,
+            )
             if config.booking_key_file
             else None
         )

@@ -41,7 +41,7 @@ from hami_plugin.config import (
     parse_str,
 )
 from hami_plugin.config.device_config import DeviceConfig, read_device_config
-from hami_plugin.config.keys import load_booking_keys
+from hami_plugin.config.keys import KeyRole, load_booking_keys, load_legacy_keys
 from hami_plugin.config.options import Option, OptionTable
 from hami_plugin.protocol.address import BindAddress, parse_host_port
 from hami_plugin.protocol.codec import AnnotationError, parse_gpu_policy, parse_node_policy
@@ -55,6 +55,7 @@ DEFAULT_HTTP_BIND = "127.0.0.1:8080"
 DEFAULT_HTTPS_BIND = "0.0.0.0:443"
 ENV_NODE_LOCK_EXPIRE = "HAMI_NODELOCK_EXPIRE"
 ENV_BOOKING_KEY_FILE = "HAMI_BOOKING_KEY_FILE"
+ENV_LEGACY_BOOKING_KEY_FILE = "HAMI_LEGACY_BOOKING_KEY_FILE"
 ENV_POD_NAME = "POD_NAME"
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
 KUBE_DEFAULT_QPS = 5.0
@@ -109,8 +110,11 @@ class SchedulerConfig:
     `hami_plugin.httpserve.probes`); `0`: off, the probes stay on the webhook listener."""
     max_body_bytes: int = 1024 * 1024
     booking_key_file: str = ""
-    """`--booking-key-file`: sign bookings and count only signed ones; "" trusts every
-    booking, as HAMi does."""
+    """`--booking-key-file`: the Ed25519 private keys (the first signs): sign bookings and
+    count only signed ones; "" trusts every booking, as HAMi does."""
+    legacy_booking_key_file: str = ""
+    """`--legacy-booking-key-file`: HMAC keys of the scheme before (v1), for verifying only
+    during the upgrade window (a file that does not exist: none)."""
     log_level: str = "info"
     """`--log-level`; debug with `--debug` or `-v` 4 and above (HAMi's klog flags)."""
     kube_qps: float | None = None
@@ -268,9 +272,14 @@ OPTIONS = OptionTable(
                metavar="PATH", help="HAMi's device config YAML; its nvidia: section sets "
                "defaults and resource names"),
         Option("booking_key_file", ("--booking-key-file",), parse_optional_str,
-               env=ENV_BOOKING_KEY_FILE, metavar="PATH", help="booking keys, one per line (the "
-               "first signs): sign bookings at bind, count only signed ones (env "
-               f"{ENV_BOOKING_KEY_FILE}; default: trust every booking, as HAMi)"),
+               env=ENV_BOOKING_KEY_FILE, metavar="PATH", help="Ed25519 private booking keys, "
+               "one ed25519-private line each (the first signs): sign bookings at bind, count "
+               f"only signed ones (env {ENV_BOOKING_KEY_FILE}; default: trust every booking, "
+               "as HAMi)"),
+        Option("legacy_booking_key_file", ("--legacy-booking-key-file",), parse_optional_str,
+               env=ENV_LEGACY_BOOKING_KEY_FILE, metavar="PATH", help="HMAC keys of the "
+               "scheme before (v1), one per line: bookings signed with them still count, "
+               "none is signed (the upgrade window; a missing file: none)"),
         Option("force_overwrite_default_scheduler", ("--force-overwrite-default-scheduler",),
                parse_bool, default="true",
                help="the webhook also takes pods of default-scheduler (true)"),
@@ -506,8 +515,11 @@ def resolve_config(
     kube_qps, kube_burst, kube_timeout = _kube_client(values)
     settings, webhook = _placement(values)
     booking_key_file = values.get("booking_key_file") or ""
-    if booking_key_file:
-        load_booking_keys(booking_key_file)  # unreadable or no valid key: a start error
+    legacy_booking_key_file = values.get("legacy_booking_key_file") or ""
+    if booking_key_file:  # unreadable or no valid key: a start error
+        load_booking_keys(booking_key_file, KeyRole.SIGN)
+    if legacy_booking_key_file:
+        load_legacy_keys(legacy_booking_key_file)
     return SchedulerConfig(
         kubeconfig=values.get("kubeconfig"),
         http_host=listeners.http.host,
@@ -538,6 +550,7 @@ def resolve_config(
         probe_bind_address=values["probe_bind_address"],
         max_body_bytes=values["max_body_bytes"],
         booking_key_file=booking_key_file,
+        legacy_booking_key_file=legacy_booking_key_file,
         log_level=_log_level(values),
         kube_qps=kube_qps,
         kube_burst=kube_burst,

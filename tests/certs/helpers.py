@@ -15,7 +15,10 @@ NAMESPACE = "hami-system"
 CA = "hami-scheduler-ca"
 SERVING = "hami-scheduler-tls"
 CLIENT = "hami-kube-scheduler-client"
-BOOKING = "hami-booking-key"
+BOOKING = "hami-booking-signing-key"
+PUBLIC = "hami-booking-public-keys"
+LEGACY = "hami-booking-key"
+"""The HMAC Secret of the scheme before: `hami certs` never writes it."""
 WEBHOOK = "hami-webhook"
 SERVICE_NAMES = frozenset(
     {

@@ -13,6 +13,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from hami_plugin.certs import booking_key
 from hami_plugin.certs.issue import issue_leaf, make_ca, read_ca
 from hami_plugin.certs.job import ATTEMPTS, CertsJob
 from hami_plugin.certs.plan import CA_CERT, CA_KEY, TLS_CERT, TLS_KEY
@@ -21,13 +22,15 @@ from hami_plugin.cli import main
 from hami_plugin.clock import SystemClock
 from hami_plugin.kube.errors import Conflict
 from hami_plugin.kube.fake import FakeKube
-from hami_plugin.protocol.signature import parse_booking_keys
+from hami_plugin.protocol.signature import BookingFields, parse_booking_keys, public_key_line
 from hami_plugin.testing.apiserver import FakeApiServer
 from tests.certs.helpers import (
     BOOKING,
     CA,
     CLIENT,
+    LEGACY,
     NAMESPACE,
+    PUBLIC,
     SERVICE_NAMES,
     SERVING,
     add_webhook_configuration,
@@ -88,8 +91,24 @@ def test_a_first_run_creates_the_four_secrets_and_sets_the_ca_bundle(
     now = datetime.now(UTC)
     assert ca.certificate.not_valid_after_utc - now > timedelta(days=3649)
     assert timedelta(days=364) < served.not_valid_after_utc - now <= timedelta(days=365)
-    [key] = secret_data(apiserver, BOOKING)["keys"].decode().splitlines()
-    assert len(key) == 44 and parse_booking_keys([key]).keys == (key.encode(),)
+    assert_usable_pair(apiserver, 1)
+    assert apiserver.get_object("secrets", NAMESPACE, LEGACY) is None
+
+
+def assert_usable_pair(apiserver: FakeApiServer, count: int) -> None:
+    """The private Secret signs, the public one holds the public key of each private key in
+    order (a booking the scheduler signs verifies on a node) and nothing that signs."""
+    lines = secret_data(apiserver, BOOKING)["keys"].decode().splitlines()
+    assert len(lines) == count and all(line.startswith("ed25519-private:") for line in lines)
+    scheduler = parse_booking_keys(lines)
+    node = parse_booking_keys(secret_data(apiserver, PUBLIC)["keys"].decode().splitlines())
+    assert stored_secret(apiserver, PUBLIC)["type"] == "Opaque"
+    assert not node.can_sign
+    assert [public_key_line(key) for key in node.public] == [
+        public_key_line(key) for key in scheduler.public
+    ]
+    fields = BookingFields("uid-1", "node-1", "GPU-0,NVIDIA,1000,10:;", "1767268800")
+    assert node.verify(scheduler.sign(fields), fields)
 
 
 def test_without_the_flag_the_kubeconfig_is_kubeconfigs(
@@ -105,6 +124,7 @@ def test_without_the_flag_the_kubeconfig_is_kubeconfigs(
         SERVING,
         CLIENT,
         BOOKING,
+        PUBLIC,
     }
 
 
@@ -116,7 +136,7 @@ def test_a_second_run_writes_nothing(apiserver: FakeApiServer, kubeconfig_path: 
     assert certs(kubeconfig_path) == 0
 
     assert writes(apiserver) == []
-    assert len(apiserver.requests) == 5  # four Secrets and the webhook configuration read
+    assert len(apiserver.requests) == 6  # five Secrets and the webhook configuration read
 
 
 def test_a_serving_certificate_expiring_in_ten_days_is_renewed_alone(
@@ -163,7 +183,7 @@ def test_an_expiring_ca_renews_everything_and_the_ca_bundle(
             {TLS_CERT: leaf.cert_pem, TLS_KEY: leaf.key_pem, CA_CERT: old.cert_pem},
             "kubernetes.io/tls",
         )
-    put_secret(apiserver, BOOKING, {"keys": b"k" * 44 + b"\n"})
+    put_secret(apiserver, BOOKING, {"keys": booking_key.key_file([booking_key.new_key()])})
     booking_version = version(apiserver, BOOKING)
 
     assert certs(kubeconfig_path) == 0
@@ -188,7 +208,7 @@ def test_an_expiring_ca_renews_everything_and_the_ca_bundle(
 
 @pytest.mark.parametrize(
     ("name", "key"),
-    [(SERVING, TLS_CERT), (CLIENT, TLS_KEY), (CA, CA_CERT), (BOOKING, "keys")],
+    [(SERVING, TLS_CERT), (CLIENT, TLS_KEY), (CA, CA_CERT), (BOOKING, "keys"), (PUBLIC, "keys")],
 )
 def test_a_corrupt_secret_is_made_again(
     apiserver: FakeApiServer, kubeconfig_path: Path, name: str, key: str
@@ -202,10 +222,9 @@ def test_a_corrupt_secret_is_made_again(
     after = serials(apiserver)
     if name == CA:  # a new CA, every leaf issued by it
         assert all(after[n] != before[n] for n in (CA, SERVING, CLIENT))
-    elif name == BOOKING:
+    elif name in (BOOKING, PUBLIC):
         assert after == before
-        [new_key] = secret_data(apiserver, BOOKING)["keys"].decode().splitlines()
-        assert len(new_key) == 44
+        assert_usable_pair(apiserver, 1)
     else:
         assert [n for n in after if after[n] != before[n]] == [name]
     apiserver.clear_requests()
@@ -223,8 +242,10 @@ def test_rotate_then_promote_booking_key_keeps_three(
     for _ in range(3):
         assert certs(kubeconfig_path, "--rotate-booking-key") == 0
         history.append(secret_data(apiserver, BOOKING)["keys"].decode().split())
+        assert_usable_pair(apiserver, len(history[-1]))  # the nodes know the new key
         assert certs(kubeconfig_path, "--promote-booking-key") == 0
         history.append(secret_data(apiserver, BOOKING)["keys"].decode().split())
+        assert_usable_pair(apiserver, len(history[-1]))
 
     assert [len(keys) for keys in history] == [1, 2, 2, 3, 3, 3, 3]
     for index, (before, after) in enumerate(itertools.pairwise(history)):
@@ -282,6 +303,7 @@ def test_a_required_webhook_configuration_missing_fails_after_the_secrets(
         SERVING,
         CLIENT,
         BOOKING,
+        PUBLIC,
     }
     add_webhook_configuration(apiserver)
     assert certs(kubeconfig_path, "--require-webhook-configuration") == 0
@@ -323,6 +345,7 @@ def test_flags_name_the_namespace_service_and_secrets(
         "serving",
         CLIENT,
         BOOKING,
+        PUBLIC,
     }
 
 
@@ -332,9 +355,9 @@ def test_a_lost_race_starts_over_from_a_fresh_read() -> None:
 
     result = CertsJob(kube, CertsSettings(), SystemClock()).run()
 
-    assert result.secrets_written == (CA, SERVING, CLIENT, BOOKING)
-    assert kube.calls.count("create_secret") == 5  # the lost one, then all four
-    assert set(kube.secrets) == {(NAMESPACE, n) for n in (CA, SERVING, CLIENT, BOOKING)}
+    assert result.secrets_written == (CA, SERVING, CLIENT, PUBLIC, BOOKING)
+    assert kube.calls.count("create_secret") == 6  # the lost one, then all five
+    assert set(kube.secrets) == {(NAMESPACE, n) for n in (CA, SERVING, CLIENT, PUBLIC, BOOKING)}
 
 
 def test_a_race_lost_every_time_is_an_api_failure() -> None:
@@ -393,5 +416,23 @@ def test_the_job_as_a_process_creates_the_secrets(
         SERVING,
         CLIENT,
         BOOKING,
+        PUBLIC,
     }
     assert "secret hami-system/hami-scheduler-tls created" in done.stderr
+
+
+def test_booking_keys_only_makes_the_pair_and_no_certificate(
+    apiserver: FakeApiServer, kubeconfig_path: Path
+) -> None:
+    """With cert-manager making the certificates, the chart's hook makes the key pair."""
+    add_webhook_configuration(apiserver)
+    assert certs(kubeconfig_path, "--booking-keys-only") == 0
+    assert {s["metadata"]["name"] for s in apiserver.objects("secrets", NAMESPACE)} == {
+        BOOKING,
+        PUBLIC,
+    }
+    assert_usable_pair(apiserver, 1)
+    assert ca_bundles(apiserver) == [b""]
+    apiserver.clear_requests()
+    assert certs(kubeconfig_path, "--booking-keys-only") == 0
+    assert writes(apiserver) == []

@@ -26,7 +26,7 @@ from hami_plugin.certs.plan import (
 )
 from hami_plugin.certs.settings import CertsSettings
 from hami_plugin.protocol.signature import parse_booking_keys
-from tests.certs.helpers import BOOKING, CA, CLIENT, SERVING, certificate
+from tests.certs.helpers import BOOKING, CA, CLIENT, PUBLIC, SERVING, certificate
 
 NOW = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
 DAY = timedelta(days=1)
@@ -40,13 +40,16 @@ def applied(observed: Observed, result: Plan) -> Observed:
         SERVING: observed.serving,
         CLIENT: observed.client,
         BOOKING: observed.booking_key,
+        PUBLIC: observed.booking_public,
     }
     for change in result.changes:
         stored[change.name] = {**(stored[change.name] or {}), **change.data}
     webhooks = observed.webhooks
     if result.patch_webhooks and webhooks is not None:
         webhooks = tuple((name, result.ca_bundle) for name, _ in webhooks)
-    return Observed(stored[CA], stored[SERVING], stored[CLIENT], stored[BOOKING], webhooks)
+    return Observed(
+        stored[CA], stored[SERVING], stored[CLIENT], stored[BOOKING], webhooks, stored[PUBLIC]
+    )
 
 
 def installed(now: datetime = NOW, cs: CertsSettings = SETTINGS) -> Observed:
@@ -69,14 +72,17 @@ def test_a_first_run_makes_everything_and_sets_the_ca_bundle() -> None:
 
     result = plan(SETTINGS, observed, NOW)
 
-    assert names(result) == [CA, SERVING, CLIENT, BOOKING]
+    assert names(result) == [CA, SERVING, CLIENT, PUBLIC, BOOKING]
     assert result.patch_webhooks
     [ca] = read_certificates(result.ca_bundle)
     for change in result.changes[1:3]:
         assert set(change.data) == {TLS_CERT, TLS_KEY, CA_CERT}
         assert change.data[CA_CERT] == result.ca_bundle
         certificate(change.data[TLS_CERT]).verify_directly_issued_by(ca)
-    assert parse_booking_keys(result.changes[3].data[BOOKING_KEYS].decode().splitlines())
+    private = parse_booking_keys(result.changes[4].data[BOOKING_KEYS].decode().splitlines())
+    public = parse_booking_keys(result.changes[3].data[BOOKING_KEYS].decode().splitlines())
+    assert private.can_sign and not public.can_sign
+    assert public.public == private.public
 
 
 def test_everything_valid_writes_nothing() -> None:
@@ -89,7 +95,7 @@ def test_without_a_webhook_configuration_nothing_is_patched() -> None:
     result = plan(SETTINGS, Observed(), NOW)
 
     assert not result.patch_webhooks
-    assert names(result) == [CA, SERVING, CLIENT, BOOKING]
+    assert names(result) == [CA, SERVING, CLIENT, PUBLIC, BOOKING]
 
 
 def test_a_leaf_expiring_within_the_window_is_issued_again_alone() -> None:
@@ -214,11 +220,16 @@ def test_the_booking_key_rotates_in_two_asked_steps_and_keeps_three_keys() -> No
     promote = replace(SETTINGS, promote_booking_key=True)
 
     def step(settings: CertsSettings, keys: list[str]) -> list[str]:
-        result = plan(
-            settings, replace(observed, booking_key={BOOKING_KEYS: booking_key.key_file(keys)}), NOW
+        stored = replace(
+            observed,
+            booking_key={BOOKING_KEYS: booking_key.key_file(keys)},
+            booking_public={BOOKING_KEYS: booking_key.public_file(keys)},
         )
-        assert names(result) == [BOOKING]
-        return result.changes[0].data[BOOKING_KEYS].decode().split()
+        result = plan(settings, stored, NOW)
+        assert names(result) == [PUBLIC, BOOKING]  # the nodes learn a key first
+        lines = result.changes[1].data[BOOKING_KEYS].decode().split()
+        assert result.changes[0].data[BOOKING_KEYS] == booking_key.public_file(lines)
+        return lines
 
     keys: list[str] = first
     for _ in range(3):
@@ -232,7 +243,7 @@ def test_the_booking_key_rotates_in_two_asked_steps_and_keeps_three_keys() -> No
         keys = promoted
 
     assert len(keys) == 3
-    assert len(parse_booking_keys(keys).keys) == 3
+    assert len(parse_booking_keys(keys).private) == 3
     # a lone key has nothing to promote; both steps at once are refused
     assert plan(promote, observed, NOW).writes_nothing
     with pytest.raises(ValueError, match="two steps"):
@@ -242,18 +253,25 @@ def test_the_booking_key_rotates_in_two_asked_steps_and_keeps_three_keys() -> No
 
 @pytest.mark.parametrize(
     "stored",
-    [b"", b"short\n", b"# only a comment\n", b"\xff\xfe"],
-    ids=["empty", "too short", "no key", "not UTF-8"],
+    [
+        b"",
+        b"k" * 44 + b"\n",
+        b"# only a comment\n",
+        b"\xff\xfe",
+        b"ed25519-public:" + b"A" * 43 + b"=",
+    ],
+    ids=["empty", "hmac key", "no key", "not UTF-8", "public key"],
 )
 def test_an_unreadable_booking_key_is_replaced_by_one_new_key(stored: bytes) -> None:
     observed = replace(installed(), booking_key={BOOKING_KEYS: stored})
 
     result = plan(SETTINGS, observed, NOW)
 
-    assert names(result) == [BOOKING]
-    [key] = result.changes[0].data[BOOKING_KEYS].decode().splitlines()
-    assert len(key) == 44
-    assert "unreadable" in result.changes[0].why
+    assert names(result) == [PUBLIC, BOOKING]
+    [key] = result.changes[1].data[BOOKING_KEYS].decode().splitlines()
+    assert key.startswith("ed25519-private:")
+    assert "unreadable" in result.changes[1].why
+    assert result.changes[0].data[BOOKING_KEYS] == booking_key.public_file([key])
 
 
 def test_settings_that_would_renew_on_every_run_are_refused() -> None:

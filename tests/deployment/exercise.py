@@ -45,7 +45,7 @@ from hami_plugin.protocol.signature import (
 from hami_plugin.testing.apiserver import FakeApiServer, RecordedRequest, make_pod
 from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import FakeKubelet, ListedPod
-from tests.bookings import signed_fields
+from tests.bookings import keys_from, private_key_file_text, public_key_file_text, signed_fields
 from tests.deployment.manifests import (
     Obj,
     config_map_data,
@@ -83,11 +83,19 @@ def parse_hami_args(args: Sequence[str], overrides: Sequence[str]) -> argparse.N
     return build_parser().parse_args([*args, *overrides])
 
 
-def booking_key_file(directory: Path) -> tuple[Path, BookingKeys]:
-    """A key file as `hami certs` writes it (32 random bytes, base64, one line)."""
-    path = directory / "booking-keys"
-    path.write_text(base64.b64encode(secrets.token_bytes(32)).decode() + "\n")
-    return path, parse_booking_keys(path.read_text().splitlines())
+def booking_key_file(directory: Path, *, public: bool = False) -> tuple[Path, BookingKeys]:
+    """A key file as `hami certs` writes it (one Ed25519 key): the scheduler's private key, or
+    with `public` a node's public key; and the keys that sign for it."""
+    seed = (
+        (directory / "booking-key-seed").read_bytes()
+        if (directory / "booking-key-seed").exists()
+        else secrets.token_bytes(32)
+    )
+    (directory / "booking-key-seed").write_bytes(seed)
+    path = directory / ("booking-public-keys" if public else "booking-keys")
+    path.write_text(public_key_file_text(seed) if public else private_key_file_text(seed))
+    parse_booking_keys(path.read_text().splitlines())
+    return path, keys_from(seed)
 
 
 def sign_pod(api: FakeApiServer, namespace: str, name: str, keys: BookingKeys) -> None:
@@ -181,7 +189,7 @@ def device_plugin_requests(objects: Sequence[Obj], directory: Path) -> list[Reco
     fail one, serve a scrape, shut down. Every request it sent."""
     node = dp_pods.NODE
     sock_dir = tempfile.mkdtemp(prefix="hami-rbac-", dir="/tmp")  # short unix socket paths
-    keys_path, keys = booking_key_file(directory)
+    keys_path, keys = booking_key_file(directory, public=True)
     # what the DaemonSet's hami-core initContainer leaves on the node (HAMi's release name)
     install_fake_hamicore(directory / "hook", version=HAMI_CORE_VERSION)
     try:
@@ -417,7 +425,7 @@ def certs_requests(objects: Sequence[Obj], directory: Path) -> list[RecordedRequ
         waits = "--require-webhook-configuration" in args
         assert run_certs(args, kubeconfig) == (1 if waits else 0)
         stored = {s["metadata"]["name"] for s in api.objects("secrets", namespace)}
-        assert len(stored) == 4, stored
+        assert len(stored) == 5, stored
         for webhook in of_kind(objects, "MutatingWebhookConfiguration"):
             api.add_object(webhook)
         assert run_certs(args, kubeconfig) == 0

@@ -3,6 +3,7 @@ read them (kubectl, helm, hadolint), and lookups over lists of Kubernetes object
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -193,6 +194,31 @@ def secret_volume(workload: Mapping[str, Any], item: Mapping[str, Any], path: st
     assert "secret" in volume, f"{path} is not a Secret volume"
     assert not volume["secret"].get("optional"), "the pod must wait for the Secret"
     return str(volume["secret"]["secretName"])
+
+
+def legacy_key_volume(workload: Mapping[str, Any], item: Mapping[str, Any]) -> str:
+    """The HMAC Secret of the scheme before, mounted at /booking-legacy in container `item`:
+    optional (no Secret: no legacy key, the upgrade window closed) and passed as
+    --legacy-booking-key-file."""
+    assert "--legacy-booking-key-file=/booking-legacy/keys" in item["args"], item["args"]
+    (mount,) = [m for m in item.get("volumeMounts") or [] if m["mountPath"] == "/booking-legacy"]
+    assert "subPath" not in mount and mount.get("readOnly") is True, mount
+    (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"].get("optional") is True, volume
+    return str(volume["secret"]["secretName"])
+
+
+def workloads_mounting(objects: Iterable[Obj], secret: str) -> list[str]:
+    """`<kind>/<name>` of every workload whose pod mounts the Secret `secret` (a volume, a
+    projected source or an environment reference)."""
+    found = []
+    for workload in objects:
+        if workload.get("kind") not in ("Deployment", "DaemonSet", "StatefulSet", "Job", "CronJob"):
+            continue
+        text = json.dumps(pod_spec(workload))
+        if f'"secretName": "{secret}"' in text or f'"name": "{secret}"' in text:
+            found.append(f"{workload['kind']}/{workload['metadata']['name']}")
+    return found
 
 
 def config_map_data(objects: Iterable[Obj], name: str, key: str) -> str:

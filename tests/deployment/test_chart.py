@@ -5,7 +5,6 @@ when installed as release `hami` in hami-system, and the choices only the chart 
 
 from __future__ import annotations
 
-import base64
 import difflib
 from pathlib import Path
 from typing import Any
@@ -13,10 +12,15 @@ from typing import Any
 import pytest
 import yaml
 
+from hami_plugin.certs.command import settings_from
 from hami_plugin.deviceplugin.device_list import DeviceListStrategy
 from hami_plugin.protocol.model import GpuPolicyName, NodePolicy
-from hami_plugin.protocol.signature import parse_booking_keys
-from tests.deployment.exercise import certs_job, device_plugin_settings, scheduler_config
+from tests.deployment.exercise import (
+    certs_job,
+    device_plugin_settings,
+    parse_hami_args,
+    scheduler_config,
+)
 from tests.deployment.manifests import (
     CHART,
     Obj,
@@ -26,6 +30,7 @@ from tests.deployment.manifests import (
     hami_container,
     helm_template,
     is_hook,
+    legacy_key_volume,
     named,
     of_kind,
     plain_manifests,
@@ -33,6 +38,7 @@ from tests.deployment.manifests import (
     secret_volume,
     tool,
     workload_running,
+    workloads_mounting,
 )
 from tests.deployment.test_manifests import certs_settings, check_cert_manager_object
 
@@ -151,8 +157,15 @@ def test_without_the_webhook_the_extender_keeps_mutual_tls(tmp_path: Path) -> No
 
 def test_with_cert_manager_the_certificates_replace_the_job() -> None:
     objects = helm_template("scheduler.certManager.enabled=true")
-    assert of_kind(objects, "Job") == [] and of_kind(objects, "CronJob") == []
-    assert not [o for o in objects if o["metadata"]["name"].startswith("hami-certs")]
+    # `hami certs` makes the booking key pair only (Helm cannot derive an Ed25519 public key):
+    # a hook, no CronJob, no access to the webhook configuration
+    (job,) = of_kind(objects, "Job")
+    assert of_kind(objects, "CronJob") == [] and of_kind(objects, "ClusterRole") == [
+        o for o in of_kind(objects, "ClusterRole") if not o["metadata"]["name"].startswith(
+            "hami-certs")
+    ]  # fmt: skip
+    assert "--booking-keys-only" in hami_container(job, "certs")["args"]
+    assert job["metadata"]["annotations"]["helm.sh/hook"].startswith("pre-install")
     for item in objects:
         if item["apiVersion"].startswith("cert-manager.io/"):
             check_cert_manager_object(item)
@@ -188,15 +201,16 @@ def test_with_cert_manager_the_certificates_replace_the_job() -> None:
         "spec"] is serving]  # fmt: skip
     assert annotation == f"hami-system/{serving_name}"
     assert "caBundle" not in configuration["webhooks"][0]["clientConfig"]
-    # the booking key: the chart's own Secret, one valid key, mounted by both daemons
-    secret = named(objects, "Secret", secret_volume(deployment, extender, "/booking"))
-    keys = base64.b64decode(secret["data"]["keys"]).decode()
-    assert len(parse_booking_keys(keys.splitlines()).keys) == 1
+    # the booking keys: the hook's Secrets, the private one mounted by the scheduler only
+    certs = settings_from(parse_hami_args(hami_container(job, "certs")["args"], []))
+    assert secret_volume(deployment, extender, "/booking") == certs.booking_key_secret
     plugin = workload_running(objects, "device-plugin")
     assert (
         secret_volume(plugin, hami_container(plugin, "device-plugin"), "/booking")
-        == (secret["metadata"]["name"])
+        == certs.booking_public_key_secret
     )
+    assert workloads_mounting(objects, certs.booking_key_secret) == ["Deployment/hami-scheduler"]
+    assert not of_kind(objects, "Secret")  # the chart makes no key itself
 
 
 def _admission_policies(objects: list[Obj]) -> list[str]:
@@ -246,8 +260,12 @@ def test_a_release_of_another_name_names_every_secret_alike() -> None:
     assert secret_volume(deployment, extender, "/booking") == settings.booking_key_secret
     assert (
         secret_volume(plugin, hami_container(plugin, "device-plugin"), "/booking")
-        == settings.booking_key_secret
+        == settings.booking_public_key_secret
+        == "gpu-booking-public-keys"
     )
+    assert settings.booking_key_secret == "gpu-booking-signing-key"
+    assert workloads_mounting(objects, settings.booking_key_secret) == ["Deployment/gpu-scheduler"]
+    assert legacy_key_volume(plugin, hami_container(plugin, "device-plugin")) == "gpu-booking-key"
     assert settings.ca_secret == "gpu-scheduler-ca"
     assert settings.client_secret == "gpu-kube-scheduler-client"
     assert settings.webhook_configuration == "gpu-webhook"
@@ -257,6 +275,7 @@ def test_a_release_of_another_name_names_every_secret_alike() -> None:
         settings.tls_secret,
         settings.client_secret,
         settings.booking_key_secret,
+        settings.booking_public_key_secret,
     ]
     scheduling = yaml.safe_load(config_map_data(objects, "gpu-scheduler", "config.yaml"))
     tls = scheduling["extenders"][0]["tlsConfig"]

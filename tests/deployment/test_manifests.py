@@ -37,11 +37,13 @@ from tests.deployment.manifests import (
     hami_container,
     helm_template,
     kustomize,
+    legacy_key_volume,
     named,
     of_kind,
     plain_manifests,
     secret_volume,
     workload_running,
+    workloads_mounting,
 )
 
 SOURCES: dict[str, Callable[[], list[Obj]]] = {
@@ -230,12 +232,18 @@ def test_the_device_plugin_daemonset(objects: list[Obj], tmp_path: Path) -> None
     mount = _mount(plugin, pod_resources_dir)
     assert mount.get("readOnly") is True
     assert _volume(daemonset, mount["name"])["hostPath"]["path"] == pod_resources_dir
-    # the booking key: the scheduler's Secret, a directory kubelet updates when it changes
+    # the booking keys: the nodes mount only the public ones (a directory kubelet updates when
+    # the Secret changes), the private ones only the scheduler; the HMAC key of before both,
+    # optional (the upgrade window)
     assert settings.booking_key_file == "/booking/keys"
+    assert settings.legacy_booking_key_file == "/booking-legacy/keys"
     scheduler = workload_running(objects, "scheduler")
-    assert secret_volume(daemonset, plugin, "/booking") == secret_volume(
-        scheduler, hami_container(scheduler, "scheduler"), "/booking"
-    )
+    extender = hami_container(scheduler, "scheduler")
+    assert secret_volume(daemonset, plugin, "/booking") == "hami-booking-public-keys"
+    assert secret_volume(scheduler, extender, "/booking") == "hami-booking-signing-key"
+    assert workloads_mounting(objects, "hami-booking-signing-key") == ["Deployment/hami-scheduler"]
+    assert legacy_key_volume(daemonset, plugin) == "hami-booking-key"
+    assert legacy_key_volume(scheduler, extender) == "hami-booking-key"
     assert (settings.split_count, settings.memory_scaling, settings.cores_scaling) == (10, 1, 1)
     assert settings.hook_path == "/usr/local"
     # metrics: the flag, the container port, the scrape annotations and the Service agree
@@ -391,6 +399,11 @@ def test_the_scheduler_deployment(objects: list[Obj], tmp_path: Path) -> None:
         tls,
         client,
         booking,
+    )
+    assert certs.booking_public_key_secret == secret_volume(
+        workload_running(objects, "device-plugin"),
+        hami_container(workload_running(objects, "device-plugin"), "device-plugin"),
+        "/booking",
     )
     assert certs.webhook_configuration == _webhook_name(objects)
 

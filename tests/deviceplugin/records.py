@@ -13,7 +13,7 @@ from hami_plugin.protocol.model import (
 )
 from hami_plugin.protocol.objects import ContainerSpec, PodInfo
 from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingKeys
-from tests.bookings import signed_fields
+from tests.bookings import keys_from, signed_fields
 
 GPU_A = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
 GPU_B = "GPU-ebe7c3f7-303d-558d-435e-99a160631fe4"
@@ -59,7 +59,7 @@ def make_pod(
     )
 
 
-KEYS = BookingKeys((b"device-plugin-test-key-0123456789",))
+KEYS = keys_from(b"device-plugin-test-key-0123456789")
 """The booking key of the decision tests (a scheduler signing with it is trusted)."""
 
 

@@ -39,11 +39,10 @@ from hami_plugin.protocol.model import (
 from hami_plugin.protocol.signature import (
     ANNOTATION_BOOKING_SIGNATURE,
     BookingKeys,
-    parse_booking_keys,
 )
 from hami_plugin.testing.apiserver import FakeApiServer, make_container, make_pod
 from hami_plugin.testing.kubelet import FakeKubelet
-from tests.bookings import signed_fields
+from tests.bookings import keys_from, public_key_file_text, signed_fields
 from tests.deviceplugin.conftest import FAST_RETRY
 from tests.deviceplugin.daemons import serving
 from tests.deviceplugin.pods import NODE, pod_annotations, set_lock
@@ -54,7 +53,7 @@ GPU = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
 IDLE = "GPU-ebe7c3f7-303d-558d-435e-99a160631fe4"
 CARD = "NVIDIA A100-SXM4-80GB"
 KEY = "c2NoZWR1bGVyLWJvb2tpbmcta2V5LW9mLTMyLWJ5dGVzIQ=="
-KEYS: BookingKeys = parse_booking_keys([KEY])
+KEYS: BookingKeys = keys_from(KEY)
 SPLIT = 7
 ALLOWLIST = (AllowedMigProfiles(models=("A100",), profiles=("1g.10gb", "3g.40gb", "7g.80gb")),)
 SLOT_6 = MigPlacement(6, 1)
@@ -79,7 +78,7 @@ class Node:
         self.gpus_file = tmp_path / "gpus.yaml"
         write_gpus(self.gpus_file)
         key_file = tmp_path / "booking-keys"
-        key_file.write_text(f"{KEY}\n", encoding="utf-8")
+        key_file.write_text(public_key_file_text(KEY), encoding="utf-8")
         self.settings = DevicePluginSettings(
             node_name=NODE,
             device_plugin_path=sock_dir,

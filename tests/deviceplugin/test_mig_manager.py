@@ -62,13 +62,13 @@ from hami_plugin.protocol.model import (
 )
 from hami_plugin.protocol.objects import ContainerSpec, PodInfo
 from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingKeys
-from tests.bookings import signed_fields
+from tests.bookings import keys_from, signed_fields
 from tests.deviceplugin.mig_stub import A100_80GB, StubMigNvml, overlaps
 
 NODE = "mig-node"
 CARD = "NVIDIA A100-SXM4-80GB"
 ALLOW = (AllowedMigProfiles(models=("A100",), profiles=("1g.10gb", "3g.40gb", "7g.80gb")),)
-KEYS = BookingKeys((b"k" * 32,))
+KEYS = keys_from(b"k" * 32)
 P = MigPlacement
 
 
@@ -448,7 +448,7 @@ def index_of(uuid: str) -> int | None:
 def test_only_signed_reservations_of_live_pods_count() -> None:
     pods = [
         mig_pod("signed", [alloc(6)]),
-        mig_pod("forged", [alloc(5)], keys=BookingKeys((b"x" * 32,))),
+        mig_pod("forged", [alloc(5)], keys=keys_from(b"x" * 32)),
         mig_pod("unsigned", [alloc(4)], keys=None),
         mig_pod("elsewhere", [alloc(3)], node="other-node"),
         mig_pod("done", [alloc(2)], phase="Succeeded"),

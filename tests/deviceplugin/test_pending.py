@@ -30,7 +30,8 @@ from hami_plugin.protocol.model import (
     ContainerDevice,
 )
 from hami_plugin.protocol.objects import ContainerSpec, PodInfo
-from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingKeys
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE
+from tests.bookings import keys_from
 from tests.deviceplugin.records import GPU_A, GPU_B, GPU_C, KEYS, NODE, make_pod, signed
 
 
@@ -278,7 +279,7 @@ def test_with_a_key_the_pod_a_node_lock_names_is_refused_unless_signed() -> None
     assert select_pending_pod(NODE, LOCK_ON_FORGED, [tenant, forged], 1).refusal is None
 
 
-OTHER_KEYS = BookingKeys((b"a-key-the-node-does-not-have-0123",))
+OTHER_KEYS = keys_from(b"a-key-the-node-does-not-have-0123")
 
 
 @pytest.mark.parametrize(
@@ -316,7 +317,7 @@ def test_with_a_key_a_signature_that_does_not_verify_is_refused(
 
 def test_a_key_rotated_in_verifies_with_any_of_the_keys() -> None:
     old_signature = signed(in_flight("tenant", 1), OTHER_KEYS)
-    rotating = BookingKeys((KEYS.keys[0], OTHER_KEYS.keys[0]))
+    rotating = keys_from(b"device-plugin-test-key-0123456789", b"a-key-the-node-does-not-have-0123")
     assert booking_refusal(old_signature, rotating) is None
     assert booking_refusal(old_signature, KEYS) is not None
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,11 +37,17 @@ from hami_plugin.protocol.model import (
     ContainerDevice,
     PodDevices,
 )
-from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingFields, BookingKeys
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingFields
 from hami_plugin.testing.admission import PodAdmitter
 from hami_plugin.testing.apiserver import FakeApiServer, JsonObject, make_container, make_pod
 from hami_plugin.testing.hamicore import install_fake_hamicore
 from hami_plugin.testing.kubelet import FakeKubelet, ListedPod
+from tests.bookings import (
+    hmac_signature,
+    keys_from,
+    private_key_file_text,
+    public_key_file_text,
+)
 from tests.processes import LoggedProcess, hami_command, wait_until
 
 NODE = "gpu-node-1"
@@ -54,7 +60,7 @@ GPUS = [
 SPLIT = 4
 EPOCH = datetime(2026, 3, 1, tzinfo=UTC)
 KEY = "booking-key-for-the-wire-test-0123456789"
-KEYS = BookingKeys((KEY.encode(),))
+KEYS = keys_from(KEY.encode())
 NOT_SIGNED = "booking not signed by the scheduler"
 NO_KEY_WARNING = "no --booking-key-file"
 
@@ -106,7 +112,7 @@ def start_plugin(
 def key_file_args(tmp_path: Path) -> tuple[str, str]:
     """`--booking-key-file` naming a file of the one key the tests sign with."""
     key_file = tmp_path / "booking-keys"
-    key_file.write_text(f"# the scheduler's key\n{KEY}\n", encoding="utf-8")
+    key_file.write_text(public_key_file_text(KEY), encoding="utf-8")
     return "--booking-key-file", str(key_file)
 
 
@@ -427,9 +433,10 @@ def test_without_a_key_the_forged_booking_is_served_as_hami_serves_it(open_node:
     [
         (None, "No such file or directory"),
         ("# no key yet\n\n", "no booking key in the file"),
-        ("short\n", "fewer than 16"),
+        ("k" * 44 + "\n", "an HMAC key of the old scheme (v1) is accepted only in"),
+        (private_key_file_text(KEY), "a node must hold only the public keys"),
     ],
-    ids=["missing", "empty", "short-key"],
+    ids=["missing", "empty", "hmac-key", "private-key"],
 )
 def test_an_unusable_key_file_is_one_line_and_exit_two(
     tmp_path: Path, sock_dir: str, content: str | None, reason: str
@@ -448,3 +455,90 @@ def test_an_unusable_key_file_is_one_line_and_exit_two(
     assert "ERROR" in line
     assert f"--booking-key-file {key_file}: " in line
     assert reason in line
+
+
+# --- issue 25 item 3: a node holds only the public keys --------------------------------------
+
+LEGACY_KEY = "the-hmac-booking-key-of-before-0123456789"
+
+
+def sign_forged(node: Node, sign: Callable[[BookingFields], str]) -> str:
+    """Sign the forged pod's booking for the UID the API server gave it, as an author who can
+    compute `sign` would; the signature written."""
+    pod = stored(node.apiserver, FORGED)
+    annotations = pod["metadata"]["annotations"]
+    value = annotations[ANNOTATION_DEVICES_TO_ALLOCATE]
+    fields = BookingFields(
+        uid=pod["metadata"]["uid"],
+        node=NODE,
+        devices=value,
+        bind_time=annotations[ANNOTATION_BIND_TIME],
+    )
+    signature = sign(fields)
+    node.kube.patch_pod_metadata(
+        *FORGED,
+        {ANNOTATION_DEVICES_ALLOCATED: value, ANNOTATION_BOOKING_SIGNATURE: signature},
+        {},
+    )
+    return signature
+
+
+def mounted_key(tmp_path: Path) -> bytes:
+    """What a compromised node reads from its mounted key file: the first key line."""
+    text = (tmp_path / "booking-keys").read_text(encoding="utf-8")
+    return next(line for line in text.splitlines() if line and line[0] != "#").encode()
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda key: lambda fields: hmac_signature(key, fields),
+        lambda key: keys_from(key).sign,
+    ],
+    ids=["hmac-with-the-node-key", "ed25519-pair-of-its-own"],
+)
+def test_a_booking_signed_with_what_the_node_mounts_is_refused(
+    signed_node: Node,
+    tmp_path: Path,
+    forge: Callable[[bytes], Callable[[BookingFields], str]],
+) -> None:
+    """Before: the node's key file held the one HMAC key, a booking signed with it verified
+    and kubelet's Allocate served the forged pod's GPU. Now the file holds public keys only."""
+    node = signed_node
+    create_forged(node.apiserver, booking=entries((2, 81920)))
+    sign_forged(node, forge(mounted_key(tmp_path)))
+    with pytest.raises(grpc.RpcError) as caught:
+        node.kubelet.allocate([f"{GPUS[2]}-0"])
+    assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    assert f"{NOT_SIGNED}: {ANNOTATION_BOOKING_SIGNATURE} does not verify" in (
+        caught.value.details() or ""
+    )
+    assert stored(node.apiserver, FORGED)["metadata"]["annotations"][ANNOTATION_BIND_PHASE] == (
+        "failed"
+    )
+
+
+@pytest.mark.parametrize("window", [True, False], ids=["legacy-file-given", "no-legacy-file"])
+def test_a_booking_signed_with_hmac_before_the_upgrade_is_served_only_in_the_window(
+    sock_dir: str,
+    tmp_path: Path,
+    apiserver: FakeApiServer,
+    kube: KubeClient,
+    window: bool,
+) -> None:
+    """A pod the scheduler bound before the upgrade (a v1 HMAC signature) that kubelet admits
+    after it: served while --legacy-booking-key-file names the old key, refused without."""
+    legacy = tmp_path / "legacy-keys"
+    legacy.write_text(f"# the HMAC key of before\n{LEGACY_KEY}\n", encoding="utf-8")
+    args = (*key_file_args(tmp_path), *(("--legacy-booking-key-file", str(legacy)) * window))
+    for node in _running(sock_dir, tmp_path, apiserver, kube, *args):
+        create_forged(node.apiserver, booking=entries((2, 81920)))
+        sign_forged(node, lambda fields: hmac_signature(LEGACY_KEY.encode(), fields))
+        if window:
+            response = node.kubelet.allocate([f"{GPUS[2]}-0"])
+            (container,) = response.container_responses
+            assert container.envs["NVIDIA_VISIBLE_DEVICES"] == GPUS[2]
+        else:
+            with pytest.raises(grpc.RpcError) as caught:
+                node.kubelet.allocate([f"{GPUS[2]}-0"])
+            assert "does not verify" in (caught.value.details() or "")

@@ -21,16 +21,29 @@ from hami_plugin.protocol.signature import (
     ANNOTATION_BOOKING_SIGNATURE,
     BookingKeys,
 )
-from tests.bookings import signed_fields
+from tests.bookings import (
+    keys_from,
+    private_key_file_text,
+    public_key_file_text,
+    signed_fields,
+)
 
 KEY = "scheduler-test-booking-key-0123456789"
-KEYS = BookingKeys((KEY.encode(),))
-OTHER_KEYS = BookingKeys((b"a-key-the-scheduler-does-not-have",))
+KEYS = keys_from(KEY.encode())
+OTHER_KEYS = keys_from(b"a-key-the-scheduler-does-not-have")
 BIND_TIME = "1767268800"
 
 
 def write_key_file(path: Path, *keys: str) -> Path:
-    path.write_text("# booking keys, the signing one first\n" + "\n".join(keys or (KEY,)) + "\n")
+    """The scheduler's `--booking-key-file`: the private keys of these seeds (default `KEY`),
+    the first signing (`keys_from` of the same seeds signs and verifies as it does)."""
+    path.write_text(private_key_file_text(*(keys or (KEY,))))
+    return path
+
+
+def write_public_key_file(path: Path, *keys: str) -> Path:
+    """A node's `--booking-key-file`: only the public keys of these seeds (default `KEY`)."""
+    path.write_text(public_key_file_text(*(keys or (KEY,))))
     return path
 
 

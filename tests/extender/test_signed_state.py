@@ -251,7 +251,7 @@ def test_a_bind_signs_its_booking_and_the_pod_counts_throughout(clock: ManualClo
     assert isinstance(plan, BindPlan)
     signature = plan.annotations[ANNOTATION_BOOKING_SIGNATURE]
     assert verify_pod(KEYS, pod["metadata"]["uid"], plan.annotations)
-    assert signature.startswith("v1:")
+    assert signature.startswith("v2:")
     # the patch reaches the watch before the Binding: still counted, the booking retired
     add_pod(state, patched(pod, plan))
     assert state.bookings() == {}

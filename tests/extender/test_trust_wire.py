@@ -21,9 +21,9 @@ from hami_plugin.clock import ManualClock
 from hami_plugin.config import ConfigError
 from hami_plugin.extender.settings import resolve_config
 from hami_plugin.protocol.model import ANNOTATION_BIND_PHASE, ANNOTATION_VGPU_NODE
-from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingKeys
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE
 from hami_plugin.testing.apiserver import FakeApiServer, make_pod
-from tests.bookings import verify_pod
+from tests.bookings import keys_from, verify_pod
 from tests.extender.cluster import running_scheduler
 from tests.extender.helpers import gpu_node, gpu_pod
 from tests.extender.signing import KEY, KEYS, booking, write_key_file
@@ -206,7 +206,7 @@ def test_with_a_key_no_warning_and_a_rotated_key_is_picked_up_without_a_restart(
         signatures[name] = (stored["metadata"]["uid"], stored["metadata"]["annotations"])
     assert verify_pod(KEYS, *signatures["first"])
     assert not verify_pod(KEYS, *signatures["second"])
-    assert verify_pod(BookingKeys((new_key.encode(),)), *signatures["second"])
+    assert verify_pod(keys_from(new_key.encode()), *signatures["second"])
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["with-a-key", "without-a-key"])

@@ -26,9 +26,10 @@ from hami_plugin.protocol.model import (
     PodDevices,
 )
 from hami_plugin.protocol.objects import PodInfo
-from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingFields, BookingKeys
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingFields
+from tests.bookings import keys_from
 
-KEY = BookingKeys((b"k" * 32,))
+KEY = keys_from(b"k" * 32)
 GPU_A = ContainerDevice("GPU-a", "NVIDIA", 1000, 10)
 GPU_B = ContainerDevice("GPU-b", "NVIDIA", 2000, 20)
 BOOKED: PodDevices = ((GPU_A,), (), (GPU_B, GPU_A))

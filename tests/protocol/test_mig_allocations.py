@@ -23,8 +23,7 @@ from hami_plugin.protocol.model import (
     ANNOTATION_VGPU_NODE,
     MigPlacement,
 )
-from hami_plugin.protocol.signature import BookingKeys
-from tests.bookings import signed_fields
+from tests.bookings import keys_from, signed_fields
 
 _A = MigAllocation(0, 0, "GPU-a", "1g.5gb", MigPlacement(6, 1))
 
@@ -140,7 +139,7 @@ def test_round_trip(allocations: list[MigAllocation], realised: bool) -> None:
     assert signed_mig_part(decode_mig_allocations(raw)) == plain
 
 
-_KEYS = BookingKeys((b"k" * 32,))
+_KEYS = keys_from(b"k" * 32)
 
 
 def _booked(mig: str | None) -> dict[str, str]:

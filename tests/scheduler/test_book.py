@@ -49,9 +49,10 @@ from hami_plugin.scheduler.book.bookings import BindPlan, BookingPhase
 from hami_plugin.scheduler.requests import pod_requests
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.usage import NodeUsage
+from tests.bookings import keys_from
 
 SETTINGS = BookSettings(SchedulerSettings(), booking_ttl_seconds=30.0)
-KEYS = BookingKeys((b"k" * 32,))
+KEYS = keys_from(b"k" * 32)
 NODES = ("lock-node", "protocol-node")
 SLOTS, MEMORY_MIB = 4, 8000
 NAMES = tuple(f"pod-{i}" for i in range(4))

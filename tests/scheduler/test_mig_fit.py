@@ -26,7 +26,7 @@ from hami_plugin.protocol.model import (
     MigProfile,
 )
 from hami_plugin.protocol.objects import read_node, read_pod
-from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingKeys
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE
 from hami_plugin.scheduler.book.trust import untrusted_booking, without_booking
 from hami_plugin.scheduler.filter import assume, decide
 from hami_plugin.scheduler.fit import (
@@ -44,7 +44,7 @@ from hami_plugin.scheduler.requests import PERCENTAGE_UNSET, ContainerRequest, P
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.usage import NodeUsage, make_node_usage
 from hami_plugin.testing.apiserver import make_container, make_pod
-from tests.bookings import signed_fields
+from tests.bookings import keys_from, signed_fields
 
 from .helpers import context, gpu, node
 
@@ -586,7 +586,7 @@ def test_an_untrusted_reservation_counts_nowhere() -> None:
     """With a booking key a pod's reservation counts only with its signed booking: a
     placement moved after signing fails the signature, and the pod then counts without its
     booking, the reservation included (`trust.without_booking`)."""
-    keys = BookingKeys((b"k" * 32,))
+    keys = keys_from(b"k" * 32)
     raw = _one("GPU-m")
     notes = {
         "hami.io/vgpu-node": "node1",

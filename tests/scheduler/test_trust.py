@@ -31,9 +31,10 @@ from hami_plugin.scheduler.book.trust import (
 )
 from hami_plugin.scheduler.settings import ResourceNames, SchedulerSettings
 from hami_plugin.testing.apiserver import make_container, make_pod
+from tests.bookings import keys_from
 
-KEYS = BookingKeys((b"k" * 32,))
-OTHER_KEYS = BookingKeys((b"x" * 32,))
+KEYS = keys_from(b"k" * 32)
+OTHER_KEYS = keys_from(b"x" * 32)
 SETTINGS = SchedulerSettings()
 DEVICES = "GPU-0,NVIDIA,1000,10:;"
 
@@ -131,7 +132,7 @@ def test_the_resource_name_is_the_configured_one() -> None:
 
 
 def test_any_current_key_verifies() -> None:
-    rotated = BookingKeys((b"x" * 32, b"k" * 32))
+    rotated = keys_from(b"x" * 32, b"k" * 32)
     assert untrusted_booking(booked(), rotated, SETTINGS) is None
     assert untrusted_booking(booked(), OTHER_KEYS, SETTINGS) is not None
 

@@ -17,7 +17,12 @@ carries; and the Service of the leading replica (the extender, metrics). */}}
 {{- define "hami-plugin.tls" -}}{{ include "hami-plugin.scheduler" . }}-tls{{- end -}}
 {{- define "hami-plugin.ca" -}}{{ include "hami-plugin.scheduler" . }}-ca{{- end -}}
 {{- define "hami-plugin.client-tls" -}}{{ include "hami-plugin.fullname" . }}-kube-scheduler-client{{- end -}}
-{{- define "hami-plugin.booking-key" -}}{{ include "hami-plugin.fullname" . }}-booking-key{{- end -}}
+{{- /* The scheduler's Ed25519 private booking keys (the scheduler mounts it), their public
+keys (the device plugins mount it), and the HMAC key of the scheme before (verify only, while
+it exists: the upgrade window). */}}
+{{- define "hami-plugin.booking-key" -}}{{ include "hami-plugin.fullname" . }}-booking-signing-key{{- end -}}
+{{- define "hami-plugin.booking-public-keys" -}}{{ include "hami-plugin.fullname" . }}-booking-public-keys{{- end -}}
+{{- define "hami-plugin.booking-legacy-key" -}}{{ include "hami-plugin.fullname" . }}-booking-key{{- end -}}
 {{- define "hami-plugin.certs" -}}{{ include "hami-plugin.fullname" . }}-certs{{- end -}}
 {{/* The DNS names of the serving certificate (`hami certs --service`, cert-manager's dnsNames). */}}
 {{- define "hami-plugin.dns-names" -}}
@@ -228,6 +233,10 @@ spec:
         - --tls-secret={{ include "hami-plugin.tls" $ctx }}
         - --client-secret={{ include "hami-plugin.client-tls" $ctx }}
         - --booking-key-secret={{ include "hami-plugin.booking-key" $ctx }}
+        - --booking-public-key-secret={{ include "hami-plugin.booking-public-keys" $ctx }}
+        {{- end }}
+        {{- if $ctx.Values.scheduler.certManager.enabled }}
+        - --booking-keys-only
         {{- end }}
       resources:
         {{- toYaml $patch.resources | nindent 8 }}

@@ -12,9 +12,10 @@ key a booking counts only when:
   copied signature fails), or it is a booking this process signed or verified before.
 
 A booking that fails is read as no booking at all (`without_booking`). `BookingTrust` applies
-the rules to every pod event and remembers, per pod, what it signed or verified (one HMAC per
-change of a pod's booking, none per filter call) and how it counted an untrusted pod. Without
-keys every booking counts, as in HAMi, and nothing is remembered. Pure: the keys are passed in.
+the rules to every pod event and remembers, per pod, what it signed or verified (one
+verification per change of a pod's booking, none per filter call) and how it counted an
+untrusted pod. Without keys every booking counts, as in HAMi, and nothing is remembered. Pure:
+the keys are passed in.
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ def untrusted_booking(
     """None when the pod's booking counts (or it carries none), else why it does not.
 
     `known`: a booking of this very pod (same UID) this process signed or verified before;
-    equal to the pod's, it counts without a new HMAC (and after its key was rotated out) nor a
-    new look at its requests (a pod's GPU requests cannot change in place)."""
+    equal to the pod's, it counts without a new verification (and after its key was rotated
+    out) nor a new look at its requests (a pod's GPU requests cannot change in place)."""
     seal = booking_seal(info)
     if seal is None or info.booking is None:
         return None
@@ -178,7 +179,8 @@ class BookingTrust:
     ) -> str:
         """With `keys`: add the booking signature to a bind's annotations (a whole booking: node,
         devices, bind time), remember the booking as this process's own (its watch events count
-        without a new HMAC) and return the signature. Without: "", the annotations untouched."""
+        without a new verification) and return the signature. Without: "", the annotations
+        untouched."""
         if keys is None:
             return ""
         booking = read_booking(annotations)
