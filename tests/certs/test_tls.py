@@ -21,8 +21,7 @@ from hami_plugin.certs.settings import CertsSettings
 from hami_plugin.cli import main
 from hami_plugin.clock import ManualClock
 from hami_plugin.extender.tls import TLS_RECHECK_SECONDS, TlsFiles
-from hami_plugin.extender.wire import HttpReply
-from hami_plugin.httpserve.server import BoundedServer, text_reply
+from hami_plugin.httpserve.server import BoundedServer, PlainReply, text_reply
 from hami_plugin.testing.apiserver import FakeApiServer
 from tests.certs.helpers import CA, CLIENT, SERVICE_NAMES, SERVING, put_secret, secret_data
 
@@ -33,7 +32,7 @@ class _Probe:
     def body_limit(self, path: str) -> int:
         return 0
 
-    def handle(self, method: str, path: str, body: bytes, content_type: str) -> HttpReply:
+    def handle(self, method: str, path: str, body: bytes, content_type: str) -> PlainReply:
         return text_reply(200, "ok") if path == "/healthz" else text_reply(404, "not found")
 
 

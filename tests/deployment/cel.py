@@ -7,9 +7,9 @@ as one reading `oldObject` on CREATE, fails nothing) and its `validations`, and 
 an evaluation error counts as a failure, the policy failing closed).
 
 The evaluator is cel-python (`celpy`, in the dev extras and their lock): standard CEL with its
-macros, which is all these policies use (no Kubernetes library function), so a policy that relies on one fails here instead of passing
-untested. Missing (a venv made before it was added): skipped with how to get it, failed under
-CI=true as every tool the suite needs.
+macros, which is all these policies use (no Kubernetes library function), so a policy that
+relies on one fails here instead of passing untested. Missing (a venv made before it was
+added): skipped with how to get it, failed under CI=true as every tool the suite needs.
 """
 
 from __future__ import annotations

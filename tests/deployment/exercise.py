@@ -265,6 +265,7 @@ def device_plugin_requests(objects: Sequence[Obj], directory: Path) -> list[Reco
                     api, "tool", [[dp_pods.dev(dp_pods.GPU_A)]], env=disabled, lock=None
                 )
                 sign_pod(api, "default", "tool", keys)
+                admitting[:] = [ListedPod("default", "tool")]
                 answer = kubelet.allocate([f"{dp_pods.GPU_A}-1"])
                 (container,) = answer.container_responses
                 assert "/etc/ld.so.preload" not in {m.container_path for m in container.mounts}

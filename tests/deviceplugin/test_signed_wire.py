@@ -507,6 +507,7 @@ def test_a_booking_signed_with_what_the_node_mounts_is_refused(
     node = signed_node
     create_forged(node.apiserver, booking=entries((2, 81920)))
     sign_forged(node, forge(mounted_key(tmp_path)))
+    node.kubelet.install_pod_resources(lambda: [ListedPod(*FORGED)])  # kubelet admits it
     with pytest.raises(grpc.RpcError) as caught:
         node.kubelet.allocate([f"{GPUS[2]}-0"])
     assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
@@ -534,6 +535,7 @@ def test_a_booking_signed_with_hmac_before_the_upgrade_is_served_only_in_the_win
     for node in _running(sock_dir, tmp_path, apiserver, kube, *args):
         create_forged(node.apiserver, booking=entries((2, 81920)))
         sign_forged(node, lambda fields: hmac_signature(LEGACY_KEY.encode(), fields))
+        node.kubelet.install_pod_resources(lambda: [ListedPod(*FORGED)])  # kubelet admits it
         if window:
             response = node.kubelet.allocate([f"{GPUS[2]}-0"])
             (container,) = response.container_responses

@@ -14,7 +14,7 @@ import http.client
 import json
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +27,7 @@ from hami_plugin.testing.apiserver import FakeApiServer
 from tests.extender.certs import Authority, client_context
 from tests.extender.cluster import BASE_CONFIG, FAST_RETRY
 from tests.extender.helpers import cpu_pod
-from tests.httpserve.attack import HALF_SENT, connection_threads, get, holding
+from tests.httpserve.attack import HALF_SENT, Held, connection_threads, get, holding
 from tests.processes import wait_until
 
 ATTACKERS = 40
@@ -119,7 +119,7 @@ def test_held_connections_on_every_port_leave_filter_webhook_and_probes_served(
             ):
                 # >=: /metrics closes its held ones too after METRICS_LIMITS.request_seconds
                 wait_until(
-                    lambda held=held, kept=kept: held.closed_by_server() >= ATTACKERS - kept,
+                    _closed_at_least(held, ATTACKERS - kept),
                     what="the connections over the per-client caps closed",
                 )
             held_threads = 2 * LIMITS.max_per_client + METRICS_LIMITS.max_per_client
@@ -146,3 +146,7 @@ def test_liveness_fails_when_the_extender_listeners_accept_loop_died(
         status, body = get(daemon.probe_port, "/healthz")
         assert status == 500
         assert body.startswith(b"extender-http on port ") and b"accept loop ended" in body
+
+
+def _closed_at_least(held: Held, count: int) -> Callable[[], bool]:
+    return lambda: held.closed_by_server() >= count

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,7 +53,7 @@ def add_forged_full_node_booking(api: FakeApiServer, sign: Callable[[BookingFiel
     return signature
 
 
-def victim_takes_1000_mib(api: FakeApiServer, tmp_path: Path, **config: str) -> bool:
+def victim_takes_1000_mib(api: FakeApiServer, tmp_path: Path, **config: Any) -> bool:
     """Whether the scheduler, run with `config`, places a 1,000 MiB pod on the victim node
     once it has seen the forged pod."""
     api.add_object(gpu_node(VICTIM, 1, split=4, protocol=True))
@@ -64,7 +65,8 @@ def victim_takes_1000_mib(api: FakeApiServer, tmp_path: Path, **config: str) -> 
             lambda pod: pod.annotations.get(ANNOTATION_BOOKING_SIGNATURE) is not None,
         )
         small = api.add_object(gpu_pod("small", memory=1000))
-        return scheduler.filter(small, [VICTIM])["NodeNames"] == [VICTIM]
+        nodes: object = scheduler.filter(small, [VICTIM])["NodeNames"]
+        return nodes == [VICTIM]
 
 
 @pytest.mark.parametrize(

@@ -225,14 +225,7 @@ def test_a_bound_signed_pod_stays_counted_whatever_bind_phase_its_author_writes(
         assert scheduler.schedule(trainer, ["n1"]) == "n1"
         # what our device plugin's Allocate writes, then the author's own patch
         for phase in ("success", "failed"):
-            apiserver.update_object(
-                "pods",
-                "default",
-                "trainer",
-                lambda pod, phase=phase: pod["metadata"]["annotations"].update(
-                    {ANNOTATION_BIND_PHASE: phase}
-                ),
-            )
+            apiserver.update_object("pods", "default", "trainer", _set_bind_phase(phase))
         scheduler.sees_pod("default", "trainer", lambda p: p.booking.failed)
         usage = scheduler.state.node_usage("n1")
         assert usage is not None
@@ -249,6 +242,13 @@ def test_a_bound_signed_pod_stays_counted_whatever_bind_phase_its_author_writes(
         scheduler.sees_pod("default", "trainer", lambda p: p.phase == "Failed")
         usage = scheduler.state.node_usage("n1")
         assert usage is not None and sum(usage.used) == (0 if signed else 1)
+
+
+def _set_bind_phase(phase: str) -> Callable[[dict[str, Any]], None]:
+    def update(pod: dict[str, Any]) -> None:
+        pod["metadata"]["annotations"][ANNOTATION_BIND_PHASE] = phase
+
+    return update
 
 
 def _set_phase(phase: str) -> Callable[[dict[str, Any]], None]:

@@ -27,7 +27,7 @@ class One:
 
 def registry() -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(One())  # type: ignore[arg-type]
+    registry.register(One())
     return registry
 
 

@@ -15,6 +15,7 @@ from hami_plugin.deviceplugin.monitor.booked import (
 )
 from hami_plugin.protocol.objects import ContainerSpec
 from hami_plugin.protocol.signature import BookingKeys
+from tests.bookings import keys_from
 from tests.deviceplugin.monitor.helpers import pod, region_file
 from tests.deviceplugin.monitor.test_containers import (
     LOGGER,
@@ -26,8 +27,8 @@ from tests.deviceplugin.monitor.test_containers import (
     warnings_for,
 )
 
-KEYS = BookingKeys((b"k" * 32,))
-OTHER_KEYS = BookingKeys((b"o" * 32,))
+KEYS = keys_from(b"k" * 32)
+OTHER_KEYS = keys_from(b"o" * 32)
 GPU_A, GPU_B = "GPU-aaaa", "GPU-bbbb"
 
 
