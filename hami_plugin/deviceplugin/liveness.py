@@ -26,7 +26,8 @@ from hami_plugin.deviceplugin.api import api_pb2, api_pb2_grpc
 from hami_plugin.deviceplugin.metrics import DevicePluginMetrics
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
 from hami_plugin.httpserve.probes import PROBE_LIMITS, Liveness, ProbeRoutes, parse_listen_address
-from hami_plugin.httpserve.server import BoundedServer, PlainReply, text_reply
+from hami_plugin.httpserve.routes import PlainReply, text_reply
+from hami_plugin.httpserve.server import BoundedServer
 
 __all__ = ["GRPC_CHECK_SECONDS", "ProbeListener", "grpc_check"]
 

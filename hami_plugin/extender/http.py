@@ -43,7 +43,7 @@ from hami_plugin.extender.wire import (
     decode_filter_request,
     filter_reply,
 )
-from hami_plugin.httpserve.server import TEXT_CONTENT_TYPE
+from hami_plugin.httpserve.routes import TEXT_CONTENT_TYPE
 from hami_plugin.kube.events import EventSink
 from hami_plugin.protocol.objects import ObjectError, read_pod
 from hami_plugin.scheduler.admission_review import WEBHOOK_MAX_BODY_BYTES, review_admission_body

@@ -20,7 +20,8 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 
-from hami_plugin.httpserve.server import PlainReply, Reply, ServerLimits, text_reply
+from hami_plugin.httpserve.routes import PlainReply, Reply, text_reply
+from hami_plugin.httpserve.server import ServerLimits
 from hami_plugin.protocol.address import BindAddress, parse_host_port
 
 __all__ = ["PROBE_LIMITS", "Liveness", "ProbeRoutes", "parse_listen_address"]

@@ -4,9 +4,9 @@ here, the framing by h11.
 The request line, the headers, `Content-Length` and chunked bodies are parsed by h11, a
 maintained sans-I/O HTTP/1.1 implementation, so that no framing is parsed by hand (a chunk size
 `-1` once passed a hand-written size check and read a connection to its end). h11 is imported
-here only (import-linter checks it); the routes (`Routes`: the extender's, the webhook's, the
-probes', `/metrics`) see a method, a path, the body and its Content-Type, and return a `Reply`.
-h11 rather than a threaded WSGI server (cheroot, wsgiref): it frames HTTP and nothing else, so
+here only (import-linter checks it); the routes (`routes.Routes`: the extender's, the
+webhook's, the probes', `/metrics`) see a method, a path, the body and its Content-Type, and
+return a `Reply`. h11 rather than a threaded WSGI server (cheroot, wsgiref): it frames HTTP and nothing else, so
 the threads, TLS (the handshake in the connection's thread, client certificates, the reload on
 change), the bounds below and the drain at stop stay as they are here.
 
@@ -62,78 +62,26 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import NoReturn, Protocol
+from typing import NoReturn
 
 import h11
 
+from hami_plugin.httpserve.routes import Reply, Routes, TlsSource, text_reply
+
 __all__ = [
     "BoundedServer",
-    "PlainReply",
-    "Reply",
-    "Routes",
     "ServerLimits",
     "ThreadStarter",
-    "TlsSource",
-    "text_reply",
 ]
 
 logger = logging.getLogger(__name__)
 
-TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
 SERVER_NAME = b"hami-plugin"
 _RECV_BYTES = 64 * 1024
 _LINGER_MAX_BYTES = 1024 * 1024
 _ACCEPT_POLL_SECONDS = 0.2
 _LISTEN_BACKLOG = 128
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
-
-
-class Reply(Protocol):
-    """What a route answers (`hami_plugin.extender.wire.HttpReply`, `PlainReply`)."""
-
-    @property
-    def status(self) -> int: ...
-
-    @property
-    def body(self) -> bytes: ...
-
-    @property
-    def content_type(self) -> str: ...
-
-
-@dataclass(frozen=True, slots=True)
-class PlainReply:
-    """A status, a body and its Content-Type."""
-
-    status: int
-    body: bytes
-    content_type: str = TEXT_CONTENT_TYPE
-    compress: bool = False
-    """Sent gzip-compressed (level 1) to a client that accepts it (`/metrics`: a node's
-    1.5 MB of samples shrink ~10x in a few ms; level 9 costs more than rendering them)."""
-
-
-def text_reply(status: int, message: str) -> PlainReply:
-    """A plain-text answer, one line."""
-    return PlainReply(status, (message + "\n").encode())
-
-
-class TlsSource(Protocol):
-    """Where a TLS listener gets its context from, per connection
-    (`hami_plugin.extender.tls.TlsFiles`: reloaded when the files change)."""
-
-    def context(self) -> ssl.SSLContext: ...
-
-
-class Routes(Protocol):
-    """What a listener serves. Both methods are called from many connection threads at once."""
-
-    def body_limit(self, path: str) -> int:
-        """How many body bytes a request to `path` may carry."""
-
-    def handle(self, method: str, path: str, body: bytes, content_type: str) -> Reply:
-        """The answer to one request; `body` longer than `body_limit(path)` (by one byte) when
-        the client sent more than that."""
 
 
 ThreadStarter = Callable[[threading.Thread], None]

@@ -27,13 +27,8 @@ from typing import TYPE_CHECKING
 
 from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.httpserve.probes import parse_listen_address
-from hami_plugin.httpserve.server import (
-    BoundedServer,
-    PlainReply,
-    ServerLimits,
-    ThreadStarter,
-    text_reply,
-)
+from hami_plugin.httpserve.routes import PlainReply, text_reply
+from hami_plugin.httpserve.server import BoundedServer, ServerLimits, ThreadStarter
 from hami_plugin.protocol.address import BindAddress
 
 if TYPE_CHECKING:

@@ -21,7 +21,8 @@ from hami_plugin.certs.settings import CertsSettings
 from hami_plugin.cli import main
 from hami_plugin.clock import ManualClock
 from hami_plugin.extender.tls import TLS_RECHECK_SECONDS, TlsFiles
-from hami_plugin.httpserve.server import BoundedServer, PlainReply, text_reply
+from hami_plugin.httpserve.routes import PlainReply, text_reply
+from hami_plugin.httpserve.server import BoundedServer
 from hami_plugin.testing.apiserver import FakeApiServer
 from tests.certs.helpers import CA, CLIENT, SERVICE_NAMES, SERVING, put_secret, secret_data
 

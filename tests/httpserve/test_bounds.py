@@ -10,7 +10,8 @@ import threading
 import pytest
 
 from hami_plugin.httpserve.probes import PROBE_LIMITS, Liveness, ProbeRoutes
-from hami_plugin.httpserve.server import BoundedServer, PlainReply, ServerLimits
+from hami_plugin.httpserve.routes import PlainReply
+from hami_plugin.httpserve.server import BoundedServer, ServerLimits
 from tests.httpserve.attack import HALF_SENT, connection_threads, get, holding
 from tests.processes import wait_until
 
