@@ -1,14 +1,13 @@
-"""The bounded HTTP/1.1 server every listener of both daemons runs on: sockets and threads
-here, the framing by h11.
-
-The request line, the headers, `Content-Length` and chunked bodies are parsed by h11, a
-maintained sans-I/O HTTP/1.1 implementation, so that no framing is parsed by hand (a chunk size
-`-1` once passed a hand-written size check and read a connection to its end). h11 is imported
-here only (import-linter checks it); the routes (`routes.Routes`: the extender's, the
-webhook's, the probes', `/metrics`) see a method, a path, the body and its Content-Type, and
-return a `Reply`. h11 rather than a threaded WSGI server (cheroot, wsgiref): it frames HTTP and nothing else, so
-the threads, TLS (the handshake in the connection's thread, client certificates, the reload on
-change), the bounds below and the drain at stop stay as they are here.
+"""The bounded HTTP/1.1 server every listener of both daemons runs on: sockets and threads here,
+the framing by h11. The request line, the headers, `Content-Length` and chunked bodies are
+parsed by h11, a maintained sans-I/O HTTP/1.1 implementation, so that no framing is parsed by
+hand (a chunk size `-1` once passed a hand-written size check and read a connection to its end).
+h11 is imported here only (import-linter checks it); the routes (`routes.Routes`: the
+extender's, the webhook's, the probes', `/metrics`) see a method, a path, the body and its
+Content-Type, and return a `Reply`. h11 rather than a threaded WSGI server (cheroot, wsgiref):
+it frames HTTP and nothing else, so the threads, TLS (the handshake in the connection's thread,
+client certificates, the reload on change), the bounds below and the drain at stop stay as they
+are here.
 
 One thread per connection, as kube-scheduler calls: its binds go out up to 16 at once, each on
 its own kept-alive connection. The TLS handshake runs in the connection's thread, so a slow
