@@ -41,7 +41,9 @@ class BookedContainer:
     """What the booking and the spec say about one container."""
 
     gpus: frozenset[str]
-    """UUIDs of the GPUs its booking entry holds."""
+    """UUIDs of the GPUs its booking entry holds, and of the MIG instances the device plugin
+    created for it on them (`hami.io/vgpu-mig-allocations`' runtime identity, which only the
+    device plugin may write): HAMi-core inside a MIG instance sees the instance's UUID."""
     priority: int
 
 
@@ -109,6 +111,14 @@ def booked_container(
         return NotBooked(
             "no-gpus", f"pod {pod.namespace}/{pod.name}: the booking gives this container no GPU"
         )
-    return BookedContainer(
-        gpus=frozenset(device.uuid for device in entry), priority=task_priority(container)
-    )
+    gpus = {device.uuid for device in entry}
+    try:
+        reservations = booking.mig or ()
+    except ValueError:
+        reservations = ()  # an unreadable MIG annotation adds no instance
+    gpus |= {
+        mig.mig_uuid
+        for mig in reservations
+        if mig.container_index == index and mig.gpu_uuid in gpus and mig.mig_uuid
+    }
+    return BookedContainer(gpus=frozenset(gpus), priority=task_priority(container))

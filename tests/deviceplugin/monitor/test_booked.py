@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from hami_plugin.deviceplugin.monitor.booked import (
     booked_container,
     task_priority,
 )
+from hami_plugin.protocol.mig import MigAllocation, encode_mig_allocations
+from hami_plugin.protocol.model import ANNOTATION_VGPU_MIG_ALLOCATIONS, MigPlacement
 from hami_plugin.protocol.objects import ContainerSpec
 from hami_plugin.protocol.signature import BookingKeys
 from tests.bookings import keys_from
@@ -80,6 +83,29 @@ def test_nothing_is_booked_without_a_trusted_booking(
 ) -> None:
     result = booked_container(target, container, keys)  # type: ignore[arg-type]
     assert isinstance(result, NotBooked) and result.reason == reason
+
+
+def test_the_mig_instances_made_for_the_container_on_its_gpus_are_booked_too() -> None:
+    """HAMi-core inside a MIG instance names the instance's UUID: the runtime identity the
+    device plugin wrote for this container on its own GPUs counts, no other."""
+    booked = pod("uid-1", "p", ["main", "side"], booked={"main": [GPU_A], "side": [GPU_B]})
+    mine, other_container, other_gpu = (
+        MigAllocation(0, 0, GPU_A, "1g.10gb", MigPlacement(0, 1), "MIG-mine", 7, 0),
+        MigAllocation(1, 0, GPU_B, "1g.10gb", MigPlacement(1, 1), "MIG-side", 8, 0),
+        MigAllocation(0, 1, GPU_B, "1g.10gb", MigPlacement(2, 1), "MIG-not-mine", 9, 0),
+    )
+    annotations = {
+        **booked.annotations,
+        ANNOTATION_VGPU_MIG_ALLOCATIONS: encode_mig_allocations([mine, other_container, other_gpu]),
+    }
+    with_mig = dataclasses.replace(booked, annotations=annotations)
+    assert booked_container(with_mig, "main", None) == BookedContainer(
+        frozenset({GPU_A, "MIG-mine"}), 1
+    )
+    broken = dataclasses.replace(
+        booked, annotations={**booked.annotations, ANNOTATION_VGPU_MIG_ALLOCATIONS: "[{"}
+    )
+    assert booked_container(broken, "main", None) == BookedContainer(frozenset({GPU_A}), 1)
 
 
 def test_a_signed_booking_is_trusted_with_keys() -> None:
