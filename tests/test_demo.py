@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import hami_plugin.demo as demo
 from hami_plugin.demo import report
 from hami_plugin.demo.cluster import ContainerResult, PodResult
 from hami_plugin.demo.workload import NODES, SAMPLE_PODS
@@ -89,10 +90,9 @@ def test_the_demo_schedules_every_pod_reports_it_and_leaves_nothing_behind(
     assert list(tmp.iterdir()) == []  # the work directory is gone
 
 
-def test_ctrl_c_stops_every_daemon_and_keeps_the_logs(
-    tmpdir_env: tuple[Path, dict[str, str]],
-) -> None:
-    tmp, env = tmpdir_env
+def _interrupt_demo_once_running(tmp: Path, env: dict[str, str]) -> tuple[int, str, str] | None:
+    """Start `hami demo`, SIGINT it once its six daemons run; None when it finished first (a
+    whole demo takes seconds: on a loaded machine the six can come and go between two looks)."""
     demo = subprocess.Popen(
         [*HAMI, "demo"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -103,13 +103,31 @@ def test_ctrl_c_stops_every_daemon_and_keeps_the_logs(
             "the six daemons start",
             timeout=60,
         )
+        if demo.poll() is not None:
+            demo.communicate(timeout=60)
+            return None
         demo.send_signal(signal.SIGINT)
         stdout, stderr = demo.communicate(timeout=60)
     finally:
         if demo.poll() is None:
             demo.kill()
             demo.wait()
-    assert demo.returncode == 130, stdout + stderr
+    return demo.returncode, stdout, stderr
+
+
+def test_ctrl_c_stops_every_daemon_and_keeps_the_logs(
+    tmpdir_env: tuple[Path, dict[str, str]],
+) -> None:
+    tmp, env = tmpdir_env
+    for _ in range(5):
+        interrupted = _interrupt_demo_once_running(tmp, env)
+        if interrupted is not None:
+            break
+        assert processes_using(tmp) == [] and list(tmp.iterdir()) == []
+    else:
+        pytest.fail("the demo finished five times before its six daemons were seen running")
+    returncode, stdout, stderr = interrupted
+    assert returncode == 130, stdout + stderr
     assert "interrupted" in stderr
     assert processes_using(tmp) == []
     (workdir,) = tmp.iterdir()
@@ -123,6 +141,29 @@ def test_ctrl_c_stops_every_daemon_and_keeps_the_logs(
         "spread/device-plugin-t4.log",
         "spread/scheduler.log",
     ]
+
+
+def test_a_ctrl_c_while_the_demo_stops_interrupts_it_once_nothing_runs() -> None:
+    """A signal during the final stop is held until every process is stopped, then interrupts
+    the demo (exit 130, no report), instead of being ignored."""
+    stopped: list[str] = []
+
+    class Cluster:
+        def close(self) -> None:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the middle of the stop
+            stopped.append("admission")
+
+        def close_after_processes(self) -> None:
+            stopped.append("kubelets and API server")
+
+    class Processes:
+        def stop_all(self) -> list[str]:
+            stopped.append("daemons")
+            return []
+
+    with pytest.raises(KeyboardInterrupt):
+        demo._stop([Cluster()], Processes())  # type: ignore[list-item,arg-type]
+    assert stopped == ["admission", "daemons", "kubelets and API server"]
 
 
 # --- the report's pure pieces ---------------------------------------------------------------------

@@ -140,18 +140,16 @@ def _run(workdir: Path, started: float) -> int:
 
 def _stop(clusters: Sequence[DemoCluster], processes: ProcessGroup) -> list[str]:
     """Stop everything, in order: pod admission, the daemons, then the kubelets and API
-    servers they talk to. Further signals are ignored meanwhile so nothing is left running."""
-    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    old_term = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
+    servers they talk to. A Ctrl-C or SIGTERM meanwhile waits until nothing is left running,
+    then interrupts the demo (exit 130, no report) instead of being lost."""
+    from hami_plugin.demo.cluster import signals_deferred
+
+    with signals_deferred():
         for cluster in clusters:
             cluster.close()
         problems = processes.stop_all()
         for cluster in clusters:
             cluster.close_after_processes()
-    finally:
-        signal.signal(signal.SIGINT, old_int)
-        signal.signal(signal.SIGTERM, old_term)
     return problems
 
 

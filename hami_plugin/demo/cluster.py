@@ -65,6 +65,7 @@ __all__ = [
     "DemoError",
     "PodResult",
     "ProcessGroup",
+    "signals_deferred",
 ]
 
 logger = logging.getLogger(__name__)
@@ -141,7 +142,7 @@ class ProcessGroup:
         daemon = Daemon(name, argv, log_path)
         # A Ctrl-C between the child's exec and its entry here would leave it running: the
         # signal waits until the daemon is listed (stop_all then stops it with the others).
-        with _signals_deferred(), log_path.open("wb") as log:
+        with signals_deferred(), log_path.open("wb") as log:
             daemon.process = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -185,7 +186,7 @@ class ProcessGroup:
 
 
 @contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
+def signals_deferred() -> Iterator[None]:
     """SIGINT and SIGTERM that arrive inside are delivered on the way out (main thread only;
     the handler is a Python function, so a child started inside gets the default action)."""
     if threading.current_thread() is not threading.main_thread():
