@@ -10,7 +10,6 @@ import ctypes
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -373,8 +372,15 @@ def test_without_fail_on_init_error_the_daemon_waits_for_nvml(
         sock_dir, "--fail-on-init-error=false", env={"NODE_NAME": NODE},
     )  # fmt: skip
     try:
-        time.sleep(1.0)
-        assert process.process.poll() is None  # still up
+        wait_until(
+            lambda: (
+                "advertising no GPUs and retrying" in process.log()
+                or process.process.poll() is not None
+            ),
+            "the daemon to wait for NVML",
+            timeout=30,
+        )
+        assert process.process.poll() is None  # still up, its SIGTERM handler in place
         code = process.stop(15)
     finally:
         process.kill()  # only when something above failed: the exit status is kept
