@@ -90,11 +90,22 @@ def test_the_demo_schedules_every_pod_reports_it_and_leaves_nothing_behind(
     assert list(tmp.iterdir()) == []  # the work directory is gone
 
 
+def _ctrl_c_not_ignored() -> None:
+    """In the child: SIGINT back to its default, as in a terminal (a suite started in the
+    background by a non-interactive shell inherits it ignored, and so would the demo)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt_demo_once_running(tmp: Path, env: dict[str, str]) -> tuple[int, str, str] | None:
     """Start `hami demo`, SIGINT it once its six daemons run; None when it finished first (a
     whole demo takes seconds: on a loaded machine the six can come and go between two looks)."""
     demo = subprocess.Popen(
-        [*HAMI, "demo"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*HAMI, "demo"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_ctrl_c_not_ignored,
     )
     try:
         # all six daemons started (each names the work directory on its command line)
@@ -161,8 +172,12 @@ def test_a_ctrl_c_while_the_demo_stops_interrupts_it_once_nothing_runs() -> None
             stopped.append("daemons")
             return []
 
-    with pytest.raises(KeyboardInterrupt):
-        demo._stop([Cluster()], Processes())  # type: ignore[list-item,arg-type]
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            demo._stop([Cluster()], Processes())  # type: ignore[list-item,arg-type]
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert stopped == ["admission", "daemons", "kubelets and API server"]
 
 
