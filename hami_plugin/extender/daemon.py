@@ -54,7 +54,15 @@ from hami_plugin.scheduler.quota import read_resource_quota
 from hami_plugin.scheduler.usage import NodeUsage
 from hami_plugin.scheduler.webhook import QuotaCheck
 
-__all__ = ["EXIT_FAILURE", "EXIT_OK", "Elector", "ElectorFactory", "SchedulerDaemon", "StartError"]
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "WEBHOOK_LIMITS",
+    "Elector",
+    "ElectorFactory",
+    "SchedulerDaemon",
+    "StartError",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +101,14 @@ class _View:
         return self._daemon.is_leader()
 
 
+WEBHOOK_LIMITS = ServerLimits(max_connections=256, max_per_client=192)
+"""The webhook's listener: the API server (or the konnectivity agent its calls go through) is
+one source address and opens a connection per concurrent admission call, so a burst of pod
+creations from a Job or ReplicaSet needs more than `ServerLimits()`' 64 per client: a call
+over the cap is reset, the webhook fails open, and the fail-closed policy `hami-gpu-pods` then
+refuses the unmutated pod. 64 slots stay for everyone else."""
+
+
 class SchedulerDaemon:
     """The running scheduler extender; see the module docstring.
 
@@ -102,7 +118,8 @@ class SchedulerDaemon:
     leader election when `config.leader_elect` (default: the Lease elector). `clock`: the time
     of bookings, binds and recovery; `election_clock`: the leader election's (default: `clock`),
     apart so that a test can move the booking time on without the lease expiring under it.
-    `listener_limits`: the extender's and the webhook's connection bounds (`ServerLimits()`).
+    `listener_limits`: the extender's and the webhook's connection bounds (default
+    `ServerLimits()` and `WEBHOOK_LIMITS`).
     """
 
     def __init__(
@@ -120,6 +137,7 @@ class SchedulerDaemon:
     ) -> None:
         self.config = config
         self._limits = listener_limits or ServerLimits()
+        self._webhook_limits = listener_limits or WEBHOOK_LIMITS
         self._kube = kube
         self._owned_kube: KubeClient | None = None
         self._observer = observer
@@ -311,7 +329,7 @@ class SchedulerDaemon:
                 config.http_port,
                 app,
                 tls=tls,
-                limits=self._limits,
+                limits=self._webhook_limits,  # the API server's calls come here too
                 name="extender-http",
             )
             self.liveness.add(server.problem)
@@ -331,7 +349,7 @@ class SchedulerDaemon:
             config.webhook_port,
             app.only(WEBHOOK_ROUTES),
             tls=TlsFiles(config.cert_file, config.key_file, clock=clock),
-            limits=self._limits,
+            limits=self._webhook_limits,
             name="webhook-http",
         )
         self.liveness.add(extender.problem)

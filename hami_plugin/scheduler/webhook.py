@@ -38,6 +38,7 @@ from hami_plugin.scheduler.gpu_pods import (
     WEBHOOK_IGNORE,
     control_env,
     control_env_refusal,
+    reserved_mounts,
 )
 from hami_plugin.scheduler.requests import RequestProblem, container_request
 from hami_plugin.scheduler.settings import ResourceNames, SchedulerSettings
@@ -210,6 +211,7 @@ class _Container:
     env_present: bool
     privileged: bool
     control_env: tuple[str, ...] = ()
+    reserved_mounts: tuple[str, ...] = ()
     added_env: list[dict[str, str]] = field(default_factory=list)
     added_limits: dict[str, str] = field(default_factory=dict)
 
@@ -265,6 +267,7 @@ def _read_container(value: object, path: str) -> _Container:
         env_present=env is not None,
         privileged=privileged is True,
         control_env=found_env,
+        reserved_mounts=reserved_mounts(container.get("volumeMounts")),
     )
 
 
@@ -552,6 +555,13 @@ def admit_pod(pod: object, settings: WebhookSettings) -> PodAdmission:
         privileged = next((c for c in view.containers if c.privileged), None)
         if privileged is not None:
             return _denied(f"container {privileged.name} is privileged")
+        shadowing = next((c for c in view.containers if c.reserved_mounts), None)
+        if shadowing is not None:
+            return _denied(
+                f"container {shadowing.name} mounts a volume at {shadowing.reserved_mounts[0]}: "
+                "a GPU container may not mount over the device plugin's HAMi-core files, nor "
+                "use .. in a mountPath"
+            )
         refusal = _control_refusal(view, settings)
         if refusal is not None:
             return _denied(refusal)

@@ -150,8 +150,10 @@ def test_hamicore_control_env_needs_an_admin_namespace(
     unless the namespace is labelled hami-plugin.io/gpu-admin=true."""
     pod = gpu_pod(container={"env": [{"name": "A", "value": "a"}, variable]})
     message = (
-        "container main sets CUDA_DISABLE_CONTROL, CUDA_DEVICE_* or NVIDIA_VISIBLE_DEVICES, "
-        "which only a namespace labelled hami-plugin.io/gpu-admin=true may"
+        "container main sets CUDA_DISABLE_CONTROL, NVIDIA_VISIBLE_DEVICES or the HAMi-core "
+        "limits (CUDA_DEVICE_MEMORY_LIMIT*, CUDA_DEVICE_SM_LIMIT*, "
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE), which only a namespace labelled "
+        "hami-plugin.io/gpu-admin=true may"
     )
     assert admit(policies["gpu-pods"], Request("CREATE", pod)) == [message]
     init = gpu_pod()
@@ -172,6 +174,8 @@ def test_env_the_webhook_writes_and_unrelated_env_pass(policies: dict[str, Obj])
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"},  # overwriteEnv's
         {"name": "CUDA_TASK_PRIORITY", "value": "1"},
         {"name": "CUDA_VISIBLE_DEVICES", "value": "0"},
+        {"name": "CUDA_DEVICE_ORDER", "value": "PCI_BUS_ID"},
+        {"name": "CUDA_DEVICE_MAX_CONNECTIONS", "value": "1"},
     ]
     pod = gpu_pod(container={"env": env, "envFrom": [{"configMapRef": {"name": "c"}}]})
     assert admit(policies["gpu-pods"], Request("CREATE", pod)) == []
@@ -179,6 +183,37 @@ def test_env_the_webhook_writes_and_unrelated_env_pass(policies: dict[str, Obj])
         container={"envFrom": [{"prefix": "CUDA_DEVICE_", "configMapRef": {"name": "c"}}]}
     )
     assert admit(policies["gpu-pods"], Request("CREATE", prefixed)) != []
+    for prefix in ("CUDA_", "C", "CUDA_DEVICE_MEMORY_LIMIT_", "NVIDIA_"):
+        short = gpu_pod(container={"envFrom": [{"prefix": prefix, "configMapRef": {"name": "c"}}]})
+        assert admit(policies["gpu-pods"], Request("CREATE", short)) != [], prefix
+    app = gpu_pod(container={"envFrom": [{"prefix": "APP_", "configMapRef": {"name": "c"}}]})
+    assert admit(policies["gpu-pods"], Request("CREATE", app)) == []
+
+
+@pytest.mark.parametrize(
+    "mount_path",
+    [
+        "/etc/ld.so.preload",
+        "/etc//ld.so.preload/",
+        "./etc/ld.so.preload",
+        "/x/../etc/passwd",
+        "/usr/local/vgpu/libvgpu.so",
+        "/tmp/vgpulock",
+    ],
+)
+def test_a_volume_over_hamicores_mounts_is_refused(
+    policies: dict[str, Obj], mount_path: str
+) -> None:
+    """Before: a ConfigMap file mounted at /etc/ld.so.preload kept HAMi-core out. After:
+    refused, however the path is spelt (a `..` anywhere too)."""
+    mounts = {"volumeMounts": [{"name": "v", "mountPath": mount_path}]}
+    assert admit(policies["gpu-pods"], Request("CREATE", gpu_pod(container=mounts))) == [
+        "a container of a pod asking for GPUs mounts a volume where the device plugin mounts "
+        "HAMi-core (/etc/ld.so.preload, /tmp/vgpulock, /tmp/license, /usr/bin/vgpuvalidator, "
+        "/usr/local/vgpu, /usr/local/vgpu/libvgpu.so) or uses .. in a mountPath"
+    ]
+    fine = {"volumeMounts": [{"name": "v", "mountPath": "/etc/ld.so.preload.d"}]}
+    assert admit(policies["gpu-pods"], Request("CREATE", gpu_pod(container=fine))) == []
 
 
 def test_a_namespace_opted_out_keeps_hamis_freedom_but_not_the_control_env(

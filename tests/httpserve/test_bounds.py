@@ -4,11 +4,13 @@ connections against caps of 16 overall and 8 per client. Every wait is on a cond
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 
 import pytest
 
+from hami_plugin.extender.daemon import WEBHOOK_LIMITS
 from hami_plugin.httpserve.probes import PROBE_LIMITS, Liveness, ProbeRoutes
 from hami_plugin.httpserve.routes import PlainReply
 from hami_plugin.httpserve.server import BoundedServer, ServerLimits
@@ -126,3 +128,19 @@ def test_the_probe_listener_answers_readiness_routes_and_404_elsewhere() -> None
         assert get(probes.port, "/filter")[0] == 404
     finally:
         probes.stop(5)
+
+
+def test_the_webhook_listener_takes_an_api_server_burst_from_one_source() -> None:
+    """The API server (or its konnectivity agent) is one source and opens a connection per
+    concurrent admission call: 100 at once from it are all held on the webhook's listener
+    (`WEBHOOK_LIMITS`), where `ServerLimits()` would reset 36 of them (the webhook then fails
+    open, and the fail-closed policy refuses the unmutated GPU pods)."""
+    limits = dataclasses.replace(WEBHOOK_LIMITS, request_seconds=3600, idle_seconds=3600)
+    server = started(BoundedServer("127.0.0.1", 0, Ok(), limits=limits))
+    try:
+        with holding(server.port, 100) as burst:
+            wait_until(lambda: server.connection_count == 100, what="the whole burst held")
+            assert burst.closed_by_server() == 0
+    finally:
+        server.stop(5)
+    wait_until(lambda: connection_threads() == 0, what="connection threads gone")

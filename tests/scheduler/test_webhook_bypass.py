@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from hami_plugin.scheduler.gpu_pods import ADMIN_NAMESPACE_LABEL
+from hami_plugin.scheduler.gpu_pods import ADMIN_NAMESPACE_LABEL, CONTROL_ENV_SUMMARY
 from hami_plugin.scheduler.webhook import AdmissionVerdict, WebhookSettings, admit_pod
 from hami_plugin.testing.apiserver import FakeApiServer, make_container, make_pod
 from tests.extender.cluster import running_scheduler
@@ -135,8 +135,7 @@ def test_hamicore_control_env_is_denied_outside_an_admin_namespace(
     original = pod(container(limits={GPU: "1"}, env=[{"name": "A", "value": "a"}, variable]))
     assert _denied(original) == (
         f"container c sets {variable['name']}: only pods in a namespace labelled "
-        f"{ADMIN_NAMESPACE_LABEL}=true may set CUDA_DISABLE_CONTROL, CUDA_DEVICE_* or "
-        "NVIDIA_VISIBLE_DEVICES"
+        f"{ADMIN_NAMESPACE_LABEL}=true may set {CONTROL_ENV_SUMMARY}"
     )
     in_init = pod(container(limits={GPU: "1"}), init=(container("i", env=[variable]),))
     assert _denied(in_init).startswith("container i sets")
@@ -151,8 +150,7 @@ def test_env_from_a_control_prefix_is_denied_and_the_webhooks_own_env_passes() -
     )
     assert _denied(pod(prefixed)) == (
         "container c sets envFrom prefix CUDA_DEVICE_: only pods in a namespace labelled "
-        f"{ADMIN_NAMESPACE_LABEL}=true may set CUDA_DISABLE_CONTROL, CUDA_DEVICE_* or "
-        "NVIDIA_VISIBLE_DEVICES"
+        f"{ADMIN_NAMESPACE_LABEL}=true may set {CONTROL_ENV_SUMMARY}"
     )
     harmless = container(
         limits={GPU: "1"},
@@ -160,6 +158,16 @@ def test_env_from_a_control_prefix_is_denied_and_the_webhooks_own_env_passes() -
         envFrom=[{"configMapRef": {"name": "m"}}, {"prefix": "APP_", "secretRef": {"name": "s"}}],
     )
     assert admit_pod(pod(harmless), DEFAULTS).allowed
+    # CUDA's own CUDA_DEVICE_* variables are the workload's (Megatron-LM sets the second)
+    cuda = [{"name": "CUDA_DEVICE_ORDER", "value": "PCI_BUS_ID"}]
+    cuda.append({"name": "CUDA_DEVICE_MAX_CONNECTIONS", "value": "1"})
+    assert admit_pod(pod(container(limits={GPU: "1"}, env=cuda)), DEFAULTS).allowed
+    # a shorter prefix with the right key makes HAMi-core's names all the same
+    for prefix in ("CUDA_", "C", "CUDA_DEVICE_MEMORY_LIMIT_", "NVIDIA_"):
+        short = container(
+            limits={GPU: "1"}, envFrom=[{"prefix": prefix, "configMapRef": {"name": "m"}}]
+        )
+        assert _denied(pod(short)).startswith(f"container c sets envFrom prefix {prefix}:")
     # overwriteEnv writes NVIDIA_VISIBLE_DEVICES=none itself; its pod stays admissible
     overwritten = WebhookSettings(overwrite_env=True)
     assert admit_pod(pod(container(limits={GPU: "1"}), container("b")), overwritten).allowed
@@ -191,3 +199,30 @@ def test_the_admin_path_over_the_wire(apiserver: FakeApiServer) -> None:
     patch = json.loads(base64.b64decode(admitted["response"]["patch"]))
     scheduler_ops = [op for op in patch if op["path"] == "/spec/schedulerName"]
     assert [op["value"] for op in scheduler_ops] == ["hami-scheduler"]
+
+
+@pytest.mark.parametrize(
+    "mount_path",
+    [
+        "/etc/ld.so.preload",
+        "/etc//ld.so.preload/",
+        "/./etc/ld.so.preload",
+        "/data/../etc/ld.so.preload",
+        "/usr/local/vgpu",
+        "/tmp/vgpulock",
+    ],
+)
+def test_a_volume_over_hamicores_mounts_is_denied(mount_path: str) -> None:
+    """Before: an empty ConfigMap file mounted at /etc/ld.so.preload landed on top of
+    Allocate's (kubelet appends the spec's mounts after the plugin's) and HAMi-core never
+    loaded, no variable needed. After: denied, however the path is spelt."""
+    mounted = container(limits={GPU: "1"}, volumeMounts=[{"name": "v", "mountPath": mount_path}])
+    assert _denied(pod(mounted)) == (
+        f"container c mounts a volume at {mount_path}: a GPU container may not mount over the "
+        "device plugin's HAMi-core files, nor use .. in a mountPath"
+    )
+    elsewhere = container(limits={GPU: "1"}, volumeMounts=[{"name": "v", "mountPath": "/etc/x"}])
+    assert admit_pod(pod(elsewhere), DEFAULTS).allowed
+    assert admit_pod(
+        pod(container(volumeMounts=[{"name": "v", "mountPath": mount_path}])), DEFAULTS
+    ).allowed
