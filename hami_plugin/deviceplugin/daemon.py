@@ -78,6 +78,7 @@ from hami_plugin.lifecycle import StopSignal
 from hami_plugin.protocol import codec
 from hami_plugin.protocol.hostpaths import VGPU_LOCK_HOST_PATH, containers_dir
 from hami_plugin.protocol.model import OperatingMode
+from hami_plugin.protocol.signature import signature_announcement
 
 logger = logging.getLogger(__name__)
 
@@ -418,16 +419,14 @@ class DevicePluginDaemon:
         """The node's register annotation and the protocol claim: our Allocate tells several
         in-flight pods apart, so the scheduler may skip HAMi's lock."""
         assert self.protocol is not None
-        also_annotate = self.protocol.annotations
         if self.settings.enable_topology_score:
             self._scores = PairScores(backend.pair_scores)
-            also_annotate = self._annotations_with_scores
         self._publisher = RegisterPublisher(
             kube,
             self.settings.node_name,
             self._register_value,
             interval_seconds=self.settings.register_interval_seconds,
-            also_annotate=also_annotate,
+            also_annotate=self._node_annotations,
             on_written=self.protocol.written,
         )
         return self._publisher
@@ -585,9 +584,11 @@ class DevicePluginDaemon:
         self._register_uuids = tuple(device.uuid for device in devices)
         return codec.encode_node_devices(devices)
 
-    def _annotations_with_scores(self) -> dict[str, str]:
-        """The protocol claim plus `hami.io/node-nvidia-score` (`register.PairScores`)."""
+    def _node_annotations(self) -> dict[str, str]:
+        """Protocol claim, booking signatures verified here, `register.PairScores`' scores."""
         wanted = dict(self.protocol.annotations()) if self.protocol is not None else {}
+        key_file = self._booking_keys
+        wanted.update(signature_announcement(key_file.keys() if key_file is not None else None))
         if self._scores is not None:
             wanted.update(self._scores.annotation(self._register_uuids))
         return wanted

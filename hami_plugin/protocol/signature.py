@@ -59,6 +59,7 @@ from cryptography.hazmat.primitives.serialization import (
 
 __all__ = [
     "ANNOTATION_BOOKING_SIGNATURE",
+    "ANNOTATION_BOOKING_SIGNATURES",
     "LEGACY_SIGNATURE_VERSION",
     "MIN_KEY_BYTES",
     "PRIVATE_PREFIX",
@@ -70,13 +71,20 @@ __all__ = [
     "parse_legacy_keys",
     "private_key_line",
     "public_key_line",
+    "signature_announcement",
+    "signing_version",
 ]
 
 ANNOTATION_BOOKING_SIGNATURE = "hami-plugin.io/booking-signature"
 SIGNATURE_VERSION = "v2"
 """Ed25519, what the scheduler signs."""
 LEGACY_SIGNATURE_VERSION = "v1"
-"""HMAC-SHA256 with a shared key: verified only with legacy keys, never signed."""
+"""HMAC-SHA256 with a shared key: verified only with legacy keys; signed only for a node whose
+device plugin does not announce v2 yet (`signing_version`), during an upgrade."""
+ANNOTATION_BOOKING_SIGNATURES = "hami-plugin.io/booking-signatures"
+"""On a node: the signature versions its device plugin verifies (`signature_announcement`), so
+that during an upgrade the scheduler signs what a node still on the previous release can check
+(`signing_version`)."""
 MIN_KEY_BYTES = 16
 """The shortest legacy HMAC key accepted (the old `hami certs` wrote 32 random bytes)."""
 PRIVATE_PREFIX = "ed25519-private:"
@@ -165,9 +173,16 @@ class BookingKeys:
         """These keys accepting v1 signatures by `legacy` (replacing any before)."""
         return BookingKeys(public=self.public, private=self.private, legacy=tuple(legacy))
 
-    def sign(self, fields: BookingFields) -> str:
-        """The annotation value for `fields`, signed with the first private key. Raises
-        ValueError without a private key."""
+    def sign(self, fields: BookingFields, version: str = SIGNATURE_VERSION) -> str:
+        """The annotation value for `fields`, signed with the first private key, or for
+        `version` v1 with the first legacy key (`signing_version`). Raises ValueError without
+        such a key."""
+        if version == LEGACY_SIGNATURE_VERSION:
+            if not self.legacy:
+                raise ValueError("no legacy booking key: a v1 signature cannot be made")
+            message = fields.message(LEGACY_SIGNATURE_VERSION)
+            mac = hmac.new(self.legacy[0], message, hashlib.sha256).digest()
+            return f"{LEGACY_SIGNATURE_VERSION}:{base64.b64encode(mac).decode('ascii')}"
         if not self.private:
             raise ValueError("no private booking key: only the scheduler signs")
         signature = self.private[0].sign(fields.message(SIGNATURE_VERSION))
@@ -292,3 +307,22 @@ def parse_legacy_keys(lines: Sequence[str]) -> tuple[bytes, ...]:
                 f"than {MIN_KEY_BYTES}"
             )
     return tuple(key.encode("utf-8") for key in keys)
+
+
+def signature_announcement(keys: BookingKeys | None) -> dict[str, str]:
+    """A device plugin's node annotation: the versions it verifies (`v2`, and `v1` while it has
+    legacy keys); nothing without keys (it checks no signature then)."""
+    if keys is None:
+        return {}
+    versions = [SIGNATURE_VERSION, *([LEGACY_SIGNATURE_VERSION] if keys.legacy else [])]
+    return {ANNOTATION_BOOKING_SIGNATURES: ",".join(versions)}
+
+
+def signing_version(announced: str | None, keys: BookingKeys) -> str:
+    """What the scheduler signs a booking on a node with: v2, unless the node's device plugin
+    does not announce v2 (still the previous release, mid-upgrade: it checks v1 only) and the
+    scheduler holds a legacy key to make v1 with. Once the legacy key is gone, always v2."""
+    versions = {part.strip() for part in (announced or "").split(",")}
+    if SIGNATURE_VERSION in versions or not keys.legacy:
+        return SIGNATURE_VERSION
+    return LEGACY_SIGNATURE_VERSION

@@ -37,7 +37,11 @@ from hami_plugin.protocol.model import (
     ContainerDevice,
     PodDevices,
 )
-from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingFields
+from hami_plugin.protocol.signature import (
+    ANNOTATION_BOOKING_SIGNATURE,
+    ANNOTATION_BOOKING_SIGNATURES,
+    BookingFields,
+)
 from hami_plugin.testing.admission import PodAdmitter
 from hami_plugin.testing.apiserver import FakeApiServer, JsonObject, make_container, make_pod
 from hami_plugin.testing.hamicore import install_fake_hamicore
@@ -536,6 +540,11 @@ def test_a_booking_signed_with_hmac_before_the_upgrade_is_served_only_in_the_win
         create_forged(node.apiserver, booking=entries((2, 81920)))
         sign_forged(node, lambda fields: hmac_signature(LEGACY_KEY.encode(), fields))
         node.kubelet.install_pod_resources(lambda: [ListedPod(*FORGED)])  # kubelet admits it
+        # the node says what it checks, so the scheduler signs v1 for it only mid-upgrade
+        wait_until(
+            lambda: _announced(apiserver) == ("v2,v1" if window else "v2"),
+            what="the node's booking-signatures annotation",
+        )
         if window:
             response = node.kubelet.allocate([f"{GPUS[2]}-0"])
             (container,) = response.container_responses
@@ -544,3 +553,10 @@ def test_a_booking_signed_with_hmac_before_the_upgrade_is_served_only_in_the_win
             with pytest.raises(grpc.RpcError) as caught:
                 node.kubelet.allocate([f"{GPUS[2]}-0"])
             assert "does not verify" in (caught.value.details() or "")
+
+
+def _announced(apiserver: FakeApiServer) -> str | None:
+    stored = apiserver.get_node(NODE) or {}
+    annotations = stored.get("metadata", {}).get("annotations") or {}
+    value = annotations.get(ANNOTATION_BOOKING_SIGNATURES)
+    return value if isinstance(value, str) else None

@@ -14,12 +14,16 @@ from typing import Any
 
 import pytest
 
-from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingFields
+from hami_plugin.protocol.signature import (
+    ANNOTATION_BOOKING_SIGNATURE,
+    ANNOTATION_BOOKING_SIGNATURES,
+    BookingFields,
+)
 from hami_plugin.testing.apiserver import FakeApiServer
 from tests.bookings import hmac_signature, keys_from, signed_fields
 from tests.extender.cluster import running_scheduler
 from tests.extender.helpers import gpu_node, gpu_pod
-from tests.extender.signing import booking, write_key_file, write_public_key_file
+from tests.extender.signing import KEY, booking, write_key_file, write_public_key_file
 
 VICTIM = "n1"
 LEGACY_KEY = "the-hmac-booking-key-of-before-0123456789"
@@ -99,3 +103,50 @@ def test_hmac_bookings_of_before_count_only_in_the_upgrade_window(
     legacy.write_text(f"# the HMAC key of before\n{LEGACY_KEY}\n")
     config = {"legacy_booking_key_file": str(legacy)} if window else {}
     assert victim_takes_1000_mib(apiserver, tmp_path, **config) is not window
+
+
+@pytest.mark.parametrize(
+    ("announced", "version"),
+    [(None, "v1"), ("v2", "v2"), ("v2,v1", "v2")],
+    ids=["previous-release-node", "upgraded-node", "upgraded-node-in-window"],
+)
+def test_mid_upgrade_a_node_still_on_hmac_gets_a_booking_it_can_check(
+    apiserver: FakeApiServer, tmp_path: Path, announced: str | None, version: str
+) -> None:
+    """During the rollout the scheduler may run the new release while a node's device plugin
+    still checks HMAC only: a node that does not announce v2 (`hami-plugin.io/booking-signatures`)
+    gets a v1 booking signed with the legacy key (its plugin would refuse v2); an upgraded node
+    gets v2. The bookings verify with what each node holds."""
+    notes = {ANNOTATION_BOOKING_SIGNATURES: announced} if announced is not None else {}
+    apiserver.add_object(gpu_node("n1", 1, split=4, protocol=True, annotations=notes))
+    legacy = tmp_path / "legacy-keys"
+    legacy.write_text(f"# the HMAC key of before\n{LEGACY_KEY}\n")
+    key_file = write_key_file(tmp_path / "booking-keys")
+    with running_scheduler(
+        apiserver, booking_key_file=str(key_file), legacy_booking_key_file=str(legacy)
+    ) as scheduler:
+        pod = apiserver.add_object(gpu_pod("p", memory=1000))
+        assert scheduler.schedule(pod, ["n1"]) == "n1"
+    stored = apiserver.get_object("pods", "default", "p")
+    assert stored is not None
+    signature = stored["metadata"]["annotations"][ANNOTATION_BOOKING_SIGNATURE]
+    assert signature.startswith(f"{version}:")
+    fields = signed_fields(stored["metadata"]["uid"], stored["metadata"]["annotations"])
+    # a node still on HMAC checks v1 with the shared key; an upgraded one v2 with the public key
+    previous_release = keys_from("unrelated", legacy=(LEGACY_KEY.encode(),))
+    node_keys = previous_release if version == "v1" else keys_from(KEY)
+    assert node_keys.verify(signature, fields)
+
+
+def test_without_the_legacy_key_every_booking_is_v2(
+    apiserver: FakeApiServer, tmp_path: Path
+) -> None:
+    """Once the upgrade window is closed (the legacy key gone), no node gets v1 any more."""
+    apiserver.add_object(gpu_node("n1", 1, split=4, protocol=True))
+    key_file = write_key_file(tmp_path / "booking-keys")
+    with running_scheduler(apiserver, booking_key_file=str(key_file)) as scheduler:
+        pod = apiserver.add_object(gpu_pod("p", memory=1000))
+        assert scheduler.schedule(pod, ["n1"]) == "n1"
+    stored = apiserver.get_object("pods", "default", "p")
+    assert stored is not None
+    assert stored["metadata"]["annotations"][ANNOTATION_BOOKING_SIGNATURE].startswith("v2:")

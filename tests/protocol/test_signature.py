@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hami_plugin.protocol.signature import (
+    ANNOTATION_BOOKING_SIGNATURES,
     MIN_KEY_BYTES,
     BookingFields,
     BookingKeys,
@@ -18,6 +19,8 @@ from hami_plugin.protocol.signature import (
     parse_legacy_keys,
     private_key_line,
     public_key_line,
+    signature_announcement,
+    signing_version,
 )
 from tests.bookings import hmac_signature, keys_from, seeded_key
 
@@ -201,3 +204,23 @@ def test_property_a_signature_verifies_only_its_own_fields(
     keys: BookingKeys, fields: BookingFields, other: BookingFields
 ) -> None:
     assert keys.verifier().verify(keys.sign(fields), other) == (fields == other)
+
+
+def test_a_node_announces_what_it_checks_and_the_scheduler_signs_what_it_can() -> None:
+    fields = BookingFields(uid="u", node="n", devices="d", bind_time="1")
+    current = keys_from("k")
+    in_window = keys_from("k", legacy=(b"h" * 32,))
+    assert signature_announcement(None) == {}
+    assert signature_announcement(current) == {ANNOTATION_BOOKING_SIGNATURES: "v2"}
+    assert signature_announcement(in_window) == {ANNOTATION_BOOKING_SIGNATURES: "v2,v1"}
+    # a node that does not announce v2 runs the previous release: v1 while a legacy key exists
+    assert signing_version(None, in_window) == "v1"
+    assert signing_version("v1", in_window) == "v1"
+    assert signing_version("v2", in_window) == "v2"
+    assert signing_version(" v1 , v2 ", in_window) == "v2"
+    assert signing_version(None, current) == "v2"
+    v1 = in_window.sign(fields, "v1")
+    assert v1 == hmac_signature(b"h" * 32, fields)
+    assert in_window.verify(v1, fields) and not current.verify(v1, fields)
+    with pytest.raises(ValueError, match="no legacy booking key"):
+        current.sign(fields, "v1")

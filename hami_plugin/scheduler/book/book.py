@@ -403,7 +403,8 @@ class Book:
         annotations = booking_annotations(node, result.devices, result.mig, result.decided_at)
         annotations[ANNOTATION_BIND_PHASE] = BindPhase.ALLOCATING.value
         annotations[ANNOTATION_BIND_TIME] = bind_time
-        signature = self._trust.sign(pod.key, uid, annotations, keys)
+        announced = self._nodes.booking_signatures(node)
+        signature = self._trust.sign(pod.key, uid, annotations, keys, announced)
         self._bookings.put(
             replace(
                 booking,

@@ -18,6 +18,7 @@ from hami_plugin.protocol import inflight
 from hami_plugin.protocol.model import ANNOTATION_NODE_LOCK
 from hami_plugin.protocol.nodelock import held_by
 from hami_plugin.protocol.objects import NodeInfo, ObjectError
+from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURES
 from hami_plugin.scheduler.health import NodeHealthTracker
 from hami_plugin.scheduler.ledger import Ledger
 
@@ -55,6 +56,12 @@ class NodeRegistry:
         if info is None:
             return 0
         return inflight.protocol_level(info.annotations.get(inflight.ANNOTATION_ALLOCATE_PROTOCOL))
+
+    def booking_signatures(self, name: str) -> str | None:
+        """The node's `hami-plugin.io/booking-signatures` (the versions its device plugin
+        verifies) as the watch last showed it."""
+        info = self._nodes.get(name)
+        return None if info is None else info.annotations.get(ANNOTATION_BOOKING_SIGNATURES)
 
     def lock_value(self, name: str) -> str | None:
         """The node's `hami.io/mutex.lock` as the watch last showed it."""

@@ -30,7 +30,12 @@ from hami_plugin.protocol.model import (
     ANNOTATION_DEVICES_ALLOCATED,
 )
 from hami_plugin.protocol.objects import PodInfo
-from hami_plugin.protocol.signature import ANNOTATION_BOOKING_SIGNATURE, BookingFields, BookingKeys
+from hami_plugin.protocol.signature import (
+    ANNOTATION_BOOKING_SIGNATURE,
+    BookingFields,
+    BookingKeys,
+    signing_version,
+)
 from hami_plugin.scheduler.requests import pod_requests
 from hami_plugin.scheduler.settings import SchedulerSettings
 
@@ -175,18 +180,24 @@ class BookingTrust:
         return sealed is not None and sealed[0] == info.uid and booking_seal(info) == sealed[1]
 
     def sign(
-        self, key: str, uid: str, annotations: dict[str, str], keys: BookingKeys | None
+        self,
+        key: str,
+        uid: str,
+        annotations: dict[str, str],
+        keys: BookingKeys | None,
+        announced: str | None = None,
     ) -> str:
         """With `keys`: add the booking signature to a bind's annotations (a whole booking: node,
         devices, bind time), remember the booking as this process's own (its watch events count
         without a new verification) and return the signature. Without: "", the annotations
-        untouched."""
+        untouched. `announced`: the node's `hami-plugin.io/booking-signatures`
+        (`protocol.signature.signing_version`)."""
         if keys is None:
             return ""
         booking = read_booking(annotations)
         fields = booking.signed_fields(uid) if booking is not None else None
         assert fields is not None, "a bind's annotations hold a whole booking"
-        signature = keys.sign(fields)
+        signature = keys.sign(fields, signing_version(announced, keys))
         annotations[ANNOTATION_BOOKING_SIGNATURE] = signature
         self._sealed[key] = (uid, BookingSeal(fields, signature))
         return signature
