@@ -426,6 +426,8 @@ class FakeKubelet:
                     self._condition.notify_all()
         except grpc.RpcError:
             pass
+        except ValueError:
+            pass  # "Channel closed": a restart closed the channel before the stream began
         finally:
             connection.stream_ended.set()
             with self._condition:
