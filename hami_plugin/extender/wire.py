@@ -59,8 +59,11 @@ __all__ = [
     "ExtenderBindingArgs",
     "ExtenderBindingResult",
     "ExtenderFilterResult",
+    "ExtenderPreemptionArgs",
+    "ExtenderPreemptionResult",
     "ExtenderRequestError",
     "HttpReply",
+    "MetaVictims",
     "admission_reply",
     "binding_reply",
     "body_too_large_message",
@@ -71,8 +74,12 @@ __all__ = [
     "parse_binding_result",
     "parse_extender_args",
     "parse_filter_result",
+    "parse_preemption_args",
+    "parse_preemption_result",
+    "preemption_reply",
     "render_binding_result",
     "render_filter_result",
+    "render_preemption_result",
 ]
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -138,6 +145,32 @@ class ExtenderBindingResult:
     error: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class MetaVictims:
+    """MetaVictims: the victims' UIDs (`Pods`, each a `MetaPod{UID}`) and how many of them a
+    PodDisruptionBudget protects."""
+
+    uids: tuple[str, ...] = ()
+    num_pdb_violations: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderPreemptionArgs:
+    """ExtenderPreemptionArgs: the preemptor (`Pod`) and kube-scheduler's candidates, node ->
+    victims. A nodeCacheCapable extender gets `NodeNameToMetaVictims` (UIDs); otherwise
+    `NodeNameToVictims` carries whole pods, of which only the UIDs are kept here."""
+
+    pod: Mapping[str, Any]
+    victims: Mapping[str, MetaVictims]
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderPreemptionResult:
+    """ExtenderPreemptionResult: `NodeNameToMetaVictims` (None renders as null)."""
+
+    victims: Mapping[str, MetaVictims] | None = None
+
+
 # --- decoding -------------------------------------------------------------------------------
 
 _NODE_FIELDS: Mapping[str, FieldDecoder] = {"items": nullable(object_slice("v1.Node"))}
@@ -171,6 +204,61 @@ _FILTER_RESULT_FIELDS: Mapping[str, FieldDecoder] = {
     "Error": go_string("string"),
 }
 _BINDING_RESULT_FIELDS: Mapping[str, FieldDecoder] = {"Error": go_string("string")}
+
+
+def _go_int64(value: object, struct: str, path: str, errors: FieldErrors) -> Any:
+    if value is None:
+        return UNCHANGED
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63:
+        errors.add(value, struct, path, "int64")
+        return UNCHANGED
+    return value
+
+
+def _victims_map(element: str, pods_type: str) -> FieldDecoder:
+    """A `map[string]*Victims` or `map[string]*MetaVictims`: node -> MetaVictims (the UIDs of
+    `Pods`, read from `UID` of a MetaPod or `metadata.uid` of a v1.Pod)."""
+    meta = element == "MetaVictims"
+    fields: Mapping[str, FieldDecoder] = {
+        "Pods": nullable(object_slice(pods_type)),
+        "NumPDBViolations": _go_int64,
+    }
+    pod_fields: Mapping[str, FieldDecoder] = {"UID": go_string("string")}
+
+    def decode(value: object, struct: str, path: str, errors: FieldErrors) -> Any:
+        if not isinstance(value, dict):
+            errors.add(value, struct, path, f"map[string]*v1.{element}")
+            return UNCHANGED
+        result: dict[str, MetaVictims] = {}
+        for node, entry in value.items():
+            if entry is None:
+                continue
+            if not isinstance(entry, dict):
+                errors.add(entry, struct, path, f"v1.{element}")
+                continue
+            parsed = decode_struct(entry, element, fields, errors, f"{path}.")
+            uids = []
+            for pod in parsed.get("Pods") or ():
+                if meta:
+                    uid = decode_struct(pod, "MetaPod", pod_fields, errors).get("UID", "")
+                else:
+                    metadata = pod.get("metadata")
+                    uid = metadata.get("uid", "") if isinstance(metadata, dict) else ""
+                uids.append(uid if isinstance(uid, str) else "")
+            result[str(node)] = MetaVictims(tuple(uids), parsed.get("NumPDBViolations", 0))
+        return result
+
+    return decode
+
+
+_PREEMPTION_ARGS_FIELDS: Mapping[str, FieldDecoder] = {
+    "Pod": nullable(go_object("v1.Pod")),
+    "NodeNameToVictims": nullable(_victims_map("Victims", "*v1.Pod")),
+    "NodeNameToMetaVictims": nullable(_victims_map("MetaVictims", "*v1.MetaPod")),
+}
+_PREEMPTION_RESULT_FIELDS: Mapping[str, FieldDecoder] = {
+    "NodeNameToMetaVictims": nullable(_victims_map("MetaVictims", "*v1.MetaPod")),
+}
 
 
 def _parse(body: bytes, struct: str, fields: Mapping[str, FieldDecoder]) -> dict[str, Any]:
@@ -228,6 +316,27 @@ def parse_binding_result(body: bytes) -> ExtenderBindingResult:
     return ExtenderBindingResult(error=values.get("Error", ""))
 
 
+def parse_preemption_args(body: bytes) -> ExtenderPreemptionArgs:
+    """Decode an ExtenderPreemptionArgs body (POST /preempt): `NodeNameToMetaVictims` when
+    given (nodeCacheCapable), else `NodeNameToVictims`. Raises ExtenderRequestError with Go's
+    decoder message, or `extender args missing pod`."""
+    values = _parse(body, "ExtenderPreemptionArgs", _PREEMPTION_ARGS_FIELDS)
+    pod = values.get("Pod")
+    if pod is None:
+        raise ExtenderRequestError(MISSING_POD_MESSAGE)
+    victims = values.get("NodeNameToMetaVictims")
+    if victims is None:
+        victims = values.get("NodeNameToVictims") or {}
+    return ExtenderPreemptionArgs(pod=pod, victims=victims)
+
+
+def parse_preemption_result(body: bytes) -> ExtenderPreemptionResult:
+    """Decode an ExtenderPreemptionResult (what kube-scheduler reads back; for the tests'
+    kube-scheduler). Raises ExtenderRequestError with Go's decoder message."""
+    values = _parse(body, "ExtenderPreemptionResult", _PREEMPTION_RESULT_FIELDS)
+    return ExtenderPreemptionResult(values.get("NodeNameToMetaVictims"))
+
+
 # --- rendering ------------------------------------------------------------------------------
 
 
@@ -262,6 +371,30 @@ def render_binding_result(result: ExtenderBindingResult) -> bytes:
 
 
 # --- HTTP replies ---------------------------------------------------------------------------
+
+
+def render_preemption_result(result: ExtenderPreemptionResult) -> bytes:
+    """ExtenderPreemptionResult as Go writes it:
+    `{"NodeNameToMetaVictims":{"<node>":{"Pods":[{"UID":"..."}],"NumPDBViolations":0}}}`."""
+    if result.victims is None:
+        return b'{"NodeNameToMetaVictims":null}'
+    entries = []
+    for node in sorted(result.victims):
+        victims = result.victims[node]
+        pods = ",".join('{"UID":' + go_json_string(uid) + "}" for uid in victims.uids)
+        entries.append(
+            go_json_string(node)
+            + ':{"Pods":'
+            + ("[" + pods + "]" if victims.uids else "null")
+            + ',"NumPDBViolations":'
+            + str(victims.num_pdb_violations)
+            + "}"
+        )
+    return ('{"NodeNameToMetaVictims":{' + ",".join(entries) + "}}").encode("utf-8")
+
+
+def preemption_reply(result: ExtenderPreemptionResult) -> HttpReply:
+    return HttpReply(200, render_preemption_result(result))
 
 
 def filter_reply(result: ExtenderFilterResult) -> HttpReply:

@@ -90,6 +90,17 @@ class PodInfo:
     scheduler_name: str = ""
     scheduled: PodCondition | None = None
     """The `PodScheduled` condition; None while the pod has none (never tried)."""
+    priority: int = 0
+    """`spec.priority`, which the Priority admission plugin sets from the PriorityClass (the
+    pod author cannot choose a value of its own); 0 when absent."""
+    priority_class_name: str = ""
+    preemption_policy: str = ""
+    """`spec.preemptionPolicy` ("Never" or "PreemptLowerPriority"; empty: the latter)."""
+    nominated_node_name: str = ""
+    """`status.nominatedNodeName`: the node a preemption freed for the pod (a status field,
+    which only the schedulers write)."""
+    start_time: datetime | None = None
+    """`status.startTime`: when kubelet started the pod (None: not yet)."""
     booking: PodBooking | None = field(init=False, default=None, compare=False, repr=False)
     """The HAMi booking its annotations carry (`protocol.booking`), read with the pod."""
 
@@ -214,6 +225,14 @@ def _timestamp(value: object, what: str) -> datetime | None:
         raise ObjectError(f"{what} is not an RFC 3339 time: {text!r}") from None
 
 
+def _integer(value: object, what: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ObjectError(f"{what} must be an integer, got {type(value).__name__}")
+    return value
+
+
 def _init_containers_done(status: Mapping[str, Any], expected: int) -> bool:
     if expected == 0:
         return False
@@ -270,6 +289,11 @@ def read_pod(obj: Mapping[str, Any]) -> PodInfo:
         labels=_string_map(metadata.get("labels"), "metadata.labels"),
         scheduler_name=_text(spec.get("schedulerName"), "spec.schedulerName"),
         scheduled=_scheduled_condition(status),
+        priority=_integer(spec.get("priority"), "spec.priority"),
+        priority_class_name=_text(spec.get("priorityClassName"), "spec.priorityClassName"),
+        preemption_policy=_text(spec.get("preemptionPolicy"), "spec.preemptionPolicy"),
+        nominated_node_name=_text(status.get("nominatedNodeName"), "status.nominatedNodeName"),
+        start_time=_timestamp(status.get("startTime"), "status.startTime"),
     )
 
 

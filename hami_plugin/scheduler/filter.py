@@ -50,7 +50,16 @@ from hami_plugin.scheduler.requests import PodRequests, pod_requests
 from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.usage import NodeUsage
 
-__all__ = ["FilterResult", "FitCache", "WouldWait", "assume", "decide", "pod_shape"]
+__all__ = [
+    "FilterResult",
+    "FitCache",
+    "NodeFitter",
+    "WouldWait",
+    "assume",
+    "decide",
+    "node_fitter",
+    "pod_shape",
+]
 
 WouldWait = Callable[[str, PodDevices, Hashable], bool]
 """`would_wait(node, devices, shape)`: True when binding the pod there with these devices would
@@ -240,6 +249,33 @@ def decide(
     else:
         chosen = _first_fit(search)
     return _result(asked, search, chosen, now, exhaustive)
+
+
+NodeFitter = Callable[[NodeUsage, QuotaFit | None], PodFit | FitFailure]
+"""`fit(usage, quota)`: the pod's fit on one node's usage with that quota check."""
+
+
+def node_fitter(
+    pod: PodInfo, requests: PodRequests, settings: SchedulerSettings
+) -> NodeFitter | None:
+    """The pod's fit on one node as `decide` fits it, resolved once (preemption fits the same
+    pod on many versions of a node); None when the pod asks no GPU or an annotation cannot be
+    read (`decide` reports that)."""
+    if not requests.wants_gpu:
+        return None
+    try:
+        options = parse_pod_gpu_options(pod.annotations)
+    except AnnotationError:
+        return None
+    context = _context(options, settings)
+
+    def fit(usage: NodeUsage, quota: QuotaFit | None) -> PodFit | FitFailure:
+        node_context = context
+        if quota is not None:
+            node_context = replace(context, quota=quota, init_count=requests.init_count)
+        return fit_pod(usage, requests, node_context)
+
+    return fit
 
 
 @dataclass(frozen=True, slots=True)

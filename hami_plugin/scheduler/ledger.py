@@ -257,6 +257,10 @@ class Ledger:
     def pod_count(self) -> int:
         return len(self._pods)
 
+    def keys_on(self, node: str) -> list[str]:
+        """The keys of the pods tracked on `node` (registered or not), sorted."""
+        return sorted(self._pods_on.get(node, ()))
+
     def by_preference(self, higher_score_first: bool) -> Iterator[NodeUsage]:
         """Registered nodes, fullest first (binpack) or emptiest first (spread); equal scores
         by node name. Do not update the ledger while iterating."""

@@ -30,7 +30,6 @@ from hami_plugin.protocol.model import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
     ANNOTATION_DEVICES_ALLOCATED,
-    LABEL_VGPU_NODE,
     BindPhase,
 )
 from hami_plugin.protocol.nodelock import LockRelease
@@ -43,8 +42,10 @@ from hami_plugin.scheduler.book.bookings import (
     BookingPhase,
     Bookings,
 )
+from hami_plugin.scheduler.book.holds import Holds, is_hold_key
 from hami_plugin.scheduler.book.inflight import InFlightTracker, StaleAllocation
 from hami_plugin.scheduler.book.nodes import NodeRegistry
+from hami_plugin.scheduler.book.preempting import Planner, Preemption
 from hami_plugin.scheduler.book.trust import BookingTrust, same_pod
 from hami_plugin.scheduler.book.waits import BindWaits
 from hami_plugin.scheduler.filter import FilterResult, FitCache, assume, decide, pod_shape
@@ -74,6 +75,8 @@ class BookSettings:
     burst_look_ahead: int = DEFAULT_BURST_LOOK_AHEAD
     node_lock_timeout: timedelta = timedelta(minutes=5)
     node_selector: Mapping[str, str] = field(default_factory=dict)
+    preemption: bool = True
+    """A pod that fits nowhere takes GPUs back from pods of lower priority (docs/design.md 10)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +86,15 @@ class Change:
     `wake_binds`: an in-flight pod, a node lock or a node's allocate protocol changed, so the
     binds waiting for one of them look again. `lock_releases`: a deleted pod's node lock is
     queued (`Book.take_lock_releases`), the recovery loop has urgent work. `expired`: filter
-    bookings freed because no bind followed within their time."""
+    bookings freed because no bind followed within their time. `preemption`: victims chosen
+    for the filtered pod, to evict (the hold is booked already); `preemption_outcome`: what
+    preemption made of a GPU pod that fit nowhere (`Planner.preempt`), "" when not tried."""
 
     wake_binds: bool = False
     lock_releases: bool = False
     expired: int = 0
+    preemption: Preemption | None = None
+    preemption_outcome: str = ""
 
 
 _NO_CHANGE = Change()
@@ -113,14 +120,20 @@ class Book:
         )
         self._trust = BookingTrust(settings.scheduler)
         self._lock_releases: dict[tuple[str, str], LockRelease] = {}  # by (node, pod key)
+        self._holds = Holds(self._ledger)
+        self._planner = Planner(
+            self._ledger, self._pods, self._holds, self._quotas, settings.scheduler
+        )
         # what the transition under way changed (`_change` hands it out and resets it)
         self._wake = False
         self._released = False
 
-    def _change(self, expired: int = 0) -> Change:
-        if not (self._wake or self._released or expired):
+    def _change(
+        self, expired: int = 0, preemption: tuple[Preemption | None, str] = (None, "")
+    ) -> Change:
+        if not (self._wake or self._released or expired or preemption[1]):
             return _NO_CHANGE  # most pod events: nothing to act on, nothing to allocate
-        change = Change(self._wake, self._released, expired)
+        change = Change(self._wake, self._released, expired, *preemption)
         self._wake = self._released = False
         return change
 
@@ -131,8 +144,8 @@ class Book:
         return self._ledger.usages()
 
     def tracked_pods(self) -> list[TrackedPod]:
-        """Every tracked pod's booked usage, by pod key."""
-        return self._ledger.tracked_pods()
+        """Every tracked pod's booked usage, by pod key (holds are no pods)."""
+        return [pod for pod in self._ledger.tracked_pods() if not is_hold_key(pod.key)]
 
     def node_usage(self, name: str) -> NodeUsage | None:
         """The node's usage snapshot; None when it is not registered."""
@@ -149,7 +162,7 @@ class Book:
     @property
     def pod_count(self) -> int:
         """How many pods count in the ledger."""
-        return self._ledger.pod_count
+        return self._ledger.pod_count - len(self._holds)
 
     def pod(self, key: str) -> PodInfo | None:
         """The pod as the watch last showed it."""
@@ -248,6 +261,7 @@ class Book:
         """A pod was added or changed (the booking rules of the module docstring)."""
         self._pods[info.key] = info
         key = info.key
+        self._planner.follow(info)
         counted = self._trust.counted(info, keys)
         booking = self._bookings.get(key)
         if booking is not None and booking.uid and info.uid:
@@ -285,6 +299,7 @@ class Book:
         last = self._pods.get(key, info)
         if same_pod(last.uid, info.uid):
             self._pods.pop(key, None)
+            self._planner.pod_deleted(key)
         self._trust.pod_deleted(key, info.uid)
         self._in_flight.forget_watched(key)
         self._in_flight.forget_allocating(key, info.uid)
@@ -343,6 +358,7 @@ class Book:
         Filter step 3)."""
         expired = self._expire(monotonic)
         result = self._rebook(info, names, now, requests=requests, fan_out=True)
+        preemption: tuple[Preemption | None, str] = (None, "")
         if result.error is None and result.node is not None:
             self._bookings.book(
                 info.key,
@@ -352,7 +368,17 @@ class Book:
                 seen=self._watched(info.key, info.uid),
                 expires=monotonic + self._settings.booking_ttl_seconds,
             )
-        return result, self._change(expired)
+        elif result.error is None and result.requests.wants_gpu and self._settings.preemption:
+            preemption = self._planner.preempt(info, result)
+        return result, self._change(expired, preemption)
+
+    # --- preemption ---------------------------------------------------------------------------
+
+    @property
+    def preemption(self) -> Planner:
+        """Preemption's side of the book: the preempt verb (`refine_for`), evictions that failed
+        (`failed`), PodDisruptionBudgets (`apply_budget`), the holds (`holds`, `held`)."""
+        return self._planner
 
     def plan_bind(
         self,
@@ -416,23 +442,7 @@ class Book:
             )
         )
         protocol = self._nodes.allocate_protocol_level(node) > 0
-        entry = None
-        if protocol:
-            created = inflight.created_seconds_of(pod.creation_timestamp)
-            entry = inflight.InFlightPod.booked(
-                pod.namespace, pod.name, created, result.devices, uid=uid, shape=result.shape
-            )
-        app_gpu = any(r is not None for r in result.requests.app_requests)
-        return BindPlan(
-            pod=pod,
-            node=node,
-            annotations=annotations,
-            labels={LABEL_VGPU_NODE: node},
-            protocol=protocol,
-            needs_lock=not protocol and app_gpu,
-            in_flight=entry,
-            rebooked=rebooked,
-        )
+        return BindPlan.of(pod, uid, node, result, annotations, protocol, rebooked)
 
     def claim_in_flight(self, plan: BindPlan) -> str | None:
         """Count the plan's pod in flight on its node (not bound yet) unless an in-flight pod
@@ -485,11 +495,14 @@ class Book:
         the decision in the ledger and its quota at once (HAMi tracks it before the watch
         shows the patch). `fan_out`: a burst may go past the policy's first node."""
         key = pod.key
+        self._planner.settle()
         # neither its standing booking nor its own annotations count while it is decided
         self._bookings.pop(key)
         self._drop_own_in_flight(key)
         self._ledger.untrack(key)
         self._follow_quota(key)
+        # nor what is held for it or for pods of lower priority
+        lifted = self._holds.lift(key, pod.priority) if len(self._holds) else []
         result = decide(
             self._ledger,
             pod,
@@ -507,8 +520,11 @@ class Book:
             quota=self._quotas.quota_fit(pod.namespace, self._scheduler.memory_factor),
         )
         if result.error is None and result.node is not None:
+            self._holds.drop(key)  # its booking holds the GPUs now
             assume(self._ledger, key, result)
             self._follow_quota(key)
+        if lifted:
+            self._holds.restore(lifted)
         return result
 
     def _expire(self, monotonic: float) -> int:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from hami_plugin.protocol import inflight
 from hami_plugin.protocol.codec import AnnotationError
+from hami_plugin.protocol.model import LABEL_VGPU_NODE
 from hami_plugin.protocol.objects import PodInfo
 from hami_plugin.scheduler.filter import FilterResult
 from hami_plugin.scheduler.fit import FitFailure
@@ -204,6 +205,37 @@ class BindPlan:
     needs_lock: bool
     in_flight: inflight.InFlightPod | None
     rebooked: bool
+
+    @classmethod
+    def of(
+        cls,
+        pod: PodInfo,
+        uid: str,
+        node: str,
+        result: FilterResult,
+        annotations: dict[str, str],
+        protocol: bool,
+        rebooked: bool,
+    ) -> BindPlan:
+        """The plan for `pod` (UID `uid`) booked by `result` on `node`; `protocol`: the node's
+        device plugin follows the allocate protocol (in-flight rules instead of a node lock)."""
+        entry = None
+        if protocol:
+            created = inflight.created_seconds_of(pod.creation_timestamp)
+            entry = inflight.InFlightPod.booked(
+                pod.namespace, pod.name, created, result.devices, uid=uid, shape=result.shape
+            )
+        app_gpu = any(r is not None for r in result.requests.app_requests)
+        return cls(
+            pod=pod,
+            node=node,
+            annotations=annotations,
+            labels={LABEL_VGPU_NODE: node},
+            protocol=protocol,
+            needs_lock=not protocol and app_gpu,
+            in_flight=entry,
+            rebooked=rebooked,
+        )
 
 
 @dataclass(frozen=True, slots=True)
