@@ -33,6 +33,7 @@ from hami_plugin.extender.http import EXTENDER_ROUTES, WEBHOOK_ROUTES, ExtenderA
 from hami_plugin.extender.leader import ElectionConfig, LeaderElector
 from hami_plugin.extender.metrics import SchedulerMetrics
 from hami_plugin.extender.observer import SchedulerObserver
+from hami_plugin.extender.preemption import Evictor
 from hami_plugin.extender.recovery import Recovery
 from hami_plugin.extender.requeue import Requeuer
 from hami_plugin.extender.settings import (
@@ -40,17 +41,16 @@ from hami_plugin.extender.settings import (
 )
 from hami_plugin.extender.state import SchedulerState
 from hami_plugin.extender.tls import TlsFiles
+from hami_plugin.extender.watches import make_watches
 from hami_plugin.httpserve.probes import PROBE_LIMITS, Liveness, ProbeRoutes, parse_listen_address
 from hami_plugin.httpserve.server import BoundedServer, ServerLimits
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import KubeError
-from hami_plugin.kube.informer import Informer, ListWatchOptions
+from hami_plugin.kube.informer import Informer
 from hami_plugin.lifecycle import StopSignal
 from hami_plugin.metrics.server import DISABLED, MetricsServerError
-from hami_plugin.protocol.objects import read_node, read_pod
 from hami_plugin.scheduler.book.book import BookSettings
 from hami_plugin.scheduler.ledger import TrackedPod
-from hami_plugin.scheduler.quota import read_resource_quota
 from hami_plugin.scheduler.usage import NodeUsage
 from hami_plugin.scheduler.webhook import QuotaCheck
 
@@ -164,6 +164,7 @@ class SchedulerDaemon:
                 burst_look_ahead=config.burst_look_ahead,
                 node_lock_timeout=config.node_lock_timeout,
                 node_selector=dict(config.node_label_selector),
+                preemption=config.preemption,
             ),
             clock=clock,
             booking_keys=keys.keys if keys is not None else None,
@@ -190,6 +191,7 @@ class SchedulerDaemon:
         self.pod_informer: Informer[Any] | None = None
         self.node_informer: Informer[Any] | None = None
         self.quota_informer: Informer[Any] | None = None
+        self.budget_informer: Informer[Any] | None = None
         self.started = threading.Event()
         """Set once the HTTP port is bound (`port`, `url`)."""
         self.ready = threading.Event()
@@ -381,40 +383,16 @@ class SchedulerDaemon:
         return server
 
     def _make_informers(self, kube: KubeClient) -> None:
-        """The pod, node and ResourceQuota watches that feed the state."""
-        state = self.state
-        options = ListWatchOptions(watch_timeout_seconds=self._watch_timeout)
-        selector = ",".join(f"{k}={v}" for k, v in self.config.node_label_selector.items())
-        self.pod_informer = Informer(
-            kube,
-            "/api/v1/pods",
-            read_pod,
-            lambda pod: pod.key,
-            state.pod_events,
-            name="pods",
-            options=options,
-            clock=state.clock,
+        """The pod, node, ResourceQuota and PodDisruptionBudget watches that feed the state."""
+        watches = make_watches(
+            kube, self.state, self.config.node_label_selector, self._watch_timeout
         )
-        self.node_informer = Informer(
-            kube,
-            "/api/v1/nodes",
-            read_node,
-            lambda node: node.name,
-            state.node_events,
-            name="nodes",
-            label_selector=selector or None,
-            options=options,
-        )
-        # HAMi's ResourceQuota informer (pkg/scheduler/scheduler.go:376-382)
-        self.quota_informer = Informer(
-            kube,
-            "/api/v1/resourcequotas",
-            read_resource_quota,
-            lambda quota: quota.key,
-            state.quota_events,
-            name="resourcequotas",
-            options=options,
-        )
+        self.pod_informer, self.node_informer = watches.pods, watches.nodes
+        self.quota_informer, self.budget_informer = watches.quotas, watches.budgets
+
+    def _evictor(self, kube: KubeClient) -> Evictor:
+        assert self._events is not None
+        return Evictor(self.state, kube, self._events, self.config.scheduler_name)
 
     def _recovery(self, kube: KubeClient, events: EventRecorder) -> Recovery:
         """The loop that fails pods stuck allocating and frees stale node locks."""
@@ -432,11 +410,15 @@ class SchedulerDaemon:
     def _spawn_loops(self, kube: KubeClient, recovery: Recovery) -> None:
         """The watches, the recovery and requeue loops, readiness and the election."""
         assert self.pod_informer and self.node_informer and self.quota_informer
+        assert self.budget_informer is not None
         self.state.expect_quota_list()  # ready once the quota list is in too
         self._spawn("informer-pods", self.pod_informer.run, self._stop)
         self._spawn("informer-nodes", self.node_informer.run, self._stop)
         self._spawn("informer-resourcequotas", self.quota_informer.run, self._stop)
         self._spawn("recovery", recovery.run, self._stop)
+        if self.config.preemption:
+            self._spawn("informer-poddisruptionbudgets", self.budget_informer.run, self._stop)
+            self._spawn("preemption", self._evictor(kube).run, self._stop)
         if self.config.requeue_qps > 0:
             self._spawn("requeue", self._make_requeuer(kube).run, self._stop)
         self._spawn("ready", self._watch_ready)

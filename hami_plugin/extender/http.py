@@ -36,12 +36,16 @@ from hami_plugin.extender.wire import (
     ExtenderArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
+    ExtenderPreemptionResult,
     HttpReply,
+    MetaVictims,
     admission_reply,
     binding_reply,
     decode_binding_request,
     decode_filter_request,
+    decode_preemption_request,
     filter_reply,
+    preemption_reply,
 )
 from hami_plugin.httpserve.routes import TEXT_CONTENT_TYPE
 from hami_plugin.kube.events import EventSink
@@ -63,7 +67,7 @@ _SYNC_WAIT_SECONDS = 10.0
 _INFORMER_SYNC = "/readyz/informer-sync"
 _NOT_SYNCED = "waiting for the first pod and node lists"
 _PROBES = frozenset({"/healthz", "/readyz", _INFORMER_SYNC})
-EXTENDER_ROUTES = frozenset({"/filter", "/bind"}) | _PROBES
+EXTENDER_ROUTES = frozenset({"/filter", "/bind", "/preempt"}) | _PROBES
 """What the extender listener serves when the webhook has a listener of its own."""
 WEBHOOK_ADMIN_PATH = "/webhook/gpu-admin"
 """The webhook for namespaces labelled `hami-plugin.io/gpu-admin=true` (the webhook
@@ -117,6 +121,7 @@ class ExtenderApp:
         routes: dict[str, tuple[str, Callable[[], HttpReply]]] = {
             "/filter": ("POST", lambda: self.filter(body)),
             "/bind": ("POST", lambda: self.bind(body)),
+            "/preempt": ("POST", lambda: self.preempt(body)),
             "/webhook": ("POST", lambda: self.webhook(body, content_type)),
             WEBHOOK_ADMIN_PATH: ("POST", lambda: self.webhook(body, content_type, admin=True)),
             "/healthz": ("GET", lambda: text_reply(200, "ok")),
@@ -185,6 +190,31 @@ class ExtenderApp:
                 decoded.pod_namespace, decoded.pod_name, decoded.pod_uid, decoded.node
             )
         return binding_reply(ExtenderBindingResult(error=error))
+
+    def preempt(self, body: bytes) -> HttpReply:
+        """kube-scheduler's preempt verb: its candidates with the victims the GPUs need added,
+        a node where the pod's GPUs cannot be freed left out (docs/design.md 10.3)."""
+        decoded = decode_preemption_request(body, max_bytes=self.max_body_bytes)
+        if isinstance(decoded, HttpReply):
+            return decoded
+        if not self._is_leader():
+            return text_reply(503, NOT_LEADER)
+        try:
+            pod = read_pod(decoded.pod)
+        except ObjectError as error:
+            return text_reply(400, f"invalid pod: {error}")
+        proposed = {
+            node: (victims.uids, victims.num_pdb_violations)
+            for node, victims in decoded.victims.items()
+        }
+        refined = self._state.refine_preemption(pod, proposed)
+        if refined is None:
+            return preemption_reply(ExtenderPreemptionResult(dict(decoded.victims)))
+        answer = {
+            node: MetaVictims(victims.uids, victims.pdb_violations)
+            for node, victims in refined.items()
+        }
+        return preemption_reply(ExtenderPreemptionResult(answer))
 
     def webhook(self, body: bytes, content_type: str, *, admin: bool = False) -> HttpReply:
         settings = self._admin_webhook if admin else self._webhook

@@ -59,7 +59,12 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from hami_plugin.extender.observer import FILTER_OUTCOMES, RECOVERY_REASONS, SchedulerView
+from hami_plugin.extender.observer import (
+    FILTER_OUTCOMES,
+    PREEMPTION_OUTCOMES,
+    RECOVERY_REASONS,
+    SchedulerView,
+)
 from hami_plugin.metrics.buildinfo import BuildInfoCollector
 from hami_plugin.metrics.families import (
     CollectorRegistry,
@@ -379,7 +384,28 @@ class SchedulerMetrics:
             ["to"],
             registry=self.registry,
         )
+        self._preemption_attempts = Counter(
+            "hami_scheduler_preemption_attempts",
+            "GPU pods that fit nowhere considered for preemption, by outcome (preempted, "
+            "no_victims, waiting, never, failed)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self._preemption_victims = Histogram(
+            "hami_scheduler_preemption_victims",
+            "Pods evicted by one preemption (kube-scheduler's preemption_victims, for GPUs)",
+            buckets=(1, 2, 3, 4, 5, 8, 16, 32, 64),
+            registry=self.registry,
+        )
+        self._preemptor_running_seconds = Histogram(
+            "hami_scheduler_preemptor_seconds_to_running",
+            "Seconds from a preempting pod's creation to its start (status.startTime)",
+            buckets=(1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600),
+            registry=self.registry,
+        )
         # Known label values start at 0, so rate() and dashboards see them before the first event.
+        for outcome in PREEMPTION_OUTCOMES:
+            self._preemption_attempts.labels(outcome)
         for outcome in FILTER_OUTCOMES:
             self._filter_seconds.labels(outcome)
         for outcome in BIND_OUTCOMES:
@@ -431,3 +457,15 @@ class SchedulerMetrics:
         """This replica started or stopped leading."""
         self._leadership_changes.labels("leader" if is_leader else "follower").inc()
         logger.debug("leadership changed: leader=%s", is_leader)
+
+    def preemption_attempted(self, outcome: str) -> None:
+        """A GPU pod that fit nowhere was considered for preemption."""
+        self._preemption_attempts.labels(outcome).inc()
+
+    def preemption_victims(self, count: int) -> None:
+        """A preemption evicted `count` pods."""
+        self._preemption_victims.observe(count)
+
+    def preemptor_running(self, seconds: float) -> None:
+        """A preempting pod started, `seconds` after its creation."""
+        self._preemptor_running_seconds.observe(seconds)

@@ -20,6 +20,7 @@ from hami_plugin.scheduler.usage import NodeUsage
 
 __all__ = [
     "FILTER_OUTCOMES",
+    "PREEMPTION_OUTCOMES",
     "RECOVERY_REASONS",
     "NullObserver",
     "SchedulerObserver",
@@ -29,6 +30,9 @@ __all__ = [
 FILTER_OUTCOMES = ("fit", "no_fit", "error", "no_gpu")
 """The `outcome` values of `SchedulerObserver.filter_done`."""
 RECOVERY_REASONS = ("allocation_timeout", "owner_gone", "lock_expired")
+PREEMPTION_OUTCOMES = ("preempted", "no_victims", "waiting", "never", "failed")
+"""`Planner.preempt`'s outcomes (`no_gpu` is never observed: such a pod fits everywhere), and
+`failed`: the victims could not be evicted."""
 """The `reason` values of `SchedulerObserver.pod_recovered`."""
 
 
@@ -61,6 +65,16 @@ class SchedulerObserver(Protocol):
 
     def leader_changed(self, is_leader: bool) -> None:
         """This replica started or stopped leading."""
+
+    def preemption_attempted(self, outcome: str) -> None:
+        """A GPU pod that fit nowhere was considered for preemption; `outcome` is one of
+        PREEMPTION_OUTCOMES."""
+
+    def preemption_victims(self, count: int) -> None:
+        """A preemption evicted `count` victims."""
+
+    def preemptor_running(self, seconds: float) -> None:
+        """A pod that preempted others runs, `seconds` after its creation."""
 
 
 class SchedulerView(Protocol):
@@ -98,4 +112,13 @@ class NullObserver:
         return None
 
     def leader_changed(self, is_leader: bool) -> None:
+        return None
+
+    def preemption_attempted(self, outcome: str) -> None:
+        return None
+
+    def preemption_victims(self, count: int) -> None:
+        return None
+
+    def preemptor_running(self, seconds: float) -> None:
         return None

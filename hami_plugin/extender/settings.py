@@ -97,6 +97,9 @@ class SchedulerConfig:
     burst_look_ahead: int = 16
     """`--burst-look-ahead`: fitting nodes past the policy's first a filter may try for one where
     the bind would not wait (`hami_plugin.scheduler.filter.decide`); 0: HAMi's choice always."""
+    preemption: bool = True
+    """`--preemption`: a GPU pod that fits nowhere takes GPUs back from pods of lower priority
+    (docs/design.md 10); false: HAMi's behaviour, it stays Pending."""
     leader_elect: bool = False
     leader_elect_resource_name: str = ""
     leader_elect_resource_namespace: str = ""
@@ -243,6 +246,9 @@ OPTIONS = OptionTable(
         Option("requeue_window", ("--requeue-window",), _positive_duration, default="60s",
                metavar="DURATION", help="how long after becoming able to answer parked pods "
                "are looked for (60s)"),
+        Option("preemption", ("--preemption",), parse_bool, default="true",
+               help="a GPU pod that fits nowhere evicts pods of lower priority whose GPUs it "
+               "needs, as kube-scheduler preempts for CPU and memory (true)"),
         Option("leader_elect", ("--leader-elect",), parse_bool, default="false",
                help="elect one active replica through a Lease (false)"),
         Option("leader_elect_resource_name", ("--leader-elect-resource-name",), parse_str,

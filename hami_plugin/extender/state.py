@@ -26,8 +26,10 @@ from hami_plugin.protocol.signature import BookingKeys
 from hami_plugin.scheduler.book.book import Book, BookSettings, Change
 from hami_plugin.scheduler.book.bookings import BindPlan, BindRefusal, BookingPhase
 from hami_plugin.scheduler.book.inflight import StaleAllocation
+from hami_plugin.scheduler.book.preempting import Preemption, Refined
 from hami_plugin.scheduler.health import NodeHealthTracker
 from hami_plugin.scheduler.ledger import TrackedPod
+from hami_plugin.scheduler.preemption import PodDisruptionBudget
 from hami_plugin.scheduler.quota import QuotaEntry, ResourceQuotaInfo
 from hami_plugin.scheduler.requests import pod_requests
 from hami_plugin.scheduler.settings import SchedulerSettings
@@ -72,6 +74,22 @@ class _NodeHandler:
 
     def on_synced(self) -> None:
         self._state.nodes_listed()
+
+
+class _BudgetHandler:
+    """The PodDisruptionBudget informer's handler (preemption reads them)."""
+
+    def __init__(self, state: SchedulerState) -> None:
+        self._state = state
+
+    def on_upsert(self, new: PodDisruptionBudget, old: PodDisruptionBudget | None) -> None:
+        self._state.budget_upserted(new.key, new)
+
+    def on_delete(self, old: PodDisruptionBudget) -> None:
+        self._state.budget_upserted(old.key, None)
+
+    def on_synced(self) -> None:
+        return None
 
 
 class _QuotaHandler:
@@ -124,6 +142,9 @@ class SchedulerState:
         self.pod_events = _PodHandler(self)
         self.node_events = _NodeHandler(self)
         self.quota_events = _QuotaHandler(self)
+        self.budget_events = _BudgetHandler(self)
+        self._preemptions: list[Preemption] = []  # decided, to evict (`take_preemptions`)
+        self._preemptors: dict[str, datetime | None] = {}  # key -> creation, until Running
 
     # --- what the shell holds -----------------------------------------------------------------
 
@@ -154,6 +175,8 @@ class SchedulerState:
         """Tell the observer what the change says; called without the lock."""
         for _ in range(change.expired):
             self._observer.booking_expired()
+        if change.preemption_outcome:
+            self._observer.preemption_attempted(change.preemption_outcome)
 
     def _current_keys(self) -> BookingKeys | None:
         return None if self._keys is None else self._keys()
@@ -330,12 +353,17 @@ class SchedulerState:
         monotonic = self._clock.monotonic()
         with self._lock:
             self._apply(self._book.apply_pod(info, keys, monotonic))
+            created = self._preemptors.pop(info.key, None) if info.phase == "Running" else None
+        if created is not None:
+            started = (info.start_time or self._clock.now()) - created
+            self._observer.preemptor_running(max(started.total_seconds(), 0.0))
 
     def pod_deleted(self, info: PodInfo) -> None:
         """A pod was deleted: its GPUs, booking and in-flight entry go at once; a node lock it
         holds is queued for release (the recovery loop does the API call)."""
         with self._lock:
             self._apply(self._book.delete_pod(info))
+            self._preemptors.pop(info.key, None)
 
     def pods_relisted(self) -> None:
         """The pod informer holds a whole list (`Book.relisted`)."""
@@ -357,6 +385,34 @@ class SchedulerState:
             self._apply(change)
         self._observe(change)
         return change.expired
+
+    # --- preemption ---------------------------------------------------------------------------
+
+    def take_preemptions(self, timeout: float) -> list[Preemption]:
+        """The preemptions decided since the last call, waiting up to `timeout` for one."""
+        with self._lock:
+            if not self._preemptions:
+                self._changed.wait(min(timeout, _WAIT_POLL_SECONDS))
+            taken, self._preemptions = self._preemptions, []
+            return taken
+
+    def preemption_failed(self, preemptor: PodInfo) -> None:
+        """Its victims could not be evicted: the hold ends (`Planner.failed`)."""
+        with self._lock:
+            self._book.preemption.failed(preemptor.key, preemptor.uid)
+        self._observer.preemption_attempted("failed")
+
+    def refine_preemption(
+        self, pod: PodInfo, proposed: Mapping[str, tuple[tuple[str, ...], int]]
+    ) -> dict[str, Refined] | None:
+        """kube-scheduler's preempt verb (`Planner.refine_for`)."""
+        with self._lock:
+            return self._book.preemption.refine_for(pod, proposed)
+
+    def budget_upserted(self, key: str, budget: PodDisruptionBudget | None) -> None:
+        """A PodDisruptionBudget `<namespace>/<name>` appeared or changed (None: deleted)."""
+        with self._lock:
+            self._book.preemption.apply_budget(key, budget)
 
     # --- quotas -------------------------------------------------------------------------------
 
@@ -415,6 +471,10 @@ class SchedulerState:
             with self._lock:
                 result, change = self._book.filter(info, requests, names, now, monotonic)
                 self._apply(change)
+                if change.preemption is not None:
+                    self._preemptions.append(change.preemption)
+                    self._preemptors[info.key] = info.creation_timestamp
+                    self._changed.notify_all()
             self._observe(change)
             answer = filter_answer(info, names, result)
             if result.fanned_out:

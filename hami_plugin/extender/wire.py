@@ -69,6 +69,7 @@ __all__ = [
     "body_too_large_message",
     "decode_binding_request",
     "decode_filter_request",
+    "decode_preemption_request",
     "filter_reply",
     "parse_binding_args",
     "parse_binding_result",
@@ -85,6 +86,7 @@ __all__ = [
 MAX_BODY_BYTES = 1024 * 1024
 """HAMi reads at most 1 MiB of a /filter or /bind body (route.go line 33)."""
 MISSING_POD_MESSAGE = "extender args missing pod"
+_TEXT = "text/plain; charset=utf-8"
 
 
 class ExtenderRequestError(ValueError):
@@ -455,3 +457,18 @@ def decode_binding_request(
         return parse_binding_args(body)
     except ExtenderRequestError as error:
         return binding_reply(ExtenderBindingResult(error=str(error)))
+
+
+def decode_preemption_request(
+    body: bytes, *, max_bytes: int = MAX_BODY_BYTES
+) -> ExtenderPreemptionArgs | HttpReply:
+    """The ExtenderPreemptionArgs of a /preempt body, or the reply to send instead: the
+    result has no `Error` field, so a body over `max_bytes`, malformed JSON or no pod is an
+    HTTP 400 whose text kube-scheduler logs with the preemption's failure."""
+    problem = _body_problem(body, max_bytes)
+    try:
+        if problem is not None:
+            raise ExtenderRequestError(problem)
+        return parse_preemption_args(body)
+    except ExtenderRequestError as error:
+        return HttpReply(400, (str(error) + "\n").encode("utf-8"), _TEXT)

@@ -11,7 +11,7 @@ import contextlib
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from hami_plugin.kube.events import PodEvent
 from hami_plugin.kube.records import (
@@ -38,6 +38,7 @@ __all__ = [
     "NodeMetricsApi",
     "PodEventApi",
     "PodPatchApi",
+    "PreemptionApi",
     "WatchApi",
 ]
 
@@ -164,6 +165,18 @@ class BindApi(NodeApi, PodPatchApi, ListApi, DeadlineApi, Protocol):
     Binding, and a fresh read of the pod."""
 
     def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+
+class PreemptionApi(DeadlineApi, Protocol):
+    """What the scheduler's evictions use (`extender.preemption`)."""
+
+    def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> PodInfo: ...
+
+    def add_pod_condition(
+        self, namespace: str, name: str, condition: Mapping[str, Any]
+    ) -> PodInfo: ...
+
+    def delete_pod(self, namespace: str, name: str, uid: str = "") -> None: ...
 
 
 class LeaseApi(PodPatchApi, ListApi, DeadlineApi, Protocol):

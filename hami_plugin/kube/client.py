@@ -71,7 +71,14 @@ from hami_plugin.kube.records import (
     webhook_configuration_record,
 )
 from hami_plugin.kube.retry import RetryPolicy
-from hami_plugin.kube.transport import JSON, JSON_PATCH, MERGE_PATCH, Request, Transport
+from hami_plugin.kube.transport import (
+    JSON,
+    JSON_PATCH,
+    MERGE_PATCH,
+    STRATEGIC_MERGE_PATCH,
+    Request,
+    Transport,
+)
 from hami_plugin.protocol.objects import NodeInfo, PodInfo, read_node, read_pod
 
 logger = logging.getLogger(__name__)
@@ -300,6 +307,37 @@ class KubeClient(CollectionCalls):
             content_type=MERGE_PATCH,
         )
         return self._transport.call(f"patch pod {namespace}/{name} status", request, read_pod)
+
+    def add_pod_condition(self, namespace: str, name: str, condition: Mapping[str, Any]) -> PodInfo:
+        """Add or replace one of the pod's `status.conditions` (by `type`), the others kept:
+        a strategic merge patch of `pods/<name>/status`, as kube-scheduler adds
+        `DisruptionTarget` (pkg/scheduler/util/utils.go `PatchPodStatus`). Raises NotFound,
+        Retryable or KubeError."""
+        request = Request(
+            "PATCH",
+            "/api/v1/namespaces/{namespace}/pods/{name}/status",
+            {"namespace": namespace, "name": name},
+            body={"status": {"conditions": [dict(condition)]}},
+            content_type=STRATEGIC_MERGE_PATCH,
+        )
+        return self._transport.call(f"patch pod {namespace}/{name} condition", request, read_pod)
+
+    def delete_pod(self, namespace: str, name: str, uid: str = "") -> None:
+        """Delete the pod with its own grace period (DeleteOptions without one, as
+        kube-scheduler's preemption deletes a victim, pkg/scheduler/util/utils.go `DeletePod`);
+        `uid` (when not "") is a precondition, so a successor of the same name is never hit.
+        Raises NotFound, Conflict (another UID), Retryable or KubeError."""
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        request = Request(
+            "DELETE",
+            "/api/v1/namespaces/{namespace}/pods/{name}",
+            {"namespace": namespace, "name": name},
+            body=body,
+            content_type=JSON,
+        )
+        self._transport.call(f"delete pod {namespace}/{name}", request, _ignore_body)
 
     def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
         """Bind the pod to `node` (POST a v1 Binding to `pods/<name>/binding`).

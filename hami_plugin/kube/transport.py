@@ -42,7 +42,7 @@ from hami_plugin.kube.ratelimit import TokenBucket
 from hami_plugin.kube.records import json_object
 from hami_plugin.kube.retry import RetryPolicy, call_with_retries, stopped_during
 
-__all__ = ["JSON", "JSON_PATCH", "MERGE_PATCH", "Request", "Transport"]
+__all__ = ["JSON", "JSON_PATCH", "MERGE_PATCH", "STRATEGIC_MERGE_PATCH", "Request", "Transport"]
 
 JSON = "application/json"
 JSON_PATCH = "application/json-patch+json"
@@ -50,6 +50,8 @@ JSON_PATCH = "application/json-patch+json"
 # which its REST layer rewrites to `strategic-merge-patch+json` for a dict body. Strategic merge
 # behaves like merge patch on string maps, but it is not what HAMi sends.
 MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+"""What kube-scheduler patches a pod's status with: `status.conditions` merge by `type`."""
 # The auth entry of the generated configuration (`Configuration.auth_settings()`): the bearer
 # token, refreshed by the loaders' `refresh_api_key_hook` (in-cluster token rotation, exec
 # plugins). Client certificates are set up by the REST client's pool manager.

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
 
 from hami_plugin.protocol.mig import MigAllocation
 from hami_plugin.protocol.usage import DeviceTally
@@ -46,6 +47,7 @@ __all__ = [
     "eligible_to_preempt",
     "more_important",
     "pick_one_node",
+    "read_pod_disruption_budget",
     "victims_on_node",
     "without",
 ]
@@ -88,6 +90,10 @@ class PodDisruptionBudget:
     selects_nothing: bool = False
     """`spec.selector` absent: policy/v1 then selects no pod."""
 
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
     def selects(self, namespace: str, labels: Mapping[str, str]) -> bool:
         """kube-scheduler's test: same namespace, a selector that is not empty, and it matches."""
         if self.selects_nothing or namespace != self.namespace:
@@ -97,6 +103,42 @@ class PodDisruptionBudget:
         if any(labels.get(key) != value for key, value in self.match_labels.items()):
             return False
         return all(_expression(labels, *expression) for expression in self.match_expressions)
+
+
+def read_pod_disruption_budget(obj: Mapping[str, Any]) -> PodDisruptionBudget:
+    """What preemption reads of a policy/v1 PodDisruptionBudget object (camelCase keys, as the
+    API sends it). Raises ValueError naming the field when it cannot be read."""
+    metadata = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    if not isinstance(metadata, Mapping) or not isinstance(metadata.get("name"), str):
+        raise ValueError("metadata.name is missing")
+    if not isinstance(spec, Mapping) or not isinstance(status, Mapping):
+        raise ValueError("spec and status must be objects")
+    selector = spec.get("selector")
+    labels: dict[str, str] = {}
+    expressions: list[tuple[str, str, tuple[str, ...]]] = []
+    if isinstance(selector, Mapping):
+        for key, value in (selector.get("matchLabels") or {}).items():
+            labels[str(key)] = str(value)
+        for entry in selector.get("matchExpressions") or ():
+            if not isinstance(entry, Mapping):
+                raise ValueError("spec.selector.matchExpressions holds a non-object")
+            values = tuple(str(value) for value in entry.get("values") or ())
+            expressions.append((str(entry.get("key", "")), str(entry.get("operator", "")), values))
+    allowed = status.get("disruptionsAllowed", 0)
+    if isinstance(allowed, bool) or not isinstance(allowed, int):
+        raise ValueError("status.disruptionsAllowed must be an integer")
+    disrupted = status.get("disruptedPods") or {}
+    return PodDisruptionBudget(
+        namespace=str(metadata.get("namespace") or "default"),
+        name=metadata["name"],
+        match_labels=labels,
+        match_expressions=tuple(expressions),
+        disruptions_allowed=allowed,
+        disrupted_pods=frozenset(str(name) for name in disrupted),
+        selects_nothing=selector is None,
+    )
 
 
 def _expression(labels: Mapping[str, str], key: str, operator: str, values: Sequence[str]) -> bool:

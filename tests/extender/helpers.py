@@ -127,6 +127,15 @@ class RecordingObserver:
     def leader_changed(self, is_leader: bool) -> None:
         self._add("leader_changed", is_leader)
 
+    def preemption_attempted(self, outcome: str) -> None:
+        self._add("preemption_attempted", outcome)
+
+    def preemption_victims(self, count: int) -> None:
+        self._add("preemption_victims", count)
+
+    def preemptor_running(self, seconds: float) -> None:
+        self._add("preemptor_running", seconds)
+
 
 class SplitClock:
     """A `hami_plugin.clock.Clock` from two callables: the leader tests' fake seconds and a

@@ -35,7 +35,7 @@ def fragmented(
 
 
 def test_fragmented_node_one_victim_on_the_gpu_the_preemptor_gets() -> None:
-    cluster, low = fragmented()
+    cluster, _ = fragmented()
     result, change = cluster.filter(pod("high", 40000, priority=HIGH))
     assert result.node is None
     preemption = change.preemption
