@@ -103,9 +103,7 @@ def admit_pod_update(pod: JsonObject, stored: JsonObject) -> JsonObject:
     return {**pod, "spec": {**spec, **kept}} if kept else pod
 
 
-def validate_priority_class(
-    store: ObjectStore, priority_class: JsonObject, creating: bool
-) -> None:
+def validate_priority_class(store: ObjectStore, priority_class: JsonObject, creating: bool) -> None:
     """`validatePriorityClass`: only one globalDefault class. Raises ApiError 403."""
     if not priority_class.get("globalDefault"):
         return

@@ -19,6 +19,7 @@ from hami_plugin.testing.apiserver.selectors import Selector
 from hami_plugin.testing.apiserver.status import ApiError, not_found
 from hami_plugin.testing.apiserver.store import RESOURCES, ObjectStore, Resource
 
+
 def _api_prefix(resource: Resource) -> str:
     """`/api/v1` for the core group, `/apis/<group>/<version>` for the others."""
     if resource.api_version == "v1":
@@ -39,9 +40,11 @@ def _route_table() -> list[tuple[re.Pattern[str], str]]:
             table.append((re.compile(f"{scoped}/(?P<name>[^/]+)"), "object"))
         else:
             table.append((re.compile(f"{prefix}/{plural}/(?P<name>[^/]+)"), "object"))
-    pod = "/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)"
+    pod = "/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods)/(?P<name>[^/]+)"
     table.append((re.compile(f"{pod}/binding"), "binding"))
     table.append((re.compile(f"{pod}/status"), "status"))
+    budget = r"/apis/policy/v1/namespaces/(?P<ns>[^/]+)/(?P<res>poddisruptionbudgets)"
+    table.append((re.compile(f"{budget}/(?P<name>[^/]+)/status"), "status"))
     return table
 
 
@@ -79,7 +82,7 @@ def handle(store: ObjectStore, request: RecordedRequest) -> tuple[int, JsonObjec
         if target.kind == "binding":
             return _bind(store, target.namespace, str(target.name), request)
         if target.kind == "status":
-            return _status(store, target.namespace, str(target.name), request)
+            return _status(store, target.plural, target.namespace, str(target.name), request)
         if target.kind == "collection":
             return _collection(store, target.plural, target.namespace, request)
         return _object(store, target.plural, target.namespace, str(target.name), request)
@@ -169,15 +172,15 @@ def _check_precondition(plural: str, name: str, current: JsonObject, proposed: J
 
 
 def _status(
-    store: ObjectStore, namespace: str, name: str, request: RecordedRequest
+    store: ObjectStore, plural: str, namespace: str, name: str, request: RecordedRequest
 ) -> tuple[int, JsonObject]:
-    """`pods/<name>/status`: GET the pod; PATCH or PUT change its `status` only, the rest of
-    the request is ignored (as kube-scheduler's condition writes and kubelet's status writes
-    go)."""
+    """`pods/<name>/status` (or a PodDisruptionBudget's): GET the object; PATCH or PUT change
+    its `status` only, the rest of the request is ignored (as kube-scheduler's condition
+    writes, kubelet's status writes and the disruption controller's go)."""
     key = (namespace, name)
-    pod = store.get("pods", key)
+    pod = store.get(plural, key)
     if pod is None:
-        raise not_found("pods", name)
+        raise not_found(plural, name)
     if request.method == "GET":
         return 200, copy.deepcopy(pod)
     if request.method == "PATCH":
@@ -188,11 +191,11 @@ def _status(
             raise ApiError(400, "BadRequest", "metadata must be an object")
     else:
         raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported here")
-    _check_precondition("pods", name, pod, proposed)
+    _check_precondition(plural, name, pod, proposed)
     status = proposed.get("status")
     if not isinstance(status, dict):
         raise ApiError(422, "Invalid", "status must be an object")
-    return 200, copy.deepcopy(store.replace("pods", key, pod, {**pod, "status": status}))
+    return 200, copy.deepcopy(store.replace(plural, key, pod, {**pod, "status": status}))
 
 
 def _bind(
