@@ -1,7 +1,8 @@
 """The REST verbs on the store: a request's path routed to a collection, an object, a Pod's
-`binding` or its `status`, and GET, LIST, POST (create), PUT (replace), PATCH, DELETE and the
-bind applied to it as the API server applies them. Watches are routed here too, and served by
-`watch`."""
+`binding` or its (or a PodDisruptionBudget's) `status`, and GET, LIST, POST (create), PUT
+(replace), PATCH, DELETE (`deletion`) and the bind applied to it as the API server applies
+them, with the Priority admission plugin (`priority`) on Pod and PriorityClass writes. Watches
+are routed here too, and served by `watch`."""
 
 from __future__ import annotations
 
