@@ -1,6 +1,16 @@
 """PATCH as the API server applies it: `application/merge-patch+json` (RFC 7386),
-`application/strategic-merge-patch+json` (treated as a merge patch: equal on metadata maps,
-lists are replaced whole) and `application/json-patch+json` (RFC 6902); other types answer 415."""
+`application/strategic-merge-patch+json` and `application/json-patch+json` (RFC 6902); other
+types answer 415.
+
+Strategic merge (k8s.io/apimachinery `pkg/util/strategicpatch/patch.go`) is a merge patch
+except on the lists whose Go field is tagged `patchStrategy:"merge"` (`MERGE_KEYS`, read from
+k8s.io/api `core/v1/types.go` and `meta/v1/types.go`): those merge item by item on their
+`patchMergeKey` (`status.conditions` by `type`, so a `DisruptionTarget` condition is added
+beside `PodScheduled`), a `{"$patch": "delete"}` item removes its match, a `{"$patch":
+"replace"}` item replaces the list; a list of scalars (`metadata.finalizers`) gets the patch's
+values not already in it. `$setElementOrder/<field>` and `$retainKeys` (client-go's two-way
+patches send them) are accepted and do not reorder; `$deleteFromPrimitiveList/<field>` removes
+values. Other lists are replaced whole."""
 
 from __future__ import annotations
 
@@ -27,6 +37,82 @@ def merge_patch(target: Any, patch: Any) -> Any:
         else:
             result[key] = merge_patch(result.get(key), value)
     return result
+
+
+# Lists that strategic merge merges, by path from the object's root, with their merge key
+# (None: a list of scalars, merged as a set).
+MERGE_KEYS: dict[tuple[str, ...], str | None] = {
+    ("metadata", "finalizers"): None,
+    ("metadata", "ownerReferences"): "uid",
+    ("spec", "containers"): "name",
+    ("spec", "initContainers"): "name",
+    ("spec", "ephemeralContainers"): "name",
+    ("spec", "volumes"): "name",
+    ("status", "conditions"): "type",
+    ("status", "addresses"): "type",
+}
+
+
+def strategic_merge_patch(target: Any, patch: Any, path: tuple[str, ...] = ()) -> Any:
+    """`target` with the strategic merge `patch` applied (`path`: where `target` sits in the
+    object). Raises ValueError for a directive it cannot apply."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    directive = patch.get("$patch")
+    if directive == "replace":
+        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+    if directive is not None:
+        raise ValueError(f"unsupported $patch directive {directive!r} on a map")
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if key.startswith("$setElementOrder/") or key == "$retainKeys":
+            continue
+        if key.startswith("$deleteFromPrimitiveList/"):
+            field = key.split("/", 1)[1]
+            if isinstance(result.get(field), list) and isinstance(value, list):
+                result[field] = [item for item in result[field] if item not in value]
+            continue
+        if value is None:
+            result.pop(key, None)
+            continue
+        where = (*path, key)
+        current = result.get(key)
+        if where in MERGE_KEYS and isinstance(value, list) and isinstance(current, list):
+            result[key] = _merge_list(current, value, MERGE_KEYS[where])
+        else:
+            result[key] = strategic_merge_patch(current, value, where)
+    return result
+
+
+def _merge_list(current: list[Any], patch: list[Any], merge_key: str | None) -> list[Any]:
+    if merge_key is None:
+        return [*current, *(copy.deepcopy(v) for v in patch if v not in current)]
+    if any(isinstance(item, dict) and item.get("$patch") == "replace" for item in patch):
+        return [
+            copy.deepcopy(item)
+            for item in patch
+            if not (isinstance(item, dict) and item.get("$patch") == "replace")
+        ]
+    merged = list(current)
+    for item in patch:
+        if not isinstance(item, dict) or merge_key not in item:
+            raise ValueError(f"a list item without its merge key {merge_key!r}: {item!r}")
+        index = next(
+            (
+                i
+                for i, old in enumerate(merged)
+                if isinstance(old, dict) and old.get(merge_key) == item[merge_key]
+            ),
+            None,
+        )
+        if item.get("$patch") == "delete":
+            if index is not None:
+                del merged[index]
+        elif index is None:
+            merged.append(strategic_merge_patch({}, item, ("<item>",)))
+        else:
+            merged[index] = strategic_merge_patch(merged[index], item, ("<item>",))
+    return merged
 
 
 def _pointer(path: str) -> list[str]:
@@ -130,7 +216,10 @@ def apply_patch(obj: JsonObject, request: RecordedRequest) -> JsonObject:
         if content_type in (MERGE_PATCH, STRATEGIC_MERGE_PATCH):
             if not isinstance(patch, dict):
                 raise ValueError("a merge patch must be a JSON object")
-            result = merge_patch(obj, patch)
+            if content_type == MERGE_PATCH:
+                result = merge_patch(obj, patch)
+            else:
+                result = strategic_merge_patch(obj, patch)
         elif content_type == JSON_PATCH:
             result = json_patch(obj, patch)
         else:

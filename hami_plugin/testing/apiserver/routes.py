@@ -1,62 +1,55 @@
 """The REST verbs on the store: a request's path routed to a collection, an object, a Pod's
-`binding` or its `status`, and GET, LIST, POST (create), PUT (replace), PATCH, DELETE and the
-bind applied to it as the API server applies them. Watches are routed here too, and served by
-`watch`."""
+`binding` or its (or a PodDisruptionBudget's) `status`, and GET, LIST, POST (create), PUT
+(replace), PATCH, DELETE (`deletion`) and the bind applied to it as the API server applies
+them, with the Priority admission plugin (`priority`) on Pod and PriorityClass writes. Watches
+are routed here too, and served by `watch`."""
 
 from __future__ import annotations
 
 import copy
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
+from hami_plugin.testing.apiserver import deletion, priority
+from hami_plugin.testing.apiserver.deletion import DeleteOptions
 from hami_plugin.testing.apiserver.objects import JsonObject
 from hami_plugin.testing.apiserver.patches import apply_patch
 from hami_plugin.testing.apiserver.request import RecordedRequest
 from hami_plugin.testing.apiserver.selectors import Selector
 from hami_plugin.testing.apiserver.status import ApiError, not_found
-from hami_plugin.testing.apiserver.store import RESOURCES, ObjectStore
+from hami_plugin.testing.apiserver.store import RESOURCES, ObjectStore, Resource
 
-_ROUTES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"/api/v1/(?P<res>nodes|pods|events|secrets|resourcequotas)"), "collection"),
-    (re.compile(r"/api/v1/(?P<res>nodes|namespaces)/(?P<name>[^/]+)"), "object"),
-    (
-        re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|events|secrets|resourcequotas)"),
-        "collection",
-    ),
-    (
-        re.compile(
-            r"/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|events|secrets|resourcequotas)/(?P<name>[^/]+)"
-        ),
-        "object",
-    ),
-    (
-        re.compile(
-            r"/apis/admissionregistration\.k8s\.io/v1/(?P<res>mutatingwebhookconfigurations)"
-        ),
-        "collection",
-    ),
-    (
-        re.compile(
-            r"/apis/admissionregistration\.k8s\.io/v1/(?P<res>mutatingwebhookconfigurations)"
-            r"/(?P<name>[^/]+)"
-        ),
-        "object",
-    ),
-    (re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/binding"), "binding"),
-    (re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/status"), "status"),
-    (re.compile(r"/apis/coordination\.k8s\.io/v1/(?P<res>leases)"), "collection"),
-    (
-        re.compile(r"/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/(?P<res>leases)"),
-        "collection",
-    ),
-    (
-        re.compile(
-            r"/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/(?P<res>leases)"
-            r"/(?P<name>[^/]+)"
-        ),
-        "object",
-    ),
-]
+
+def _api_prefix(resource: Resource) -> str:
+    """`/api/v1` for the core group, `/apis/<group>/<version>` for the others."""
+    if resource.api_version == "v1":
+        return "/api/v1"
+    return "/apis/" + re.escape(resource.api_version)
+
+
+def _route_table() -> list[tuple[re.Pattern[str], str]]:
+    """Every resource's collection (cluster-wide, and per namespace for a namespaced one) and
+    object paths, then the Pod subresources."""
+    table: list[tuple[re.Pattern[str], str]] = []
+    for resource in RESOURCES.values():
+        prefix, plural = _api_prefix(resource), f"(?P<res>{resource.plural})"
+        table.append((re.compile(f"{prefix}/{plural}"), "collection"))
+        if resource.namespaced:
+            scoped = f"{prefix}/namespaces/(?P<ns>[^/]+)/{plural}"
+            table.append((re.compile(scoped), "collection"))
+            table.append((re.compile(f"{scoped}/(?P<name>[^/]+)"), "object"))
+        else:
+            table.append((re.compile(f"{prefix}/{plural}/(?P<name>[^/]+)"), "object"))
+    pod = "/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods)/(?P<name>[^/]+)"
+    table.append((re.compile(f"{pod}/binding"), "binding"))
+    table.append((re.compile(f"{pod}/status"), "status"))
+    budget = r"/apis/policy/v1/namespaces/(?P<ns>[^/]+)/(?P<res>poddisruptionbudgets)"
+    table.append((re.compile(f"{budget}/(?P<name>[^/]+)/status"), "status"))
+    return table
+
+
+_ROUTES = _route_table()
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +83,7 @@ def handle(store: ObjectStore, request: RecordedRequest) -> tuple[int, JsonObjec
         if target.kind == "binding":
             return _bind(store, target.namespace, str(target.name), request)
         if target.kind == "status":
-            return _status(store, target.namespace, str(target.name), request)
+            return _status(store, target.plural, target.namespace, str(target.name), request)
         if target.kind == "collection":
             return _collection(store, target.plural, target.namespace, request)
         return _object(store, target.plural, target.namespace, str(target.name), request)
@@ -104,7 +97,12 @@ def _collection(
     if request.method == "POST":
         if RESOURCES[plural].namespaced and not namespace:
             raise ApiError(405, "MethodNotAllowed", "create needs a namespace in the path")
-        return 201, copy.deepcopy(store.create(plural, namespace, _body_object(request)))
+        created = _body_object(request)
+        if plural == "pods":
+            created = priority.admit_pod_create(store, created)
+        elif plural == "priorityclasses":
+            priority.validate_priority_class(store, created, creating=True)
+        return 201, copy.deepcopy(store.create(plural, namespace, created))
     raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported here")
 
 
@@ -126,9 +124,10 @@ def _object(
     if request.method == "GET":
         return 200, copy.deepcopy(obj)
     if request.method == "DELETE":
-        return 200, copy.deepcopy(store.commit(plural, key, "DELETED", None))
+        options = DeleteOptions.from_request(request)
+        return 200, copy.deepcopy(deletion.delete(store, plural, key, options, datetime.now(UTC)))
     if request.method == "PATCH":
-        patched = apply_patch(obj, request)
+        patched = _admit_update(store, plural, apply_patch(obj, request), obj)
         _check_precondition(plural, name, obj, patched)
         return 200, copy.deepcopy(store.replace(plural, key, obj, patched))
     if request.method == "PUT":
@@ -143,9 +142,21 @@ def _object(
                 f"the name of the object ({metadata['name']}) does not match the name on "
                 f"the URL ({name})",
             )
+        replacement = _admit_update(store, plural, replacement, obj)
         _check_precondition(plural, name, obj, replacement)
         return 200, copy.deepcopy(store.replace(plural, key, obj, replacement))
     raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported here")
+
+
+def _admit_update(
+    store: ObjectStore, plural: str, proposed: JsonObject, current: JsonObject
+) -> JsonObject:
+    """The Priority admission plugin on an UPDATE (`priority`)."""
+    if plural == "pods":
+        return priority.admit_pod_update(proposed, current)
+    if plural == "priorityclasses":
+        priority.validate_priority_class(store, proposed, creating=False)
+    return proposed
 
 
 def _check_precondition(plural: str, name: str, current: JsonObject, proposed: JsonObject) -> None:
@@ -162,15 +173,15 @@ def _check_precondition(plural: str, name: str, current: JsonObject, proposed: J
 
 
 def _status(
-    store: ObjectStore, namespace: str, name: str, request: RecordedRequest
+    store: ObjectStore, plural: str, namespace: str, name: str, request: RecordedRequest
 ) -> tuple[int, JsonObject]:
-    """`pods/<name>/status`: GET the pod; PATCH or PUT change its `status` only, the rest of
-    the request is ignored (as kube-scheduler's condition writes and kubelet's status writes
-    go)."""
+    """`pods/<name>/status` (or a PodDisruptionBudget's): GET the object; PATCH or PUT change
+    its `status` only, the rest of the request is ignored (as kube-scheduler's condition
+    writes, kubelet's status writes and the disruption controller's go)."""
     key = (namespace, name)
-    pod = store.get("pods", key)
+    pod = store.get(plural, key)
     if pod is None:
-        raise not_found("pods", name)
+        raise not_found(plural, name)
     if request.method == "GET":
         return 200, copy.deepcopy(pod)
     if request.method == "PATCH":
@@ -181,11 +192,11 @@ def _status(
             raise ApiError(400, "BadRequest", "metadata must be an object")
     else:
         raise ApiError(405, "MethodNotAllowed", f"{request.method} is not supported here")
-    _check_precondition("pods", name, pod, proposed)
+    _check_precondition(plural, name, pod, proposed)
     status = proposed.get("status")
     if not isinstance(status, dict):
         raise ApiError(422, "Invalid", "status must be an object")
-    return 200, copy.deepcopy(store.replace("pods", key, pod, {**pod, "status": status}))
+    return 200, copy.deepcopy(store.replace(plural, key, pod, {**pod, "status": status}))
 
 
 def _bind(

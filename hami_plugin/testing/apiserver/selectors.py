@@ -41,6 +41,8 @@ FIELD_SELECTORS: dict[str, frozenset[str]] = {
     "secrets": frozenset({"metadata.name", "metadata.namespace", "type"}),
     "resourcequotas": frozenset({"metadata.name", "metadata.namespace"}),
     "mutatingwebhookconfigurations": frozenset({"metadata.name"}),
+    "poddisruptionbudgets": frozenset({"metadata.name", "metadata.namespace"}),
+    "priorityclasses": frozenset({"metadata.name"}),
 }
 
 

@@ -9,11 +9,13 @@ import json
 import re
 import threading
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from hami_plugin.testing.apiserver import client
+from hami_plugin.testing.apiserver import client, deletion
+from hami_plugin.testing.apiserver.deletion import DeleteOptions
 from hami_plugin.testing.apiserver.http import HttpServer
 from hami_plugin.testing.apiserver.objects import JsonObject, make_node, make_pod
 from hami_plugin.testing.apiserver.request import Fault, RecordedRequest, RequestLog
@@ -221,8 +223,9 @@ class FakeApiServer:
     # --- object helpers -------------------------------------------------------------------
 
     def add_object(self, obj: Mapping[str, Any]) -> JsonObject:
-        """Store a Node, Pod, Event, Lease, Secret or MutatingWebhookConfiguration dict (by
-        `kind`) as if created; returns the stored copy."""
+        """Store an object dict of any kind the double serves (by `kind`: Node, Pod, Event,
+        Lease, Secret, PodDisruptionBudget, PriorityClass, ...) as if created, without
+        admission (a Pod keeps the `spec.priority` it has); returns the stored copy."""
         plural = {r.kind: r.plural for r in RESOURCES.values()}.get(str(obj.get("kind")))
         if plural is None:
             raise ValueError(f"unsupported kind {obj.get('kind')!r}")
@@ -267,7 +270,34 @@ class FakeApiServer:
             ]
 
     def delete_pod(self, namespace: str, name: str) -> bool:
+        """Remove the pod at once, with no grace period and a single DELETED event (as if its
+        deletion had already run its course; `finish_termination` is kubelet's last DELETE)."""
         return self.delete_object("pods", namespace, name)
+
+    def finish_termination(self, namespace: str, name: str) -> bool:
+        """What kubelet does once a terminating pod's containers have stopped: DELETE it with
+        grace period 0 and its UID as precondition (kubelet `status_manager.go`
+        `syncPod`), so that it is removed: a MODIFIED then a DELETED watch event, as over
+        HTTP. False if the pod was not there."""
+        with self._store.lock:
+            key = self._store.key("pods", namespace, name)
+            pod = self._store.get("pods", key)
+            if pod is None:
+                return False
+            options = DeleteOptions(grace_period_seconds=0, uid=pod["metadata"].get("uid"))
+            deletion.delete(self._store, "pods", key, options, datetime.now(UTC))
+            return True
+
+    def events_about(self, namespace: str, name: str, kind: str = "Pod") -> list[JsonObject]:
+        """Stored core/v1 Events whose `involvedObject` is the `kind` object `namespace/name`,
+        oldest first (the list a `fieldSelector` on `involvedObject.*` gives)."""
+        return [
+            event
+            for event in self.objects("events")
+            if (event.get("involvedObject") or {}).get("kind") == kind
+            and (event.get("involvedObject") or {}).get("name") == name
+            and (event.get("involvedObject") or {}).get("namespace", namespace) == namespace
+        ]
 
     def delete_object(self, plural: str, namespace: str, name: str) -> bool:
         """Delete as another client would (a DELETED watch event); False if it was not there."""

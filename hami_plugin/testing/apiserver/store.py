@@ -45,6 +45,12 @@ RESOURCES = {
         namespaced=False,
         api_version="admissionregistration.k8s.io/v1",
     ),
+    "poddisruptionbudgets": Resource(
+        "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True, api_version="policy/v1"
+    ),
+    "priorityclasses": Resource(
+        "priorityclasses", "PriorityClass", namespaced=False, api_version="scheduling.k8s.io/v1"
+    ),
 }
 
 # Continue tokens kept (oldest dropped first; a dropped token answers 410 like an expired one).
@@ -187,6 +193,14 @@ class ObjectStore:
         for immutable in ("name", "namespace", "uid", "creationTimestamp"):
             if immutable in current["metadata"]:
                 metadata[immutable] = current["metadata"][immutable]
+        # An update can never remove or change a deletion timestamp, nor remove the grace
+        # period (k8s.io/apiserver pkg/registry/rest/update.go `BeforeUpdate`).
+        if current["metadata"].get("deletionTimestamp") is not None:
+            metadata["deletionTimestamp"] = current["metadata"]["deletionTimestamp"]
+        if metadata.get("deletionGracePeriodSeconds") is None:
+            grace = current["metadata"].get("deletionGracePeriodSeconds")
+            if grace is not None:
+                metadata["deletionGracePeriodSeconds"] = grace
         proposed = {
             **proposed,
             "kind": current["kind"],

@@ -6,7 +6,9 @@ depend on (the other kinds are stored as sent):
   Secret must have `tls.crt` and `tls.key` (k8s.io/kubernetes `pkg/apis/core/validation`
   `ValidateSecret`, `ValidateSecretUpdate`);
 * MutatingWebhookConfigurations: every webhook has a name, and a `clientConfig.caBundle`, when
-  set, is base64.
+  set, is base64;
+* PriorityClasses: `preemptionPolicy` defaults to `PreemptLowerPriority`
+  (k8s.io/kubernetes `pkg/apis/scheduling/v1/defaults.go` `SetDefaults_PriorityClass`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ def admit(plural: str, obj: JsonObject, previous: JsonObject | None) -> JsonObje
         return _admit_secret(obj, previous)
     if plural == "mutatingwebhookconfigurations":
         _check_webhooks(obj)
+    if plural == "priorityclasses" and obj.get("preemptionPolicy") is None:
+        # pkg/apis/scheduling/v1/defaults.go SetDefaults_PriorityClass
+        return {**obj, "preemptionPolicy": "PreemptLowerPriority"}
     return obj
 
 

@@ -37,13 +37,16 @@ def test_watch_streams_every_write_as_chunked_json_lines_at_its_version(
     )[1]
     apiserver.update_object("pods", "default", "p", lambda p: p["metadata"]["labels"].clear())
     deleted = call(http, apiserver, "DELETE", "/api/v1/namespaces/default/pods/p")[1]
-    events = stream.take(4)
+    events = stream.take(5)
     stream.close()
 
+    # A pod DELETE first writes its deletionTimestamp (grace 0: the pod is not bound), then
+    # removes it: two writes, as kube-apiserver's Store.Delete does them.
     assert summary(events) == [
         ("ADDED", "p", created["metadata"]["resourceVersion"]),
         ("MODIFIED", "p", patched["metadata"]["resourceVersion"]),
         ("MODIFIED", "p", str(start + 3)),
+        ("MODIFIED", "p", str(start + 4)),
         ("DELETED", "p", deleted["metadata"]["resourceVersion"]),
     ]
     assert [int(rv) for _, _, rv in summary(events)] == [
@@ -51,12 +54,15 @@ def test_watch_streams_every_write_as_chunked_json_lines_at_its_version(
         start + 2,
         start + 3,
         start + 4,
+        start + 5,
     ]
     assert events[0]["object"]["kind"] == "Pod"
     assert events[0]["object"]["apiVersion"] == "v1"
     assert events[1]["object"]["metadata"]["labels"] == {"a": "b"}
+    assert events[3]["object"]["metadata"]["deletionGracePeriodSeconds"] == 0
     # DELETED carries the last state, at the deletion's version.
-    assert events[3]["object"]["metadata"]["labels"] == {}
+    assert events[4]["object"]["metadata"]["labels"] == {}
+    assert events[4]["object"]["metadata"]["deletionGracePeriodSeconds"] == 0
 
 
 def test_watch_from_an_older_version_replays_the_history(
