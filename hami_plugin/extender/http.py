@@ -193,7 +193,7 @@ class ExtenderApp:
 
     def preempt(self, body: bytes) -> HttpReply:
         """kube-scheduler's preempt verb: its candidates with the victims the GPUs need added,
-        a node where the pod's GPUs cannot be freed left out (docs/design.md 10.3)."""
+        a node where the pod's GPUs cannot be freed left out (docs/design.md 11.3)."""
         decoded = decode_preemption_request(body, max_bytes=self.max_body_bytes)
         if isinstance(decoded, HttpReply):
             return decoded

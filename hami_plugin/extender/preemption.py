@@ -1,7 +1,7 @@
 """Carrying out a preemption: the leader evicts the victims the book chose, as kube-scheduler's
-preemption does (docs/design.md 10).
+preemption does (docs/design.md 11).
 
-kube-scheduler cannot preempt for GPUs (its dry run does not see them, `docs/design.md` 10.1),
+kube-scheduler cannot preempt for GPUs (its dry run does not see them, `docs/design.md` 11.1),
 so when `/filter` finds no node for a GPU pod and the book chose victims, this loop does what
 kube-scheduler's `prepareCandidate` and the scheduling failure handler would
 (pkg/scheduler/framework/preemption/preemption.go, pkg/scheduler/schedule_one.go):

@@ -99,7 +99,7 @@ class SchedulerConfig:
     the bind would not wait (`hami_plugin.scheduler.filter.decide`); 0: HAMi's choice always."""
     preemption: bool = True
     """`--preemption`: a GPU pod that fits nowhere takes GPUs back from pods of lower priority
-    (docs/design.md 10); false: HAMi's behaviour, it stays Pending."""
+    (docs/design.md 11); false: HAMi's behaviour, it stays Pending."""
     leader_elect: bool = False
     leader_elect_resource_name: str = ""
     leader_elect_resource_namespace: str = ""

@@ -64,7 +64,7 @@ def make_watches(
         name="resourcequotas",
         options=options,
     )
-    # preemption honours them as kube-scheduler does (docs/design.md 10)
+    # preemption honours them as kube-scheduler does (docs/design.md 11)
     budgets = Informer(
         kube,
         "/apis/policy/v1/poddisruptionbudgets",

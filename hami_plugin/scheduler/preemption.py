@@ -2,7 +2,7 @@
 
 kube-scheduler's own preemption cannot see GPUs (our resources are `ignoredByScheduler`, its dry
 run fits the pod with nobody removed), so the scheduler decides the victims itself, by
-kube-scheduler's rules as if its filters could see them (docs/design.md 10):
+kube-scheduler's rules as if its filters could see them (docs/design.md 11):
 
 * who may preempt: not a pod whose `preemptionPolicy` is `Never`; not one whose nominated node
   still holds a terminating pod of lower priority (kube-scheduler v1.24+

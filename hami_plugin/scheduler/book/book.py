@@ -76,7 +76,7 @@ class BookSettings:
     node_lock_timeout: timedelta = timedelta(minutes=5)
     node_selector: Mapping[str, str] = field(default_factory=dict)
     preemption: bool = True
-    """A pod that fits nowhere takes GPUs back from pods of lower priority (docs/design.md 10)."""
+    """A pod that fits nowhere takes GPUs back from pods of lower priority (docs/design.md 11)."""
 
 
 @dataclass(frozen=True, slots=True)

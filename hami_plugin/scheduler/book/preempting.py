@@ -1,5 +1,5 @@
 """The book's side of preemption: the pods a node could give up, read from the book, and the
-decisions of `scheduler.preemption` made over them (docs/design.md 10).
+decisions of `scheduler.preemption` made over them (docs/design.md 11).
 
 `Planner.choose` picks the node and victims for a pod that fit nowhere (the extender evicts
 them, `extender.preemption`); `Planner.refine` answers kube-scheduler's preempt verb, adding to
