@@ -301,6 +301,17 @@ class KubeClient(CollectionCalls):
         )
         return self._transport.call(f"patch pod {namespace}/{name} status", request, read_pod)
 
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """DELETE the pod with default DeleteOptions (its own grace period), as
+        kube-scheduler's preemption does (`util.DeletePod`). Raises NotFound, Retryable or
+        KubeError."""
+        request = Request(
+            "DELETE",
+            "/api/v1/namespaces/{namespace}/pods/{name}",
+            {"namespace": namespace, "name": name},
+        )
+        self._transport.call(f"delete pod {namespace}/{name}", request, _ignore_body)
+
     def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
         """Bind the pod to `node` (POST a v1 Binding to `pods/<name>/binding`).
 
