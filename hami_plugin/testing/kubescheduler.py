@@ -5,8 +5,18 @@ It watches pods and nodes through the API server (the double, with a `KubeClient
 Pending, unbound, not-deleting pods of its `scheduler_name`, and schedules them one at a time
 as kube-scheduler does with an extender that is `nodeCacheCapable` and owns the GPU resources
 (`daemonset/kube-scheduler-config.yaml`): POST `/filter` with `ExtenderArgs` (the pod, the
-node names), then POST `/bind` with `ExtenderBindingArgs` to the first node returned. No
-in-tree plugin is modelled: every node passes them, and the extender decides.
+node names), then POST `/bind` with `ExtenderBindingArgs` to the first node returned. The one
+in-tree filter modelled is NodeResourcesFit for cpu, memory and the pod count, with nominated
+pods (`kubescheduler_fit`); only the nodes it passes go to `/filter`
+(`kubescheduler_filter`). The active queue pops by PrioritySort (higher `spec.priority`,
+then the pod queued earlier). A pod with `status.nominatedNodeName` is tried on that node
+alone first (PreferNominatedNode). When no node is left, PostFilter runs DefaultPreemption
+with the extender's `preempt_verb` (`kubescheduler_preemption`, None: the extender has none);
+`preemptions` and `preempt_calls` record it. `pdbs` lists the PodDisruptionBudgets (default:
+a GET of `/apis/policy/v1/poddisruptionbudgets`, 404 read as none). An extender or bind
+error clears the pod's `nominatedNodeName`; a PostFilter with no candidate clears it, one
+that failed with an error leaves it (1.24's `updatePod` with `clearNominatedNode` or the
+PostFilter result).
 
 The queueing rules it follows, and why (`docs/kube-scheduler.md`):
 
@@ -37,7 +47,7 @@ The queueing rules it follows, and why (`docs/kube-scheduler.md`):
   a pod in no queue), so its failing attempt does not park it.
 
 Simplified: the bind runs in the scheduling thread (kube-scheduler binds in a goroutine while
-the next pod is scheduled), no preemption, no prioritize call, one profile.
+the next pod is scheduled), no prioritize call, one profile.
 
 `moves` and `attempts` record what happened, for tests to assert on; `parked()` is the
 unschedulable pool now; `hold()`/`release()` pause it between two attempts. `start()`/`stop()`
