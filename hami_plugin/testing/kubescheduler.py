@@ -5,8 +5,18 @@ It watches pods and nodes through the API server (the double, with a `KubeClient
 Pending, unbound, not-deleting pods of its `scheduler_name`, and schedules them one at a time
 as kube-scheduler does with an extender that is `nodeCacheCapable` and owns the GPU resources
 (`daemonset/kube-scheduler-config.yaml`): POST `/filter` with `ExtenderArgs` (the pod, the
-node names), then POST `/bind` with `ExtenderBindingArgs` to the first node returned. No
-in-tree plugin is modelled: every node passes them, and the extender decides.
+node names), then POST `/bind` with `ExtenderBindingArgs` to the first node returned. The one
+in-tree filter modelled is NodeResourcesFit for cpu, memory and the pod count, with nominated
+pods (`kubescheduler_fit`); only the nodes it passes go to `/filter`
+(`kubescheduler_filter`). The active queue pops by PrioritySort (higher `spec.priority`,
+then the pod queued earlier). A pod with `status.nominatedNodeName` is tried on that node
+alone first (PreferNominatedNode). When no node is left, PostFilter runs DefaultPreemption
+with the extender's `preempt_verb` (`kubescheduler_preemption`, None: the extender has none);
+`preemptions` and `preempt_calls` record it. `pdbs` lists the PodDisruptionBudgets (default:
+a GET of `/apis/policy/v1/poddisruptionbudgets`, 404 read as none). An extender or bind
+error clears the pod's `nominatedNodeName`; a PostFilter with no candidate clears it, one
+that failed with an error leaves it (1.24's `updatePod` with `clearNominatedNode` or the
+PostFilter result).
 
 The queueing rules it follows, and why (`docs/kube-scheduler.md`):
 
@@ -37,7 +47,7 @@ The queueing rules it follows, and why (`docs/kube-scheduler.md`):
   a pod in no queue), so its failing attempt does not park it.
 
 Simplified: the bind runs in the scheduling thread (kube-scheduler binds in a goroutine while
-the next pod is scheduled), no preemption, no prioritize call, one profile.
+the next pod is scheduled), no prioritize call, one profile.
 
 `moves` and `attempts` record what happened, for tests to assert on; `parked()` is the
 unschedulable pool now; `hold()`/`release()` pause it between two attempts. `start()`/`stop()`
@@ -48,24 +58,48 @@ finishes with the old one.
 
 from __future__ import annotations
 
-import copy
-import http.client
-import json
 import logging
 import ssl
 import threading
-import urllib.parse
-from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import KubeError
 from hami_plugin.kube.informer import Informer, ListWatchOptions
+from hami_plugin.testing.kubescheduler_filter import FilterOutcome, find_nodes_that_fit
+from hami_plugin.testing.kubescheduler_fit import (
+    Code,
+    NodeState,
+    fit_error_message,
+    pod_priority,
+)
+from hami_plugin.testing.kubescheduler_http import ExtenderError, post_json
+from hami_plugin.testing.kubescheduler_preemption import (
+    PreemptCall,
+    Preemption,
+    PreemptionEvaluator,
+    read_pdbs,
+)
+from hami_plugin.testing.kubescheduler_queue import (
+    Attempt,
+    Move,
+    Queued,
+    Queues,
+    is_pod_updated,
+    node_scheduling_change,
+    pod_key,
+)
 
-__all__ = ["Attempt", "KubeSchedulerStandIn", "Move", "is_pod_updated"]
+__all__ = [
+    "Attempt",
+    "KubeSchedulerStandIn",
+    "Move",
+    "PreemptCall",
+    "Preemption",
+    "is_pod_updated",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -76,95 +110,6 @@ _LIST_WATCH = ListWatchOptions(
 )
 REASON_UNSCHEDULABLE = "Unschedulable"
 REASON_SCHEDULER_ERROR = "SchedulerError"
-
-
-@dataclass(frozen=True, slots=True)
-class Move:
-    """A pod left the unschedulable pool: `event` names why ("PodUpdate", "NodeAdd", ...)."""
-
-    pod: str
-    event: str
-    at: float
-    """Monotonic seconds."""
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """One scheduling attempt: `outcome` "bound", "error" (the filter failed), "unschedulable"
-    (no node left) or "bind-error"; `message` as written to the pod's condition."""
-
-    pod: str
-    outcome: str
-    node: str = ""
-    message: str = ""
-    at: float = 0.0
-
-
-@dataclass(slots=True)
-class _Queued:
-    pod: JsonObject
-    attempts: int = 0
-    failed_at: float = float("-inf")
-    parked_at: float = 0.0
-
-
-@dataclass(slots=True)
-class _Queues:
-    active: dict[str, _Queued] = field(default_factory=dict)
-    backoff: dict[str, _Queued] = field(default_factory=dict)
-    unschedulable: dict[str, _Queued] = field(default_factory=dict)
-    in_flight: dict[str, _Queued] = field(default_factory=dict)
-    assumed: set[str] = field(default_factory=set)
-
-    def find(self, key: str) -> _Queued | None:
-        for queue in (self.active, self.backoff, self.unschedulable, self.in_flight):
-            if key in queue:
-                return queue[key]
-        return None
-
-    def remove(self, key: str) -> None:
-        for queue in (self.active, self.backoff, self.unschedulable):
-            queue.pop(key, None)
-
-
-def _key(pod: Mapping[str, Any]) -> str:
-    metadata = pod.get("metadata") or {}
-    return f"{metadata.get('namespace') or 'default'}/{metadata.get('name')}"
-
-
-def is_pod_updated(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """kube-scheduler's `isPodUpdated`: the pods differ once `resourceVersion`, `generation`,
-    `managedFields`, `finalizers` and `status` are left out (`docs/kube-scheduler.md` 4)."""
-
-    def strip(pod: Mapping[str, Any]) -> JsonObject:
-        stripped = copy.deepcopy(dict(pod))
-        metadata = dict(stripped.get("metadata") or {})
-        for name in ("resourceVersion", "generation", "managedFields", "finalizers"):
-            metadata.pop(name, None)
-        stripped["metadata"] = metadata
-        stripped.pop("status", None)
-        return stripped
-
-    return strip(old) != strip(new)
-
-
-def _node_scheduling_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """1.24's `nodeSchedulingPropertiesChange`: labels, taints, unschedulable, allocatable or
-    conditions changed (annotations alone do not count)."""
-    fields = (
-        ("metadata", "labels"),
-        ("spec", "taints"),
-        ("spec", "unschedulable"),
-        ("status", "allocatable"),
-        ("status", "conditions"),
-    )
-    for section, name in fields:
-        # absent, null, empty and false all read as "none"
-        before = (old.get(section) or {}).get(name) or None
-        after = (new.get(section) or {}).get(name) or None
-        if before != after:
-            return True
-    return False
 
 
 class _PodEvents:
@@ -188,7 +133,7 @@ class _NodeEvents:
     def on_upsert(self, new: JsonObject, old: JsonObject | None) -> None:
         if old is None:
             self._owner._move_all("NodeAdd")
-        elif _node_scheduling_change(old, new):
+        elif node_scheduling_change(old, new):
             self._owner._move_all("NodeUpdate")
 
     def on_delete(self, old: JsonObject) -> None:
@@ -215,6 +160,8 @@ class KubeSchedulerStandIn:
         http_timeout_seconds: float = 30.0,
         ssl_context: ssl.SSLContext | None = None,
         clock: Clock | None = None,
+        preempt_verb: str | None = "preempt",
+        pdbs: Callable[[], Sequence[Mapping[str, Any]]] | None = None,
     ) -> None:
         self.extender_url = extender_url
         self._kube = kube
@@ -229,7 +176,7 @@ class KubeSchedulerStandIn:
         self._clock: Clock = clock or SystemClock()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._queues = _Queues()
+        self._queues = Queues()
         self._cycle = 0
         self._move_request_cycle = -1
         self._stop = threading.Event()
@@ -237,8 +184,14 @@ class KubeSchedulerStandIn:
         self._threads: list[threading.Thread] = []
         self.moves: list[Move] = []
         self.attempts: list[Attempt] = []
+        self._nominated: dict[str, str] = {}
+        """The nominator: pending pod key -> nominated node (kube-scheduler keeps it in the
+        queue, set at once on preemption and from pod updates)."""
+        self._preemption = PreemptionEvaluator(
+            kube, self._post, preempt_verb, pdbs or (lambda: read_pdbs(kube))
+        )
         self._pods: Informer[JsonObject] = Informer(
-            kube, "/api/v1/pods", dict, _key, _PodEvents(self), name="standin-pods",
+            kube, "/api/v1/pods", dict, pod_key, _PodEvents(self), name="standin-pods",
             options=_LIST_WATCH,
         )  # fmt: skip
         self._nodes: Informer[JsonObject] = Informer(
@@ -260,6 +213,18 @@ class KubeSchedulerStandIn:
     def tried(self) -> list[Attempt]:
         with self._lock:
             return list(self.attempts)
+
+    @property
+    def preemptions(self) -> list[Preemption]:
+        """The preemptions carried out, in order."""
+        with self._lock:
+            return list(self._preemption.preemptions)
+
+    @property
+    def preempt_calls(self) -> list[PreemptCall]:
+        """The POSTs to the extender's preempt verb, in order."""
+        with self._lock:
+            return list(self._preemption.preempt_calls)
 
     @property
     def synced(self) -> bool:
@@ -312,10 +277,11 @@ class KubeSchedulerStandIn:
         )
 
     def _pod_upserted(self, new: JsonObject, old: JsonObject | None) -> None:
-        key = _key(new)
+        key = pod_key(new)
         now = self._clock.monotonic()
         with self._wake:
             queues = self._queues
+            self._track_nomination(key, new, old)
             if not self._ours(new):
                 queues.remove(key)
                 if (new.get("spec") or {}).get("nodeName"):
@@ -325,7 +291,7 @@ class KubeSchedulerStandIn:
                 return  # 1.24 ignores updates of an assumed pod
             queued = queues.find(key)
             if queued is None:
-                queues.active[key] = _Queued(new)
+                queues.active[key] = Queued(new, queued_at=now)
             elif key in queues.unschedulable:
                 queued.pod = new
                 if old is not None and is_pod_updated(old, new):
@@ -335,14 +301,38 @@ class KubeSchedulerStandIn:
             elif key in queues.in_flight:
                 queued.pod = new
                 if old is not None and is_pod_updated(old, new):
-                    queues.active[key] = _Queued(new, queued.attempts, queued.failed_at)
+                    queues.active[key] = Queued(
+                        new, queued.attempts, queued.failed_at, queued_at=now
+                    )
             else:
                 queued.pod = new
             self._wake.notify_all()
 
+    def _track_nomination(self, key: str, new: JsonObject, old: JsonObject | None) -> None:
+        """The nominator's view of a pod update (called with the lock held): a bound, deleting
+        or finished pod is nominated nowhere; an empty `nominatedNodeName` clears the
+        nomination only when it was set before (an update that races the in-memory
+        nomination keeps it, as 1.24's `updateNominatedPod`)."""
+        if (new.get("spec") or {}).get("nodeName") or not self._pending(new):
+            self._nominated.pop(key, None)
+            return
+        node = str((new.get("status") or {}).get("nominatedNodeName") or "")
+        before = str(((old or {}).get("status") or {}).get("nominatedNodeName") or "")
+        if node:
+            self._nominated[key] = node
+        elif before:
+            self._nominated.pop(key, None)
+
+    @staticmethod
+    def _pending(pod: Mapping[str, Any]) -> bool:
+        phase = (pod.get("status") or {}).get("phase") or "Pending"
+        deleting = (pod.get("metadata") or {}).get("deletionTimestamp") is not None
+        return phase == "Pending" and not deleting
+
     def _pod_deleted(self, old: JsonObject) -> None:
-        key = _key(old)
+        key = pod_key(old)
         with self._wake:
+            self._nominated.pop(key, None)
             self._queues.remove(key)
             self._queues.assumed.discard(key)
         if (old.get("spec") or {}).get("nodeName"):
@@ -359,14 +349,14 @@ class KubeSchedulerStandIn:
             self._move_request_cycle = self._cycle
             self._wake.notify_all()
 
-    def _requeue(self, key: str, queued: _Queued, now: float) -> None:
+    def _requeue(self, key: str, queued: Queued, now: float) -> None:
         # called with the lock held
         if self._backoff_until(queued) > now:
             self._queues.backoff[key] = queued
         else:
             self._queues.active[key] = queued
 
-    def _backoff_until(self, queued: _Queued) -> float:
+    def _backoff_until(self, queued: Queued) -> float:
         exponent = max(queued.attempts - 1, 0)
         duration = min(self._initial_backoff * 2.0**exponent, self._max_backoff)
         return queued.failed_at + duration
@@ -403,7 +393,7 @@ class KubeSchedulerStandIn:
                     self._requeue(key, queued, now)
                     self.moves.append(Move(key, "UnschedulableTimeout", now))
 
-    def _pop(self, now: float) -> tuple[str, _Queued] | None:
+    def _pop(self, now: float) -> tuple[str, Queued] | None:
         with self._wake:
             queues = self._queues
             for key, queued in list(queues.backoff.items()):
@@ -412,39 +402,92 @@ class KubeSchedulerStandIn:
                     queues.active[key] = queued
             if not queues.active or self._held or not self.synced:
                 return None
-            key = next(iter(queues.active))
+            # PrioritySort (`queuesort/priority_sort.go` `Less`): higher priority first, then
+            # the pod queued earlier
+            key = max(
+                queues.active,
+                key=lambda k: (pod_priority(queues.active[k].pod), -queues.active[k].queued_at),
+            )
             queued = queues.active.pop(key)
             queued.attempts += 1
             self._cycle += 1
             queues.in_flight[key] = queued
             return key, queued
 
-    def _schedule_one(self, key: str, queued: _Queued) -> None:
+    def _snapshot(self) -> dict[str, NodeState]:
+        """The scheduler cache now: each node with its pods (bound, not finished; terminating
+        ones until they are gone) and the pods nominated to it."""
+        nodes = {str(node["metadata"]["name"]): NodeState(node) for node in self._nodes.items()}
+        pods = {pod_key(pod): pod for pod in self._pods.items()}
+        for pod in pods.values():
+            state = nodes.get(str((pod.get("spec") or {}).get("nodeName") or ""))
+            phase = (pod.get("status") or {}).get("phase")
+            if state is not None and phase not in ("Succeeded", "Failed"):
+                state.pods.append(pod)
+        with self._lock:
+            nominated = dict(self._nominated)
+        for key, node in nominated.items():
+            if key in pods and node in nodes:
+                nodes[node].nominated.append(pods[key])
+        return nodes
+
+    def _schedule_one(self, key: str, queued: Queued) -> None:
+        """One scheduling cycle (`schedule_one.go` v1.24 `scheduleOne`)."""
         cycle = self._cycle
         url = self.extender_url
         pod = queued.pod
-        nodes = sorted(str(node["metadata"]["name"]) for node in self._nodes.items())
+        nodes = self._snapshot()
         if not nodes:
-            self._failed(key, queued, cycle, "unschedulable", "no nodes available to schedule pods")
+            message = "no nodes available to schedule pods"
+            self._failed(key, queued, cycle, "unschedulable", message, nominate="")
             return
-        try:
-            result = self._post(url, "/filter", {"Pod": pod, "Nodes": None, "NodeNames": nodes})
-            error = str(result.get("Error") or "")
-        except _ExtenderError as failure:
-            error = str(failure)
-        if error:
-            self._failed(key, queued, cycle, "error", error)
+
+        def call(names: Sequence[str]) -> JsonObject:
+            return self._post(url, "/filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
+
+        # PreferNominatedNode (`evaluateNominatedNode`): the nominated node alone first
+        nominated = str((pod.get("status") or {}).get("nominatedNodeName") or "")
+        outcome = FilterOutcome()
+        if nominated in nodes:
+            outcome = find_nodes_that_fit(pod, [nominated], nodes, call)
+        if not outcome.feasible:
+            outcome = find_nodes_that_fit(pod, sorted(nodes), nodes, call)
+        if outcome.error:
+            self._failed(key, queued, cycle, "error", outcome.error, nominate="")
             return
-        chosen = [str(name) for name in result.get("NodeNames") or ()]
-        if not chosen:
-            failed = result.get("FailedNodes") or {}
-            reasons = Counter(str(reason) for reason in failed.values())
-            detail = ", ".join(sorted(f"{count} {reason}" for reason, count in reasons.items()))
-            message = f"0/{len(nodes)} nodes are available: {detail}."
-            self._failed(key, queued, cycle, "unschedulable", message)
+        if not outcome.feasible:
+            self._post_filter(key, queued, cycle, outcome, nodes)
             return
-        node = chosen[0]
-        metadata = pod.get("metadata") or {}
+        self._bind(key, queued, cycle, outcome.feasible[0], url)
+
+    def _post_filter(
+        self,
+        key: str,
+        queued: Queued,
+        cycle: int,
+        outcome: FilterOutcome,
+        nodes: dict[str, NodeState],
+    ) -> None:
+        """No node fits: PostFilter (DefaultPreemption), then the failure as 1.24 handles
+        it: the PostFilter message joins the FitError unless its status is an Error."""
+        message = fit_error_message(outcome.statuses, len(nodes))
+        pod = self._pods.get(key) or queued.pod  # Preempt reads the pod anew
+        now = self._clock.now()
+        result = self._preemption.preempt(pod, outcome.statuses, nodes, now, self.extender_url)
+        if result.code == Code.ERROR:
+            logger.info("stand-in: PostFilter for %s: %s", key, result.message)
+        elif result.message:
+            message = f"{message} {result.message}"
+        if result.nominate is not None:
+            with self._lock:
+                if result.nominate:
+                    self._nominated[key] = result.nominate
+                else:
+                    self._nominated.pop(key, None)
+        self._failed(key, queued, cycle, "unschedulable", message, nominate=result.nominate)
+
+    def _bind(self, key: str, queued: Queued, cycle: int, node: str, url: str) -> None:
+        metadata = queued.pod.get("metadata") or {}
         binding = {
             "PodName": metadata.get("name"),
             "PodNamespace": metadata.get("namespace") or "default",
@@ -456,22 +499,35 @@ class KubeSchedulerStandIn:
         try:
             answer = self._post(url, "/bind", binding)
             bind_error = str(answer.get("Error") or "")
-        except _ExtenderError as failure:
+        except ExtenderError as failure:
             bind_error = str(failure)
         if bind_error:
             with self._wake:
                 self._queues.assumed.discard(key)
-            self._failed(key, queued, cycle, "bind-error", f"binding rejected: {bind_error}")
+            message = f"binding rejected: {bind_error}"
+            self._failed(key, queued, cycle, "bind-error", message, nominate="")
             return
         with self._wake:
             self._queues.in_flight.pop(key, None)
+            self._nominated.pop(key, None)
             self._wake.notify_all()
             self._queues.remove(key)  # a copy queued by an update during the attempt
             self.attempts.append(Attempt(key, "bound", node, "", self._clock.monotonic()))
 
-    def _failed(self, key: str, queued: _Queued, cycle: int, outcome: str, message: str) -> None:
+    def _failed(
+        self,
+        key: str,
+        queued: Queued,
+        cycle: int,
+        outcome: str,
+        message: str,
+        *,
+        nominate: str | None = None,
+    ) -> None:
+        """`handleSchedulingFailure`: write the condition (and `nominatedNodeName` when
+        `nominate` is not None), requeue the pod."""
         reason = REASON_SCHEDULER_ERROR if outcome == "bind-error" else REASON_UNSCHEDULABLE
-        self._write_condition(key, reason, message)
+        self._write_condition(key, reason, message, nominate)
         now = self._clock.monotonic()
         current = self._pods.get(key)
         with self._wake:
@@ -483,6 +539,7 @@ class KubeSchedulerStandIn:
                 return
             queued.pod = current
             queued.failed_at = now
+            queued.queued_at = now
             if key in queues.active:
                 return  # updated during the attempt: already queued again
             to_backoff = (
@@ -497,71 +554,36 @@ class KubeSchedulerStandIn:
                 queues.unschedulable[key] = queued
             self._wake.notify_all()
 
-    def _write_condition(self, key: str, reason: str, message: str) -> None:
+    def _write_condition(
+        self, key: str, reason: str, message: str, nominate: str | None = None
+    ) -> None:
+        """`updatePod`: one status patch with the PodScheduled condition and, when `nominate`
+        is not None and differs, `nominatedNodeName`; nothing when neither changes."""
         current = self._pods.get(key)
         if current is None:
             return
         status = current.get("status") or {}
+        patch: JsonObject = {}
+        if nominate is not None and nominate != (status.get("nominatedNodeName") or ""):
+            patch["nominatedNodeName"] = nominate or None
         conditions = [dict(c) for c in status.get("conditions") or ()]
         wanted = {"type": "PodScheduled", "status": "False", "reason": reason, "message": message}
-        if any(all(c.get(k) == v for k, v in wanted.items()) for c in conditions):
+        if not any(all(c.get(k) == v for k, v in wanted.items()) for c in conditions):
+            stamp = self._clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
+            conditions = [c for c in conditions if c.get("type") != "PodScheduled"]
+            conditions.append(
+                {**wanted, "lastProbeTime": None, "lastTransitionTime": stamp}
+            )  # fmt: skip
+            patch["conditions"] = conditions
+        if not patch:
             return  # UpdatePodCondition: nothing changed, nothing written
-        stamp = self._clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
-        conditions = [c for c in conditions if c.get("type") != "PodScheduled"]
-        conditions.append(
-            {
-                "type": "PodScheduled",
-                "status": "False",
-                "reason": reason,
-                "message": message,
-                "lastProbeTime": None,
-                "lastTransitionTime": stamp,
-            }
-        )
         namespace, name = key.split("/", 1)
         try:
-            self._kube.patch_pod_status(namespace, name, {"conditions": conditions})
+            self._kube.patch_pod_status(namespace, name, patch)
         except KubeError as error:
-            logger.warning("stand-in: condition of %s not written: %s", key, error)
+            logger.warning("stand-in: status of %s not written: %s", key, error)
 
     def _post(self, url: str, path: str, document: Mapping[str, Any]) -> JsonObject:
-        """POST a JSON document to the extender; its JSON answer. Raises _ExtenderError worded
-        as kube-scheduler's extender client words it."""
-        target = url.rstrip("/") + path
-        parts = urllib.parse.urlsplit(target)
-        connection: http.client.HTTPConnection
-        if parts.scheme == "https":
-            connection = http.client.HTTPSConnection(
-                parts.hostname or "", parts.port, timeout=self._http_timeout,
-                context=self._ssl_context,
-            )  # fmt: skip
-        else:
-            connection = http.client.HTTPConnection(
-                parts.hostname or "", parts.port, timeout=self._http_timeout
-            )
-        try:
-            body = json.dumps(document).encode()
-            connection.request(
-                "POST", parts.path, body=body, headers={"Content-Type": "application/json"}
-            )
-            response = connection.getresponse()
-            data = response.read()
-        except (OSError, http.client.HTTPException) as error:
-            raise _ExtenderError(f'Post "{target}": {error}') from None
-        finally:
-            connection.close()
-        if response.status != 200:
-            raise _ExtenderError(
-                f"failed {path.lstrip('/')} with extender at URL {target}, code {response.status}"
-            )
-        try:
-            answer = json.loads(data)
-        except ValueError as error:
-            raise _ExtenderError(f"{path.lstrip('/')}: {error}") from None
-        if not isinstance(answer, dict):
-            raise _ExtenderError(f"{path.lstrip('/')}: the answer is not an object")
-        return answer
-
-
-class _ExtenderError(Exception):
-    """A failed extender call."""
+        return post_json(
+            url, path, document, timeout_seconds=self._http_timeout, ssl_context=self._ssl_context
+        )
