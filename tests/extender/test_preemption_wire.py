@@ -104,8 +104,10 @@ def test_fragmented_node_one_victim_then_the_preemptor_binds(
     (event,) = [e for e in api.events_about("default", "low-3") if e["reason"] == "Preempted"]
     assert event["message"] == f"Preempted by pod {high['metadata']['uid']} on node {NODE}"
     wait_until(
-        lambda: (api.get_pod("default", "high") or {}).get("status", {}).get("nominatedNodeName")
-        == NODE,
+        lambda: (
+            (api.get_pod("default", "high") or {}).get("status", {}).get("nominatedNodeName")
+            == NODE
+        ),
         what="the preemptor nominated",
     )
     wait_until(
@@ -131,11 +133,8 @@ def test_fragmented_node_one_victim_then_the_preemptor_binds(
     # and the preemptor gets it, on the GPU its victim freed
     assert scheduler.schedule(high, [NODE]) == NODE
     assert deleting(api) == []
-    assert [p["metadata"]["name"] for p in api.objects("pods") if "low" in p["metadata"]["name"]] == [
-        "low-0",
-        "low-1",
-        "low-2",
-    ]
+    names = [pod["metadata"]["name"] for pod in api.objects("pods")]
+    assert [name for name in names if name.startswith("low")] == ["low-0", "low-1", "low-2"]
     assert scheduler.observer.named("preemption_victims") == [1]
     assert "preempted" in scheduler.observer.named("preemption_attempted")
     assert "waiting" in scheduler.observer.named("preemption_attempted")
@@ -152,9 +151,7 @@ def test_never_policy_takes_nothing(api: FakeApiServer, scheduler: Scheduler) ->
     polite = stored(api, pending("polite", 40000, HIGH, policy="Never"))
     scheduler.sees_pod("default", "polite", lambda pod: True)
     assert not scheduler.filter(polite, [NODE])["NodeNames"]
-    wait_until(
-        lambda: "never" in scheduler.observer.named("preemption_attempted"), what="attempt"
-    )
+    wait_until(lambda: "never" in scheduler.observer.named("preemption_attempted"), what="attempt")
     assert deleting(api) == []
 
 
