@@ -26,6 +26,13 @@ from typing import Any
 from hami_plugin.clock import Clock, SystemClock
 from hami_plugin.kube.errors import Conflict, KubeError, NotFound
 from hami_plugin.kube.events import PodEvent
+from hami_plugin.kube.fake_history import (
+    Write,
+    collection_of,
+    fields_match,
+    in_path,
+    labels_match,
+)
 from hami_plugin.kube.records import (
     LeaseRecord,
     ObjectList,
@@ -61,7 +68,7 @@ class FakeKube:
         self._clock: Clock = clock or SystemClock()
         self._lock = threading.RLock()
         self._written = threading.Condition(self._lock)
-        self._history: list[_Write] = []
+        self._history: list[Write] = []
         self._last: dict[object, dict[str, Any]] = {}
         self._version = 0
         self._failures: dict[str, list[BaseException]] = {}
@@ -184,6 +191,40 @@ class FakeKube:
             spec["nodeName"] = node
             self._record("pods", self._restamp(pod))
 
+    def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> PodInfo:
+        """Merge `status` into the pod's (None deletes a key). Raises NotFound."""
+        with self._lock:
+            self._enter("patch_pod_status")
+            pod = self._pod(namespace, name)
+            stored = pod.setdefault("status", {})
+            for key, value in status.items():
+                if value is None:
+                    stored.pop(key, None)
+                else:
+                    stored[key] = value
+            return read_pod(self._record("pods", self._restamp(pod)))
+
+    def add_pod_condition(self, namespace: str, name: str, condition: Mapping[str, Any]) -> PodInfo:
+        """Add or replace one `status.conditions` entry, by `type`. Raises NotFound."""
+        with self._lock:
+            self._enter("add_pod_condition")
+            pod = self._pod(namespace, name)
+            conditions = pod.setdefault("status", {}).setdefault("conditions", [])
+            kept = [c for c in conditions if c.get("type") != condition.get("type")]
+            pod["status"]["conditions"] = [*kept, dict(condition)]
+            return read_pod(self._record("pods", self._restamp(pod)))
+
+    def delete_pod(self, namespace: str, name: str, uid: str = "") -> None:
+        """Begin a graceful deletion: `metadata.deletionTimestamp` set, the pod kept (no
+        kubelet here ends it). Raises NotFound, Conflict (another uid)."""
+        with self._lock:
+            self._enter("delete_pod")
+            pod = self._pod(namespace, name)
+            if uid and read_pod(pod).uid != uid:
+                raise Conflict(f"delete pod {namespace}/{name}: HTTP 409", 409)
+            pod["metadata"]["deletionTimestamp"] = self._clock.now().isoformat()
+            self._record("pods", self._restamp(pod))
+
     # --- any collection -------------------------------------------------------------------
 
     def list_objects(
@@ -232,7 +273,7 @@ class FakeKube:
         set. Raises ValueError for a path `list_objects` does not know."""
         with self._lock:
             self._enter("watch_objects")
-            kind = _collection(path)
+            kind = collection_of(path)
             listed = self._list(path, label_selector, field_selector)
         if resource_version in ("", "0"):
             yield from (WatchEvent("ADDED", obj) for obj in listed.items)
@@ -422,14 +463,14 @@ class FakeKube:
     def _list(
         self, path: str, label_selector: str | None, field_selector: str | None
     ) -> ObjectList:
-        kind = _collection(path)
+        kind = collection_of(path)
         objects: Iterable[dict[str, Any]] = (self.nodes if kind == "nodes" else self.pods).values()
         items = [
             copy.deepcopy(obj)
             for obj in objects
-            if _in_path(obj, path)
-            and _labels_match(obj, label_selector)
-            and _fields_match(obj, field_selector)
+            if in_path(obj, path)
+            and labels_match(obj, label_selector)
+            and fields_match(obj, field_selector)
         ]
         return ObjectList(items, str(self._version))
 
@@ -438,7 +479,7 @@ class FakeKube:
         metadata = stored["metadata"]
         key = (kind, metadata.get("namespace", ""), metadata.get("name", ""))
         after = copy.deepcopy(stored)
-        self._history.append(_Write(self._version, kind, after, self._last.get(key)))
+        self._history.append(Write(self._version, kind, after, self._last.get(key)))
         self._last[key] = after
         self._written.notify_all()
         return stored
@@ -518,77 +559,3 @@ class FakeKube:
 
 
 _WATCH_POLL_SECONDS = 0.05  # how often an idle watch looks at its `stop` again
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Write:
-    """One write to a node or a pod: the object after it (`after`) and before it (None: it
-    created the object), at `version`."""
-
-    version: int
-    kind: str
-    after: dict[str, Any]
-    before: dict[str, Any] | None
-
-    def event(
-        self, path: str, label_selector: str | None, field_selector: str | None
-    ) -> WatchEvent | None:
-        """What a watch of `path` with these selectors sees of this write, if anything."""
-        now, then = (
-            obj is not None
-            and _in_path(obj, path)
-            and _labels_match(obj, label_selector)
-            and _fields_match(obj, field_selector)
-            for obj in (self.after, self.before)
-        )
-        if now:
-            return WatchEvent("MODIFIED" if then else "ADDED", self.after)
-        return WatchEvent("DELETED", self.after) if then else None
-
-
-def _collection(path: str) -> str:
-    """ "nodes" or "pods", the collections the fake keeps. Raises ValueError for another."""
-    parts = path.strip("/").split("/")
-    if parts == ["api", "v1", "nodes"]:
-        return "nodes"
-    if parts == ["api", "v1", "pods"] or (
-        parts[:3] == ["api", "v1", "namespaces"] and parts[4:] == ["pods"] and len(parts) == 5
-    ):
-        return "pods"
-    raise ValueError(f"FakeKube cannot list {path!r}")
-
-
-def _in_path(obj: Mapping[str, Any], path: str) -> bool:
-    """Whether `obj` is in the collection of `path` (all of it, or one namespace's pods)."""
-    parts = path.strip("/").split("/")
-    return len(parts) != 5 or obj.get("metadata", {}).get("namespace") == parts[3]
-
-
-def _selector(text: str | None) -> list[tuple[str, str | None]]:
-    terms: list[tuple[str, str | None]] = []
-    for term in (text or "").split(","):
-        if not term:
-            continue
-        if "!" in term or "(" in term:
-            raise ValueError(f"FakeKube supports equality selectors only, not {term!r}")
-        key, sep, value = term.partition("=")
-        terms.append((key.strip(), value.lstrip("=").strip() if sep else None))
-    return terms
-
-
-def _labels_match(obj: Mapping[str, Any], selector: str | None) -> bool:
-    labels = obj.get("metadata", {}).get("labels") or {}
-    return all(
-        key in labels if value is None else labels.get(key) == value
-        for key, value in _selector(selector)
-    )
-
-
-def _fields_match(obj: Mapping[str, Any], selector: str | None) -> bool:
-    for key, value in _selector(selector):
-        where: Any = obj
-        for part in key.split("."):
-            where = where.get(part) if isinstance(where, Mapping) else None
-        if (where or "") != (value or ""):
-            return False
-    return True

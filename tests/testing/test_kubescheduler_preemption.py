@@ -43,8 +43,10 @@ def pod(
     labels: dict[str, str] | None = None,
     started: str | None = None,
     policy: str | None = None,
+    grace: int = 0,
 ) -> dict[str, Any]:
-    """A pod of the stand-in's scheduler asking `cpu`, bound to `node` when given."""
+    """A pod of the stand-in's scheduler asking `cpu`, bound to `node` when given; `grace`:
+    its termination grace period (0: a DELETE removes it at once)."""
     resources = {"requests": {"cpu": cpu}} if cpu else {}
     spec: dict[str, Any] = {
         "schedulerName": "hami-scheduler",
@@ -53,6 +55,7 @@ def pod(
     }
     if node:
         spec["nodeName"] = node
+    spec["terminationGracePeriodSeconds"] = grace
     if policy:
         spec["preemptionPolicy"] = policy
     status: dict[str, Any] = {"phase": "Running" if node else "Pending"}
@@ -170,11 +173,17 @@ def test_a_high_priority_pod_preempts_the_lowest_victim_through_the_preempt_verb
     api: FakeApiServer, kube: KubeClient, extender: StubExtender
 ) -> None:
     api.add_object(pod("mid", priority=50, cpu="4", node="n1"))
-    low_uid = api.add_object(pod("low", priority=10, cpu="4", node="n1"))["metadata"]["uid"]
+    low = pod("low", priority=10, cpu="4", node="n1", grace=30)
+    low_uid = api.add_object(low)["metadata"]["uid"]
     standin = run_standin(kube, extender.url)
     try:
         api.add_object(pod("high", priority=100, cpu="4"))
-        wait_until(lambda: api.get_pod("default", "low") is None, "the victim is deleted")
+        # the DELETE leaves the victim terminating for its grace period (30 s by default)
+        wait_until(
+            lambda: (api.get_pod("default", "low") or {})["metadata"].get("deletionTimestamp"),
+            "the victim is terminating",
+        )
+        assert api.finish_termination("default", "low")  # its containers stopped
         wait_until(
             lambda: (api.get_pod("default", "high") or {}).get("spec", {}).get("nodeName"),
             "the preemptor is bound once the victim is gone",
