@@ -84,9 +84,10 @@ def victim(name: str, gpu: str) -> dict[str, Any]:
 
 
 def test_a_40000_mib_pod_takes_one_pod_from_the_gpu_it_would_get(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, output, err = schedule(capsys, pod_file(tmp_path, 40000), "--explain")
+    # the example of docs/scheduling.md
+    code, output, err = schedule(capsys, FIXTURES / "pod-high-priority.yaml", "--explain")
     assert code == 2  # no node fits now
     assert output["node"] is None
     assert output["failedNodes"] == {"gpu-a100-0": "2/2 CardInsufficientMemory"}
