@@ -70,7 +70,9 @@ def register(subparsers: Any) -> None:
         "--nodes", metavar="N1,N2", help="candidate node names (default: every node)"
     )
     parser.add_argument(
-        "--explain", action="store_true", help="also print a per-node table on stderr"
+        "--explain",
+        action="store_true",
+        help="also print a per-node table (and the victims preemption would take) on stderr",
     )
     parser.add_argument(
         "--no-preemption",

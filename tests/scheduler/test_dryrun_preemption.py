@@ -229,3 +229,41 @@ def test_an_unknown_priority_class_is_bad_input(
         "snapshot with `kubectl get nodes,pods,resourcequotas,poddisruptionbudgets,"
         "priorityclasses -A -o yaml`\n"
     )
+
+
+def terminating(tmp_path: Path, name: str) -> Path:
+    """The fixture snapshot with pod `name` deleted, its grace period running."""
+    snapshot = yaml.safe_load(SNAPSHOT.read_text())
+    for item in snapshot["items"]:
+        if item["kind"] == "Pod" and item["metadata"]["name"] == name:
+            item["metadata"]["deletionTimestamp"] = "2025-12-06T10:14:50Z"
+            item["metadata"]["deletionGracePeriodSeconds"] = 30
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(snapshot))
+    return path
+
+
+def test_a_terminating_pod_is_no_victim(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """train-1 is going already (still holding its memory): the next pod that does not fit
+    back on GPU 1 beside it is taken instead."""
+    snapshot = terminating(tmp_path, "train-1")
+    _, output, _ = schedule(capsys, pod_file(tmp_path, 40000), snapshot=snapshot)
+    assert output["preemption"]["victims"] == [victim("train-0", GPU1)]
+
+
+def test_a_nominated_pod_waits_for_the_pods_terminating_there(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """kube-scheduler's `PodEligibleToPreemptOthers`: not while a pod of lower priority
+    terminates on the node it is nominated to (what an earlier preemption took)."""
+    snapshot = terminating(tmp_path, "train-1")
+    pod = pod_file(tmp_path, 40000)
+    nominated = yaml.safe_load(pod.read_text())
+    nominated["status"] = {"nominatedNodeName": "gpu-a100-0", "phase": "Pending"}
+    pod.write_text(yaml.safe_dump(nominated))
+    code, output, err = schedule(capsys, pod, "--explain", snapshot=snapshot)
+    assert code == 2
+    assert output["preemption"] == {"outcome": "waiting"}
+    assert err.splitlines()[-1] == (
+        "preemption: waiting: pods of lower priority are still terminating on its nominated node"
+    )
