@@ -1,9 +1,11 @@
 """`hami schedule`: where would the scheduler put this pod, and why not elsewhere?
 
-Reads a cluster snapshot (`kubectl get nodes,pods,resourcequotas -A -o yaml`) and a pod, runs the
-decision the scheduler runs with every candidate fitted (`decide(exhaustive=True)`), and prints
-HAMi's answer as JSON on stdout, with `--explain` a table (and the MIG profiles each MIG device
-gets, and why not the smaller ones) on stderr. What it prints, the exit status and the bad
+Reads a cluster snapshot (`snapshot.SNAPSHOT_COMMAND`) and a pod, runs the decision the
+scheduler runs with every candidate fitted (`decide(exhaustive=True)`), and prints HAMi's answer
+as JSON on stdout, with `--explain` a table (and the MIG profiles each MIG device gets, and why
+not the smaller ones) on stderr. When no node fits, the victims the scheduler would preempt
+for the pod (docs/design.md 11), decided by the scheduler's own book (`Book.filter`) built from
+the snapshot, its PodDisruptionBudgets included. What it prints, the exit status and the bad
 input it refuses: `docs/scheduling.md`, "Try it on your cluster: `hami schedule`"; the
 snapshot's ResourceQuota objects are the namespace GPU quotas (`docs/scheduler.md`, "GPU
 quotas").
@@ -21,10 +23,13 @@ if TYPE_CHECKING:
     from hami_plugin.protocol.mig import MigAllocation
     from hami_plugin.protocol.model import GpuDevice, MigPlacement
     from hami_plugin.protocol.objects import PodInfo
+    from hami_plugin.scheduler.book.preempting import Preemption
     from hami_plugin.scheduler.filter import FilterResult
     from hami_plugin.scheduler.fit import QuotaFit
     from hami_plugin.scheduler.ledger import Ledger
+    from hami_plugin.scheduler.requests import PodRequests
     from hami_plugin.scheduler.settings import SchedulerSettings
+    from hami_plugin.scheduler.snapshot import ClusterSnapshot
     from hami_plugin.scheduler.usage import NodeUsage
 
 __all__ = ["register", "run"]
@@ -49,7 +54,10 @@ def register(subparsers: Any) -> None:
         "--snapshot",
         required=True,
         metavar="CLUSTER.yaml",
-        help="output of `kubectl get nodes,pods -A -o yaml` (a v1 List or a YAML stream)",
+        help=(
+            "output of `kubectl get nodes,pods,resourcequotas,poddisruptionbudgets,"
+            "priorityclasses -A -o yaml` (a v1 List or a YAML stream)"
+        ),
     )
     parser.add_argument("--pod", required=True, metavar="POD.yaml", help="the pod to place")
     parser.add_argument(
@@ -62,7 +70,17 @@ def register(subparsers: Any) -> None:
         "--nodes", metavar="N1,N2", help="candidate node names (default: every node)"
     )
     parser.add_argument(
-        "--explain", action="store_true", help="also print a per-node table on stderr"
+        "--explain",
+        action="store_true",
+        help="also print a per-node table (and the victims preemption would take) on stderr",
+    )
+    parser.add_argument(
+        "--no-preemption",
+        action="store_true",
+        help=(
+            "when no node fits, leave out the victims the scheduler would preempt "
+            "(the scheduler's --preemption=false)"
+        ),
     )
     parser.add_argument(
         "--repeat",
@@ -174,7 +192,7 @@ def _run(args: argparse.Namespace) -> int:
             numa_grouped_order=args.numa_grouped_order,
         )
         snapshot = parse_snapshot(_read(args.snapshot), what=args.snapshot)
-        pod = parse_pod(_read(args.pod), what=args.pod)
+        pod = parse_pod(_read(args.pod), what=args.pod, priority_classes=snapshot.priority_classes)
     except (AnnotationError, ValueError) as error:
         raise _BadInputError(str(error)) from None
     requests = pod_requests(pod, settings)
@@ -210,6 +228,11 @@ def _run(args: argparse.Namespace) -> int:
         output["problems"] = [str(problem) for problem in result.requests.problems]
     if not result.requests.wants_gpu:
         output["note"] = "the pod asks no GPU: every node passes"
+    preemption: tuple[Preemption | None, str] = (None, "")
+    if result.node is None and result.requests.wants_gpu and not args.no_preemption:
+        preemption = _preempt(snapshot, pod, requests, candidates, now, settings)
+        if preemption[1]:
+            output["preemption"] = _preemption_json(*preemption)
     if args.repeat:
         output["decision_ms"] = _time_decisions(
             ledger, pod, candidates, now, settings, args.repeat, quota
@@ -219,10 +242,102 @@ def _run(args: argparse.Namespace) -> int:
         from hami_plugin.scheduler.snapshot import unhealthy_nodes
 
         gone = set(unhealthy_nodes(snapshot, now))
-        print(_explain(ledger, pod, candidates, result, settings, gone), file=sys.stderr)
+        text = _explain(ledger, pod, candidates, result, settings, gone)
+        if preemption[1]:
+            text += "\n" + _explain_preemption(pod, *preemption)
+        print(text, file=sys.stderr)
     if result.node is None and result.requests.wants_gpu:
         return EXIT_NO_FIT
     return EXIT_FITS
+
+
+def _preempt(
+    snapshot: ClusterSnapshot,
+    pod: PodInfo,
+    requests: PodRequests,
+    candidates: list[str],
+    now: datetime,
+    settings: SchedulerSettings,
+) -> tuple[Preemption | None, str]:
+    """The scheduler's own preemption decision for a pod that fit nowhere: its book built
+    from the snapshot, filtered over the candidates (`Change.preemption` and its outcome)."""
+    from hami_plugin.scheduler.snapshot import build_book
+
+    book = build_book(snapshot, settings, now)
+    _, change = book.filter(pod, requests, candidates, now, 0.0)
+    return change.preemption, change.preemption_outcome
+
+
+def _preemption_json(preemption: Preemption | None, outcome: str) -> dict[str, Any]:
+    """The `preemption` member: the decision, or the outcome that says why there is none."""
+    from hami_plugin.protocol.codec import encode_pod_devices
+
+    if preemption is None:
+        return {"outcome": outcome}
+    return {
+        "node": preemption.node,
+        "victims": [
+            {
+                "pod": victim.key,
+                "priority": victim.priority,
+                "gpus": [
+                    {"uuid": t.uuid, "memoryMiB": t.memory_mib, "cores": t.cores} for t in tallies
+                ],
+            }
+            for victim, tallies in zip(preemption.victims, preemption.victim_gpus, strict=True)
+        ],
+        "pdbViolations": preemption.pdb_violations,
+        "devices": encode_pod_devices(preemption.devices),
+    }
+
+
+_NO_PREEMPTION = {
+    "never": "its preemptionPolicy is Never",
+    "no_victims": "no node frees enough GPU capacity by taking pods of lower priority",
+    "waiting": "pods of lower priority are still terminating on its nominated node",
+    "no_gpu": "its GPU request cannot be read",
+}
+
+
+def _explain_preemption(pod: PodInfo, preemption: Preemption | None, outcome: str) -> str:
+    """The `--explain` lines of preemption: the outcome, and what each victim frees on each
+    GPU and what the pod would get there."""
+    if preemption is None:
+        return f"preemption: {outcome}: {_NO_PREEMPTION.get(outcome, 'none')}"
+    count = len(preemption.victims)
+    lines = [
+        f"preemption: preempted: {count} victim{'' if count == 1 else 's'} on "
+        f"{preemption.node}, {preemption.pdb_violations} PodDisruptionBudget violation"
+        f"{'' if preemption.pdb_violations == 1 else 's'}"
+    ]
+    rows = [("GPU", "VICTIM", "PRIORITY", "FREES")]
+    # by GPU, each GPU's victims in the decision's order (most important first)
+    freed = sorted(
+        (
+            (tally.uuid, position, tally)
+            for position, tallies in enumerate(preemption.victim_gpus)
+            for tally in tallies
+        ),
+        key=lambda row: (row[0], row[1]),
+    )
+    for uuid, position, tally in freed:
+        victim = preemption.victims[position]
+        rows.append(
+            (uuid, victim.key, str(victim.priority), f"{tally.memory_mib}MiB {tally.cores}%")
+        )
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    for row in rows:
+        cells = "  ".join(cell.ljust(widths[column]) for column, cell in enumerate(row[:3]))
+        lines.append(f"  {cells}  {row[3]}")
+    names = [c.name for c in (*pod.init_containers, *pod.containers)]
+    gets = "; ".join(
+        f"{names[index]}: "
+        + ", ".join(f"{d.uuid} {d.used_mem_mib}MiB {d.used_cores}%" for d in devices)
+        for index, devices in enumerate(preemption.devices)
+        if devices
+    )
+    lines.append(f"  the pod would get {gets}")
+    return "\n".join(lines)
 
 
 def _time_decisions(

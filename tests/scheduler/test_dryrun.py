@@ -1,4 +1,6 @@
-"""`hami schedule` on the fixture snapshot (real `kubectl get nodes,pods -A -o yaml` output)."""
+"""`hami schedule` on the fixture snapshot (real `kubectl get nodes,pods -A -o yaml` output;
+preemption on a snapshot with PriorityClasses and PodDisruptionBudgets:
+test_dryrun_preemption.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 import pytest
 
 from hami_plugin.cli import main
+from hami_plugin.scheduler.snapshot import SNAPSHOT_COMMAND
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "scheduler"
 CLUSTER = str(FIXTURES / "cluster.yaml")
@@ -179,6 +182,8 @@ def test_no_node_fits(capsys: pytest.CaptureFixture[str]) -> None:
         "gpu-t4-0": T4_FAILURE,
         "gpu-v100-0": "4/4 CardInsufficientMemory",
     }
+    # priority 0, like every GPU pod of the snapshot: nobody to take GPUs back from
+    assert output["preemption"] == {"outcome": "no_victims"}
 
 
 def test_no_gpu_pod(capsys: pytest.CaptureFixture[str]) -> None:
@@ -267,9 +272,9 @@ def test_a_clamped_percentage_is_reported_not_refused(
     ("text", "message"),
     [
         ("", "no Node in the snapshot (found nothing); expected a cluster snapshot, the output "
-             "of `kubectl get nodes,pods -A -o yaml`"),
+             f"of `{SNAPSHOT_COMMAND}`"),
         ('{"foo": 1}', "object 0 has no kind; expected Kubernetes objects, the output of "
-                       "`kubectl get nodes,pods -A -o yaml`"),
+                       f"`{SNAPSHOT_COMMAND}`"),
         ((FIXTURES / "pod-small.yaml").read_text(), "no Node in the snapshot (found 1 Pod); "
                                                      "expected a cluster snapshot"),
         ("kind: List\nitems: []\n", "no Node in the snapshot (found nothing)"),

@@ -1,4 +1,5 @@
-"""Snapshot loading: kubectl's v1 List, YAML streams, errors."""
+"""Snapshot loading: kubectl's v1 List, YAML streams, errors; PriorityClasses (pods admitted as
+the Priority admission plugin admits them) and PodDisruptionBudgets; the book built from it."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from hami_plugin.scheduler.settings import SchedulerSettings
 from hami_plugin.scheduler.snapshot import (
     SnapshotError,
+    build_book,
     build_ledger,
     parse_pod,
     parse_snapshot,
@@ -160,3 +163,95 @@ items:
     assert len(ledger) == 0
     tracked = ledger.tracked("ns/p")
     assert tracked is not None and tracked.node == "n1"
+
+
+# --- PriorityClasses and PodDisruptionBudgets ------------------------------------------------
+
+CLASSES = """
+- {kind: PriorityClass, metadata: {name: batch}, value: 10, preemptionPolicy: Never}
+- {kind: PriorityClass, metadata: {name: base}, value: 7, globalDefault: true}
+- {kind: PriorityClass, metadata: {name: base-high}, value: 9, globalDefault: true}
+"""
+CLASSES_PARSED = parse_snapshot(
+    "kind: List\nitems:\n- {kind: Node, metadata: {name: n}}\n" + CLASSES
+).priority_classes
+
+
+def _pod(name: str, spec: str) -> str:
+    return f"- {{kind: Pod, metadata: {{name: {name}, namespace: ns}}, spec: {spec}}}\n"
+
+
+def test_pods_are_admitted_with_the_snapshots_priority_classes() -> None:
+    """kube-apiserver's Priority admission plugin (`admitPod`): the class's value and policy,
+    the lowest global default for a pod without a class, the system classes always known; a
+    pod that carries `spec.priority` keeps what it has. The classes follow the pods, as kubectl
+    prints them."""
+    text = (
+        "kind: List\nitems:\n"
+        "- {kind: Node, metadata: {name: n1}}\n"
+        + _pod("named", "{priorityClassName: batch}")
+        + _pod("own-policy", "{priorityClassName: batch, preemptionPolicy: PreemptLowerPriority}")
+        + _pod("defaulted", "{}")
+        + _pod("system", "{priorityClassName: system-node-critical}")
+        + _pod("admitted", "{priorityClassName: batch, priority: 3}")
+        + CLASSES
+    )
+    snapshot = parse_snapshot(text)
+    admitted = {p.name: (p.priority, p.priority_class_name, p.preemption_policy)
+                for p in snapshot.pods}  # fmt: skip
+    assert admitted == {
+        "named": (10, "batch", "Never"),
+        "own-policy": (10, "batch", "PreemptLowerPriority"),
+        "defaulted": (7, "base", "PreemptLowerPriority"),
+        "system": (2_000_001_000, "system-node-critical", "PreemptLowerPriority"),
+        "admitted": (3, "batch", ""),
+    }
+    assert [c.name for c in snapshot.priority_classes] == ["batch", "base", "base-high"]
+    # the pod asked about is admitted with the snapshot's classes too
+    pod = parse_pod("kind: Pod\nmetadata: {name: p}\nspec: {}\n", "p.yaml", CLASSES_PARSED)
+    assert (pod.priority, pod.priority_class_name) == (7, "base")
+    assert parse_pod("kind: Pod\nmetadata: {name: p}\n").priority == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (_pod("p", "{priorityClassName: gold}"),
+         "snapshot: pod ns/p: no PriorityClass with name gold was found in the snapshot"),
+        ("- {kind: PriorityClass, metadata: {name: c}, value: high}\n",
+         "object 1 (PriorityClass): value must be a 32-bit integer, not 'high'"),
+        ("- {kind: PriorityClass, metadata: {name: c}, value: 1, globalDefault: 'yes'}\n",
+         "object 1 (PriorityClass): globalDefault must be true or false"),
+        ("- {kind: PodDisruptionBudget, metadata: {name: b}, status: {disruptionsAllowed: x}}\n",
+         "object 1 (PodDisruptionBudget): status.disruptionsAllowed must be an integer"),
+    ],
+)  # fmt: skip
+def test_bad_priority_classes_and_budgets(text: str, message: str) -> None:
+    with pytest.raises(SnapshotError, match=re.escape(message)):
+        parse_snapshot("kind: List\nitems:\n- {kind: Node, metadata: {name: n1}}\n" + text)
+
+
+def test_budgets_are_read_and_the_book_holds_the_snapshot() -> None:
+    text = (FIXTURES / "preemption.yaml").read_text() + (
+        "---\n"
+        "apiVersion: policy/v1\nkind: PodDisruptionBudget\n"
+        "metadata: {name: training, namespace: research}\n"
+        "spec: {maxUnavailable: 0, selector: {matchLabels: {app: training}}}\n"
+        "status: {disruptionsAllowed: 0, disruptedPods: {train-9: '2025-12-06T10:14:00Z'}}\n"
+    )
+    snapshot = parse_snapshot(text)
+    (budget,) = snapshot.budgets
+    assert (budget.key, budget.disruptions_allowed) == ("research/training", 0)
+    assert budget.match_labels == {"app": "training"}
+    assert budget.disrupted_pods == frozenset({"train-9"})
+    # the book holds the nodes and pods as the scheduler's watches would
+    book = build_book(snapshot, SchedulerSettings(), NOW)
+    assert book.registered_nodes() == ["gpu-a100-0"]
+    usage = book.node_usage("gpu-a100-0")
+    assert usage is not None and usage.used_memory_mib == (60000, 60000)
+    assert [p.key for p in book.tracked_pods()] == [
+        "research/notebook-0",
+        "research/notebook-1",
+        "research/train-0",
+        "research/train-1",
+    ]
