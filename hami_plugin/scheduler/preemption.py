@@ -44,6 +44,7 @@ __all__ = [
     "NodeVictims",
     "PodDisruptionBudget",
     "Victim",
+    "candidates_wanted",
     "eligible_to_preempt",
     "more_important",
     "pick_one_node",
@@ -177,6 +178,21 @@ def eligible_to_preempt(
     if preemption_policy == PREEMPT_NEVER:
         return False
     return not any(other < priority for other in terminating_on_nominated)
+
+
+MIN_CANDIDATE_NODES_PERCENTAGE = 10
+MIN_CANDIDATE_NODES_ABSOLUTE = 100
+
+
+def candidates_wanted(nodes: int) -> int:
+    """How many nodes with victims the search collects before it stops (kube-scheduler's
+    `calculateNumCandidates` with DefaultPreemptionArgs' defaults: 10 % of the nodes, at least
+    100, at most all); it stops once it has that many and one of them violates no
+    PodDisruptionBudget (`DryRunPreemption`). kube-scheduler starts at a random offset; here the
+    nodes are searched in the order the filter fitted them (the node policy's), so the answer
+    is deterministic."""
+    wanted = nodes * MIN_CANDIDATE_NODES_PERCENTAGE // 100
+    return min(max(wanted, MIN_CANDIDATE_NODES_ABSOLUTE), nodes)
 
 
 def more_important(first: Victim, second: Victim) -> bool:

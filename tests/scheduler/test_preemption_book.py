@@ -152,3 +152,33 @@ def test_preemption_off_takes_nothing() -> None:
     cluster.book.apply_node(node_info("gpu-0"), T0)
     _, change = cluster.filter(pod("high", 40000, priority=HIGH))
     assert change.preemption is None and change.preemption_outcome == ""
+
+
+def quarter_filled() -> tuple[Cluster, list[PodInfo]]:
+    """One A100 80 GB holding four low pods of 20,000 MiB (80,000 booked)."""
+    cluster = Cluster(node_info("gpu-0", count=1))
+    pods = [
+        cluster.add(running(pod(f"q-{i}", 20000), "gpu-0", ("GPU-gpu-0-0",), i)) for i in range(4)
+    ]
+    return cluster, pods
+
+
+def test_two_preemptors_of_one_burst_take_one_victim_each() -> None:
+    cluster, low = quarter_filled()
+    first, second = pod("a", 20000, priority=HIGH), pod("b", 20000, priority=HIGH)
+    _, change_a = cluster.filter(first)
+    _, change_b = cluster.filter(second)
+    assert change_a.preemption is not None and change_b.preemption is not None
+    taken_a = [victim.name for victim in change_a.preemption.victims]
+    taken_b = [victim.name for victim in change_b.preemption.victims]
+    # b's search sees a's victim as gone (its GPU is held for a): one victim each, not two
+    assert taken_a == ["q-3"] and taken_b == ["q-2"]
+
+    # a's victim ends first; b's DELETE is sent but the watch does not show it yet: a retries,
+    # does not fit (b's hold and b's victim still count) and must not preempt again
+    cluster.gone(cluster.terminate(low[3]))
+    result, change = cluster.filter(first)
+    assert result.node is None and change.preemption_outcome == "waiting"
+    cluster.gone(cluster.terminate(low[2]))
+    assert cluster.filter(first)[0].node == "gpu-0"
+    assert cluster.filter(second)[0].node == "gpu-0"

@@ -30,6 +30,7 @@ from hami_plugin.scheduler.preemption import (
     NodeVictims,
     PodDisruptionBudget,
     Victim,
+    candidates_wanted,
     eligible_to_preempt,
     pick_one_node,
     victims_on_node,
@@ -257,6 +258,16 @@ class Planner:
             if not pod.deleting and not pod.finished and pod.key not in taken
         ]
 
+    def _after_evictions(self, usage: NodeUsage) -> NodeUsage:
+        """The node once the victims other preemptions took there are gone: their GPUs are
+        held for those preemptors already (their holds count), so a search that also counted
+        the victims would take twice what they free."""
+        taken = self._holds.preempting()
+        if not taken:
+            return usage
+        going = [self._victim(pod) for pod in self._on_node(usage.name) if pod.key in taken]
+        return without(usage, going)
+
     def terminating(self, node: str) -> list[PodInfo]:
         """The pods on `node` that are going away (deleted, containers not gone yet)."""
         return [pod for pod in self._on_node(node) if pod.deleting and not pod.finished]
@@ -270,8 +281,17 @@ class Planner:
         ):
             return False
         nominated = pod.nominated_node_name or (hold.node if hold is not None else "")
-        priorities = [other.priority for other in self.terminating(nominated)] if nominated else []
-        return eligible_to_preempt(pod.preemption_policy, pod.priority, priorities)
+        if not nominated:
+            return eligible_to_preempt(pod.preemption_policy, pod.priority, [])
+        # terminating there: as the watch shows it, or being evicted for any preemptor (its
+        # DELETE sent, not seen yet)
+        taken = self._holds.preempting()
+        going = [
+            other.priority
+            for other in self._on_node(nominated)
+            if (other.deleting and not other.finished) or other.key in taken
+        ]
+        return eligible_to_preempt(pod.preemption_policy, pod.priority, going)
 
     def _fit(self, pod: PodInfo, fitter: NodeFitter) -> Fit:
         """The preemptor's fit on a node without some pods: their namespace quota usage is
@@ -294,13 +314,20 @@ class Planner:
         fit = self._fit(pod, fitter)
         budgets = self._budget_list()
         found: list[NodeVictims] = []
+        wanted = candidates_wanted(len(nodes))
+        non_violating = 0
         for name in nodes:
             usage = self._ledger.node(name)
             if usage is None:
                 continue
+            usage = self._after_evictions(usage)
             outcome = victims_on_node(usage, self.candidates(name), pod.priority, fit, budgets)
-            if outcome is not None:
-                found.append(outcome)
+            if outcome is None:
+                continue
+            found.append(outcome)
+            non_violating += outcome.pdb_violations == 0
+            if non_violating and len(found) >= wanted:
+                break  # kube-scheduler's DryRunPreemption stops here too
         best = pick_one_node(found)
         if best is None:
             return None
@@ -351,6 +378,7 @@ class Planner:
             usage = self._ledger.node(node)
             if usage is None:
                 continue
+            usage = self._after_evictions(usage)
             candidates = self.candidates(node)
             wanted = set(uids)
             forced = [victim for victim in candidates if victim.uid in wanted]
