@@ -316,9 +316,7 @@ def fill(api: FakeApiServer, nodes: int) -> None:
 def scheduler(api: FakeApiServer, observer: TimingObserver) -> Iterator[SchedulerDaemon]:
     """An in-process `hami scheduler` against `api` (as tests/extender/cluster.py runs it)."""
     client = KubeClient(api.api_client(), FAST_RETRY)
-    daemon = SchedulerDaemon(
-        BASE_CONFIG, kube=client, observer=observer, watch_timeout_seconds=300
-    )
+    daemon = SchedulerDaemon(BASE_CONFIG, kube=client, observer=observer, watch_timeout_seconds=300)
     thread = threading.Thread(target=daemon.run, name="scheduler")
     thread.start()
     try:
@@ -385,7 +383,9 @@ class WireCase:
 
 def run_wire_case(
     api: FakeApiServer, daemon: SchedulerDaemon, observer: TimingObserver, case: WireCase
-) -> None:
+) -> bool:
+    """Run one case and print its line; False when a preemptor was not bound in time or the
+    victims deleted were not one per preemptor (each needs exactly one)."""
     clocks = Clocks(api)
     names = [f"high-{case.first + number}" for number in range(case.count)]
     with watching(api, clocks), standin(api, daemon.url, case.backoff_s) as kube_scheduler:
@@ -435,9 +435,11 @@ def run_wire_case(
         preemptors_per_s=round(len(bound) / elapsed, 2) if case.mode == "burst" else None,
         **memory_status(),
     )
+    return len(bound) == case.count and len(deleted) == case.count
 
 
-def bench_wire(nodes: int, preemptors: int, backoffs: Sequence[float], burst: int) -> None:
+def bench_wire(nodes: int, preemptors: int, backoffs: Sequence[float], burst: int) -> bool:
+    """Every wire case on one cluster of `nodes`; False when one of them failed."""
     observer = TimingObserver()
     with FakeApiServer(history_size=100_000) as api:
         start = time.monotonic()
@@ -447,12 +449,14 @@ def bench_wire(nodes: int, preemptors: int, backoffs: Sequence[float], burst: in
             ready_s = time.monotonic() - start - filled_s
             emit("wire-setup", nodes=nodes, fill_s=round(filled_s, 2), ready_s=round(ready_s, 2))
             first = 0
+            passed = True
             cases = [WireCase(nodes, "sequential", b, preemptors, 0) for b in backoffs]
             if burst:
                 cases += [WireCase(nodes, "burst", b, burst, 0) for b in backoffs]
             for case in cases:
-                run_wire_case(api, daemon, observer, replace(case, first=first))
+                passed &= run_wire_case(api, daemon, observer, replace(case, first=first))
                 first += case.count
+    return passed
 
 
 def _floats(text: str) -> list[float]:
@@ -476,10 +480,11 @@ def main(argv: list[str] | None = None) -> int:
         bench_book(nodes, args.book_samples)
     if args.no_wire:
         return 0
+    passed = True
     for position, nodes in enumerate(sizes):
         count = counts[min(position, len(counts) - 1)]
-        bench_wire(nodes, count, _floats(args.backoffs), args.burst)
-    return 0
+        passed &= bench_wire(nodes, count, _floats(args.backoffs), args.burst)
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":
