@@ -312,6 +312,7 @@ def scheduler_requests(objects: Sequence[Obj], directory: Path) -> list[Recorded
         )
         api.add_object(gpu_node("hami-node", 1, split=2))  # HAMi's plugin: node lock
         api.add_object(gpu_node("our-node", 1, split=2, protocol=True))  # in-flight protocol
+        api.add_object(gpu_node("preempt-node", 1, split=2, protocol=True))
         api.add_object(gpu_node("stale-lock", 1, annotations={ANNOTATION_NODE_LOCK: stale}))
         with running_scheduler(
             api,
@@ -348,6 +349,22 @@ def scheduler_requests(objects: Sequence[Obj], directory: Path) -> list[Recorded
             assert scheduler.schedule(locked, ["hami-node"]) == "hami-node"
             flying = api.add_object(gpu_pod("on-our-node"))
             assert scheduler.schedule(flying, ["our-node"]) == "our-node"
+            # preemption: a whole-GPU pod of priority 0, then one of priority 100 that needs
+            # its GPU: the preemptor nominated, the victim's DisruptionTarget, its DELETE
+            victim = api.add_object(gpu_pod("victim", memory=32768))
+            assert scheduler.schedule(victim, ["preempt-node"]) == "preempt-node"
+            scheduler.sees_pod("default", "victim", lambda p: p.node_name == "preempt-node")
+            urgent = gpu_pod("urgent", memory=1000)
+            urgent["spec"]["priority"] = 100
+            urgent = api.add_object(urgent)
+            scheduler.sees_pod("default", "urgent", lambda p: p.priority == 100)
+            assert scheduler.filter(urgent, ["preempt-node"])["NodeNames"] in (None, [])
+            wait_until(
+                lambda: bool(
+                    (api.get_pod("default", "victim") or {})["metadata"].get("deletionTimestamp")
+                ),
+                what="the victim evicted",
+            )
             wait_until(
                 lambda: (
                     ANNOTATION_NODE_LOCK
