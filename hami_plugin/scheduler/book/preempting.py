@@ -15,6 +15,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from hami_plugin.protocol.mig import MigAllocation
 from hami_plugin.protocol.model import PodDevices
 from hami_plugin.protocol.objects import PodInfo
 from hami_plugin.protocol.usage import DeviceTally, collapse_pod_devices
@@ -59,6 +60,8 @@ class Preemption:
     devices: PodDevices
     pdb_violations: int = 0
     cleared: tuple[PodInfo, ...] = ()
+    mig: tuple[MigAllocation, ...] = ()
+    """The preemptor's MIG reservations there (held with its GPUs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +133,7 @@ class Planner:
             victim_uids=frozenset(victim.uid for victim in preemption.victims),
         )
         tallies = collapse_pod_devices(preemption.devices, result.requests.init_count)
-        self._holds.place(hold, tallies)
+        self._holds.place(hold, tallies, preemption.mig)
         self._nominations.discard(pod.key)
         return preemption, "preempted"
 
@@ -346,6 +349,7 @@ class Planner:
             victims=victims,
             victim_gpus=tuple(victim.tallies for victim in best.victims),
             devices=best.fit.devices,
+            mig=best.fit.mig,
             pdb_violations=best.pdb_violations,
             cleared=cleared,
         )
