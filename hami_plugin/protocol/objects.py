@@ -101,6 +101,9 @@ class PodInfo:
     which only the schedulers write)."""
     start_time: datetime | None = None
     """`status.startTime`: when kubelet started the pod (None: not yet)."""
+    containers_started: bool = False
+    """Some init or app container status is `running` or `terminated`: kubelet admitted the
+    pod and started a container of it (a container kubelet never started is `waiting`)."""
     booking: PodBooking | None = field(init=False, default=None, compare=False, repr=False)
     """The HAMi booking its annotations carry (`protocol.booking`), read with the pod."""
 
@@ -247,6 +250,16 @@ def _init_containers_done(status: Mapping[str, Any], expected: int) -> bool:
     return True
 
 
+def _containers_started(status: Mapping[str, Any]) -> bool:
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for position, entry in enumerate(_list(status.get(key), f"status.{key}")):
+            where = f"status.{key}[{position}]"
+            state = _mapping(_mapping(entry, where).get("state"), f"{where}.state")
+            if state.get("running") is not None or state.get("terminated") is not None:
+                return True
+    return False
+
+
 def _scheduled_condition(status: Mapping[str, Any]) -> PodCondition | None:
     for position, entry in enumerate(_list(status.get("conditions"), "status.conditions")):
         where = f"status.conditions[{position}]"
@@ -294,6 +307,7 @@ def read_pod(obj: Mapping[str, Any]) -> PodInfo:
         preemption_policy=_text(spec.get("preemptionPolicy"), "spec.preemptionPolicy"),
         nominated_node_name=_text(status.get("nominatedNodeName"), "status.nominatedNodeName"),
         start_time=_timestamp(status.get("startTime"), "status.startTime"),
+        containers_started=_containers_started(status),
     )
 
 

@@ -11,7 +11,10 @@ key a booking counts only when:
 * its `hami-plugin.io/booking-signature` verifies with the current keys (over the UID, so a
   copied signature fails), or it is a booking this process signed or verified before.
 
-A booking that fails is read as no booking at all (`without_booking`). `BookingTrust` applies
+A booking that fails is read as no booking at all (`without_booking`), with one exception:
+a pod kubelet already admitted on the node its booking names keeps its GPUs counted, signed or
+not (`admitted.admitted_booking`: bookings made before the key, by HAMi's scheduler or ours),
+yet is never sealed: nothing else about it is trusted. `BookingTrust` applies
 the rules to every pod event and remembers, per pod, what it signed or verified (one
 verification per change of a pod's booking, none per filter call) and how it counted an
 untrusted pod. Without keys every booking counts, as in HAMi, and nothing is remembered. Pure:
@@ -36,6 +39,7 @@ from hami_plugin.protocol.signature import (
     BookingKeys,
     signing_version,
 )
+from hami_plugin.scheduler.book.admitted import admitted_booking
 from hami_plugin.scheduler.requests import pod_requests
 from hami_plugin.scheduler.settings import SchedulerSettings
 
@@ -133,11 +137,14 @@ class BookingTrust:
         self._counted_views: dict[str, PodInfo] = {}
         self._sealed: dict[str, tuple[str, BookingSeal]] = {}
         self._ignored: dict[str, str] = {}  # pod key -> UID logged
+        self._admitted: dict[str, str] = {}  # pod key -> UID logged as counted unsigned
 
     def counted(self, info: PodInfo, keys: BookingKeys | None) -> PodInfo:
         """The pod as the ledger and the in-flight view count it: itself, or without its
-        booking when `keys` are set and the booking is not to be trusted. Remembered for
-        `last_counted`; an ignored pod is logged once."""
+        booking when `keys` are set and the booking is not to be trusted, unless kubelet
+        admitted the pod on its booking's node (`admitted.admitted_booking`; never for a
+        booking that replaced one this process sealed). Remembered for `last_counted`; an
+        ignored pod, and an unsigned one counted, is logged once per UID."""
         key = info.key
         if keys is None:
             return info
@@ -151,6 +158,19 @@ class BookingTrust:
         if reason is None:
             if seal != known:
                 self._sealed[key] = (info.uid, seal)
+            self._counted_views.pop(key, None)
+            return info
+        if known is None and admitted_booking(info, self._settings) is None:
+            if self._admitted.get(key) != info.uid:
+                self._admitted[key] = info.uid
+                logger.warning(
+                    "pod %s: its GPU booking is counted although %s: kubelet admitted the pod "
+                    "on node %s (a booking made before the booking key); it is never served "
+                    "by this scheduler's device plugin",
+                    key,
+                    reason,
+                    info.node_name,
+                )
             self._counted_views.pop(key, None)
             return info
         if self._ignored.get(key) != info.uid:
@@ -219,5 +239,6 @@ class BookingTrust:
         sealed = self._sealed.get(key)
         if sealed is not None and same_pod(sealed[0], uid):
             del self._sealed[key]
-        if same_pod(self._ignored.get(key, ""), uid):
-            self._ignored.pop(key, None)
+        for logged in (self._ignored, self._admitted):
+            if same_pod(logged.get(key, ""), uid):
+                logged.pop(key, None)
