@@ -251,11 +251,13 @@ def _init_containers_done(status: Mapping[str, Any], expected: int) -> bool:
 
 
 def _containers_started(status: Mapping[str, Any]) -> bool:
+    # read as leniently as `_init_containers_done`: an odd entry started nothing
     for key in ("initContainerStatuses", "containerStatuses"):
-        for position, entry in enumerate(_list(status.get(key), f"status.{key}")):
-            where = f"status.{key}[{position}]"
-            state = _mapping(_mapping(entry, where).get("state"), f"{where}.state")
-            if state.get("running") is not None or state.get("terminated") is not None:
+        for container_status in _list(status.get(key), f"status.{key}"):
+            state = container_status.get("state") if isinstance(container_status, Mapping) else None
+            if isinstance(state, Mapping) and (
+                state.get("running") is not None or state.get("terminated") is not None
+            ):
                 return True
     return False
 

@@ -97,6 +97,8 @@ def test_read_pod_sees_a_started_container() -> None:
     waiting = read_pod(pod(status={"containerStatuses": [{"name": "main", "state": WAITING}]}))
     assert started.containers_started and not waiting.containers_started
     assert not read_pod(make_pod("plain")).containers_started
+    # read as leniently as the init containers' statuses: an odd entry started nothing
+    assert not read_pod(pod(status={"containerStatuses": ["running"]})).containers_started
 
 
 @pytest.mark.parametrize(
