@@ -81,10 +81,14 @@ def registered_devices(checkpoint: bytes, resource_name: str) -> tuple[str, ...]
     data = document.get("Data") if isinstance(document, dict) else None
     if not isinstance(data, dict):
         raise CheckpointError("no Data object")
-    registered = data.get("RegisteredDevices") or {}
+    registered = data.get("RegisteredDevices")  # null: Go's nil map
+    if registered is None:
+        return ()
     if not isinstance(registered, dict):
         raise CheckpointError("Data.RegisteredDevices is not an object")
-    ids = registered.get(resource_name) or []
+    ids = registered.get(resource_name)
+    if ids is None:
+        return ()
     if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
         raise CheckpointError(f"Data.RegisteredDevices[{resource_name!r}] is not a list of IDs")
     return tuple(ids)
@@ -201,6 +205,7 @@ class RivalWatch:
         self._own = own
         self._interval = interval_seconds
         self._lock = threading.Lock()
+        self._looking = threading.Lock()  # one look at a time: a change is told once
         self._baseline: tuple[int, int] | None = None  # checkpoint (mtime_ns, inode) at register
         self._registered = False
         self._replaced = 0
@@ -251,6 +256,10 @@ class RivalWatch:
 
     def check(self) -> Rival | None:
         """One look: log and record an Event when what is seen changed. Never raises."""
+        with self._looking:
+            return self._look()
+
+    def _look(self) -> Rival | None:
         try:
             sockets = self._sockets()
         except OSError as error:
