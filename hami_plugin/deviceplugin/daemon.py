@@ -18,7 +18,8 @@ looked at when serving starts, on every Allocate, register round and scrape: whi
 missing, the register annotation marks every GPU unhealthy, `/metrics` reports
 `hami_device_plugin_hamicore_ready 0` and Allocate fails the pod; kubelet's device list keeps
 NVML's health (a pod bound meanwhile gets the message naming the file, not kubelet's). The
-sub-command (`deviceplugin.command`) imports this module only when it runs.
+sub-command (`deviceplugin.command`) imports this module only when it runs. Another plugin
+serving `--resource-name` on the node (the GPU Operator's) is one warning and a node Event.
 """
 
 from __future__ import annotations
@@ -66,10 +67,9 @@ from hami_plugin.deviceplugin.nvml import (
 from hami_plugin.deviceplugin.podresources import PodResourcesClient
 from hami_plugin.deviceplugin.protocol_claim import ProtocolClaim
 from hami_plugin.deviceplugin.register import PairScores, RegisterPublisher
+from hami_plugin.deviceplugin.rivals import RivalWatch
 from hami_plugin.deviceplugin.server import DevicePluginService
-from hami_plugin.deviceplugin.settings import (
-    DevicePluginSettings,
-)
+from hami_plugin.deviceplugin.settings import DevicePluginSettings
 from hami_plugin.deviceplugin.writebehind import WriteBehind
 from hami_plugin.kube.api import DevicePluginApi
 from hami_plugin.kube.client import KubeClient
@@ -155,6 +155,7 @@ class DevicePluginDaemon:
         """What the node claims in `hami-plugin.io/allocate-protocol` (while serving)."""
         self.board: DeviceBoard | None = None
         self.registrar: KubeletRegistrar | None = None
+        self.rivals: RivalWatch | None = None  # another plugin on our resource (while serving)
         self.static_mig: StaticMigServers | None = None
         """Static MIG (`--mig-strategy single|mixed`): the MIG resources' plugins."""
         self.metrics: DevicePluginMetrics | None = None  # `/metrics` (None: off or unusable)
@@ -406,12 +407,16 @@ class DevicePluginDaemon:
         service = DevicePluginService(
             self.board, allocator, preferred_allocation=settings.enable_preferred_allocation
         )
+        self.rivals = RivalWatch.for_settings(
+            kube, settings, self.board, lambda: self._gpus, stop=self._stop
+        )
         self.registrar = KubeletRegistrar(
             service,
             plugin_dir=settings.device_plugin_path,
             socket_name=settings.socket_name,
             resource_name=settings.resource_name,
             watch=self._restart_watch,
+            on_registered=self.rivals.registered,
         )
         return self.registrar
 
@@ -504,7 +509,7 @@ class DevicePluginDaemon:
             if (
                 gpu.mig_enabled
                 and self.settings.mig_strategy == MigStrategy.NONE
-                and not self._mig_mode
+                and self.settings.operating_mode != OperatingMode.MIG  # dynamic MIG splits them
             ):
                 logger.warning(
                     "GPU %s (index %d) has MIG enabled: not advertised (--mig-strategy none)",
@@ -516,11 +521,6 @@ class DevicePluginDaemon:
             ", ".join(f"{g.index}:{g.uuid} {g.name} {g.memory_mib} MiB" for g in gpus) or "none",
         )
         return True
-
-    @property
-    def _mig_mode(self) -> bool:
-        """Dynamic MIG: MIG-enabled GPUs are this node's to split (`operatingmode: mig`)."""
-        return self.settings.operating_mode == OperatingMode.MIG
 
     def _unhealthy(self) -> frozenset[str]:
         return self._health.unhealthy if self._health is not None else frozenset()

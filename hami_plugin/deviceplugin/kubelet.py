@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,6 +31,9 @@ logger = logging.getLogger(__name__)
 
 KUBELET_SOCKET_NAME = "kubelet.sock"
 API_VERSION = "v1beta1"
+SOCKET_REPLACED = "our socket was replaced"
+"""The restart reason when another process served a socket at our path (kubelet only deletes
+sockets): another plugin with our socket name (`deviceplugin.rivals`)."""
 
 AWAY_RETRY = RetryPolicy(initial_backoff_seconds=0.05, max_backoff_seconds=0.5, jitter=False)
 """Nobody answers on kubelet.sock (a stale file while kubelet restarts): retried quickly."""
@@ -133,7 +137,7 @@ class SocketPollWatch:
         plugin_now = socket_id(self._plugin_path)
         reason = None
         if plugin_now != expected[1]:
-            reason = "our socket was removed" if plugin_now is None else "our socket was replaced"
+            reason = "our socket was removed" if plugin_now is None else SOCKET_REPLACED
         elif kubelet_now != expected[0]:
             reason = (
                 "kubelet.sock is gone" if kubelet_now is None else "kubelet.sock was re-created"
@@ -167,6 +171,7 @@ class KubeletRegistrar:
         register_timeout_seconds: float = 15.0,
         settle_seconds: float = 0.05,
         kubelet_poll_seconds: float = 0.1,
+        on_registered: Callable[[tuple[str, ...]], None] | None = None,
     ) -> None:
         self._service = service
         self._socket_name = socket_name
@@ -179,6 +184,7 @@ class KubeletRegistrar:
         self._register_timeout = register_timeout_seconds
         self._settle = settle_seconds
         self._kubelet_poll = kubelet_poll_seconds
+        self._on_registered = on_registered
         self.signal = RestartSignal()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -220,10 +226,13 @@ class KubeletRegistrar:
     # --- the loop -------------------------------------------------------------------------
 
     def _run(self) -> None:
+        reasons: tuple[str, ...] = ()
         while not self._stop.is_set():
             try:
                 if not self._serve_and_register():
                     return
+                if self._on_registered is not None:
+                    self._on_registered(tuple(dict.fromkeys(reasons)))
                 # stop() may have fired while Register ran, and `signal.clear()` before it
                 # swallowed its trigger: look at the flag itself before sleeping on the signal.
                 if self._stop.is_set():

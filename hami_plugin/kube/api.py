@@ -36,6 +36,7 @@ __all__ = [
     "ListApi",
     "NodeApi",
     "NodeMetricsApi",
+    "ObjectEventApi",
     "PodEventApi",
     "PodPatchApi",
     "PreemptionApi",
@@ -87,9 +88,8 @@ class PodEventApi(Protocol):
     def create_pod_event(self, event: PodEvent, component: str = "hami-device-plugin") -> None: ...
 
 
-class EventApi(Protocol):
-    """Record an event about any object (best effort), and count a repeat onto it: the
-    scheduler's event recorder, which correlates events as client-go's does."""
+class ObjectEventApi(Protocol):
+    """Record an event about any object (best effort): the device plugin's node Events."""
 
     def create_event(
         self,
@@ -103,6 +103,11 @@ class EventApi(Protocol):
         first_timestamp: datetime | None = None,
         last_timestamp: datetime | None = None,
     ) -> str | None: ...
+
+
+class EventApi(ObjectEventApi, Protocol):
+    """Record an event about any object (best effort), and count a repeat onto it: the
+    scheduler's event recorder, which correlates events as client-go's does."""
 
     def patch_event(
         self, namespace: str, name: str, count: int, last_timestamp: datetime, message: str
@@ -155,9 +160,9 @@ class AllocateApi(NodeApi, NodeMetricsApi, PodPatchApi, PodEventApi, Protocol):
     """
 
 
-class DevicePluginApi(AllocateApi, WatchApi, Protocol):
-    """Every call of the device-plugin daemon: Allocate's, and the watches of its node's pods
-    and Node (`deviceplugin.nodecache`)."""
+class DevicePluginApi(AllocateApi, WatchApi, ObjectEventApi, Protocol):
+    """Every call of the device-plugin daemon: Allocate's, the watches of its node's pods
+    and Node (`deviceplugin.nodecache`), and its Events about the Node (`deviceplugin.rivals`)."""
 
 
 class BindApi(NodeApi, PodPatchApi, ListApi, DeadlineApi, Protocol):

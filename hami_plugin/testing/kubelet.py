@@ -8,6 +8,10 @@ It behaves as kubelet's device manager does (docs/kubelet-deviceplugin.md 2.1-2.
 * then, inside Register, dials `<dir>/<endpoint>` (blocking, authority `localhost`), calls
   GetDevicePluginOptions, and after Register has returned reads ListAndWatch in a thread,
   recording every list;
+* with `write_checkpoint`, every list a plugin sends replaces its resource's devices in
+  `<dir>/kubelet_internal_checkpoint` (`Data.RegisteredDevices`, written whole through a
+  temporary file as kubelet's checkpoint manager does; the checksum is a placeholder), as
+  kubelet's `genericDeviceUpdateCallback` does for whichever plugin sent last;
 * `restart()` is a kubelet restart: the old process's connections die, every unix socket in the
   directory is deleted (`CleanupPluginDirectory`), and a new kubelet.sock is served;
 * serves kubelet's PodResources API v1 (`v1.PodResourcesLister`: List, GetAllocatableResources
@@ -25,6 +29,7 @@ Pod admission (which pods get Allocate, in what order, with which IDs) is `PodAd
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -44,6 +49,7 @@ from hami_plugin.deviceplugin.api.podresources import api_pb2_grpc as podresourc
 logger = logging.getLogger(__name__)
 
 KUBELET_SOCKET = "kubelet.sock"
+CHECKPOINT_NAME = "kubelet_internal_checkpoint"
 POD_RESOURCES_SOCKET = "pod-resources.sock"
 SUPPORTED_VERSIONS = ("v1beta1",)
 
@@ -128,8 +134,12 @@ class FakeKubelet:
         *,
         dial_timeout_seconds: float = 5.0,
         pod_resources_socket: str | None = None,
+        write_checkpoint: bool = False,
     ) -> None:
         self.plugin_dir = plugin_dir
+        self.checkpoint_path = os.path.join(plugin_dir, CHECKPOINT_NAME)
+        self._write_checkpoint = write_checkpoint
+        self._registered_devices: dict[str, list[str]] = {}
         self.socket_path = os.path.join(plugin_dir, KUBELET_SOCKET)
         self.pod_resources_socket = pod_resources_socket or os.path.join(
             plugin_dir, POD_RESOURCES_SOCKET
@@ -407,6 +417,17 @@ class FakeKubelet:
         # kubelet's connectClient starts the ListAndWatch goroutine before Register returns.
         connection.reader.start()
 
+    def _save_checkpoint(self) -> None:
+        # Under `_condition`. Kubelet's PodDeviceEntries are left empty: no pod is admitted here.
+        document = {
+            "Data": {"PodDeviceEntries": None, "RegisteredDevices": self._registered_devices},
+            "Checksum": 0,
+        }
+        temporary = f"{self.checkpoint_path}.tmp"
+        with open(temporary, "w") as file:
+            json.dump(document, file)
+        os.replace(temporary, self.checkpoint_path)
+
     def _refuse(self, context: grpc.ServicerContext, message: str) -> None:
         with self._condition:
             self._errors.append(message)
@@ -423,6 +444,10 @@ class FakeKubelet:
                 )
                 with self._condition:
                     connection.lists.append(devices)
+                    if self._write_checkpoint:
+                        resource = connection.request.resource_name
+                        self._registered_devices[resource] = [d.id for d in devices]
+                        self._save_checkpoint()
                     self._condition.notify_all()
         except grpc.RpcError:
             pass

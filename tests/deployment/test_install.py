@@ -678,3 +678,15 @@ def test_the_toolkit_wait_ends_when_the_operator_says_ready(tmp_path: Path) -> N
         subprocess.run(command, capture_output=True, timeout=1, check=False)  # not yet
     (tmp_path / "toolkit-ready").write_text("")
     assert subprocess.run(command, capture_output=True, timeout=30, check=False).returncode == 0
+
+
+def test_the_documented_gpu_operator_line_sets_the_runtime_class_and_the_toolkit_wait() -> None:
+    words = shlex.split(_doc_command("helm upgrade hami", "runtimeClassName"))
+    assert words[words.index("-n") + 1] == NAMESPACE
+    sets = [words[i + 1] for i, word in enumerate(words) if word == "--set"]
+    objects = helm_template(*sets)
+    assert pod_spec(workload_running(objects, "device-plugin"))["runtimeClassName"] == "nvidia"
+    assert _toolkit_wait(objects)["name"] == "toolkit-validation"
+    assert of_kind(objects, "RuntimeClass") == []  # the operator's own
+    operator = shlex.split(_doc_command("helm upgrade gpu-operator"))
+    assert "devicePlugin.enabled=false" in operator
