@@ -535,47 +535,58 @@ def _node_layers(entries: list[object], node_name: str, source: str) -> list[Lay
 
 
 def _validate(settings: DevicePluginSettings) -> None:
+    """Raises ConfigError listing every setting out of range, named by its flag (`name_of`)."""
+    flag = OPTIONS.name_of
     problems: list[str] = []
     if settings.split_count < 1:
-        problems.append(f"device split count must be at least 1, got {settings.split_count}")
+        problems.append(f"{flag('split_count')} must be at least 1, got {settings.split_count}")
     if settings.memory_scaling <= 0:
-        problems.append(f"device memory scaling must be > 0, got {settings.memory_scaling}")
+        problems.append(f"{flag('memory_scaling')} must be > 0, got {settings.memory_scaling}")
     if settings.cores_scaling <= 0:
-        problems.append(f"device cores scaling must be > 0, got {settings.cores_scaling}")
+        problems.append(f"{flag('cores_scaling')} must be > 0, got {settings.cores_scaling}")
     if not isinstance(settings.nvml, NvmlSource):
         problems.append(f"--nvml must be 'nvml' or 'fake', got {settings.nvml!r}")
     if settings.nvml == NvmlSource.FAKE and not settings.fake_gpus:
         problems.append("--nvml fake needs --fake-gpus FILE (or FAKE_GPUS_FILE)")
     if settings.health_recovery_seconds < 0:
         problems.append(
-            f"health recovery seconds must be >= 0, got {settings.health_recovery_seconds}"
+            f"{flag('health_recovery_seconds')} must be >= 0, got "
+            f"{settings.health_recovery_seconds}"
         )
     if settings.health_wait_ms < 1:
-        problems.append(f"health wait must be at least 1 ms, got {settings.health_wait_ms}")
+        problems.append(
+            f"{flag('health_wait_ms')} must be at least 1, got {settings.health_wait_ms}"
+        )
     if settings.register_interval_seconds <= 0:
         problems.append(
-            f"register interval must be > 0 seconds, got {settings.register_interval_seconds}"
+            f"{flag('register_interval_seconds')} must be > 0, got "
+            f"{settings.register_interval_seconds}"
         )
     if "/" not in settings.resource_name or settings.resource_name.startswith("/"):
         problems.append(
-            f"resource name must look like <domain>/<name>, got {settings.resource_name!r}"
+            f"{flag('resource_name')} must look like <domain>/<name>, got "
+            f"{settings.resource_name!r}"
         )
     if not settings.socket_name or "/" in settings.socket_name:
-        problems.append(f"socket name must be a plain file name, got {settings.socket_name!r}")
+        problems.append(
+            f"{flag('socket_name')} must be a plain file name, got {settings.socket_name!r}"
+        )
     if settings.preconfigured_device_memory_mib < 0:
         problems.append(
-            "preconfigured device memory must be >= 0 MiB, got "
+            f"{flag('preconfigured_device_memory_mib')} must be >= 0 MiB, got "
             f"{settings.preconfigured_device_memory_mib}"
         )
     if any(index < 0 for index in settings.filter_indexes):
-        problems.append("filtered device indexes must be >= 0")
+        problems.append(f"{flag('filter_indexes')} must be >= 0")
     if settings.pod_resources_socket and not settings.pod_resources_socket.startswith("/"):
         problems.append(
-            "pod resources socket must be an absolute path (or empty: not used), got "
+            f"{flag('pod_resources_socket')} must be an absolute path (or empty: not used), got "
             f"{settings.pod_resources_socket!r}"
         )
     if settings.device_list.any_cdi and not settings.cdi_spec_dir.startswith("/"):
-        problems.append(f"CDI spec dir must be an absolute path, got {settings.cdi_spec_dir!r}")
+        problems.append(
+            f"{flag('cdi_spec_dir')} must be an absolute path, got {settings.cdi_spec_dir!r}"
+        )
     if (
         settings.mig_strategy != MigStrategy.NONE
         and settings.operating_mode != OperatingMode.HAMI_CORE
