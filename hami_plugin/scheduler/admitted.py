@@ -18,7 +18,7 @@ from typing import Any
 
 from hami_plugin.scheduler.webhook import PodAdmission, WebhookSettings, admit_pod
 
-__all__ = ["AdmittedPod", "admit", "apply_patch", "describe"]
+__all__ = ["AdmittedPod", "admit", "apply_patch", "describe", "explain"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,3 +119,14 @@ def describe(document: Mapping[str, Any], operation: Mapping[str, Any]) -> list[
     if op == "remove":
         return [f"{where} removed"]
     return _leaves(where, value)
+
+
+def explain(document: Mapping[str, Any] | None, patch: Sequence[Mapping[str, Any]]) -> str:
+    """The dry run's `--explain` line: what the webhook changed in `document`; `document` None:
+    the webhook was not applied (`--no-webhook`)."""
+    if document is None:
+        return "admission webhook: not applied (--no-webhook): the pod as given"
+    if not patch:
+        return "admission webhook: the pod unchanged"
+    lines = [line for operation in patch for line in describe(document, operation)]
+    return "admission webhook (--no-webhook: the pod as given): " + "; ".join(lines)

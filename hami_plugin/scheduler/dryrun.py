@@ -79,11 +79,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--no-webhook",
         action="store_true",
-        help=(
-            "read the pod exactly as given; by default it is first changed as the admission "
-            "webhook would change it (nvidia.com/gpu: 1 added to a container asking only "
-            "memory or cores, 100 %% cores to one asking whole GPUs)"
-        ),
+        help="read the pod as given, not as the admission webhook would change it",
     )
     parser.add_argument(
         "--no-preemption",
@@ -256,7 +252,9 @@ def _run(args: argparse.Namespace) -> int:
         from hami_plugin.scheduler.snapshot import unhealthy_nodes
 
         gone = set(unhealthy_nodes(snapshot, now))
-        text = _explain_webhook(args, document, patch)
+        from hami_plugin.scheduler.admitted import explain
+
+        text = explain(None if args.no_webhook else document, patch)
         text += "\n" + _explain(ledger, pod, candidates, result, settings, gone)
         if preemption[1]:
             text += "\n" + _explain_preemption(pod, *preemption)
@@ -306,20 +304,6 @@ def _admitted(
             "went through the webhook already)"
         )
     return admitted.document, admitted.admission.patch
-
-
-def _explain_webhook(
-    args: argparse.Namespace, document: Mapping[str, Any], patch: tuple[Mapping[str, Any], ...]
-) -> str:
-    """The `--explain` line of the admission webhook: what it changed in the pod."""
-    if args.no_webhook:
-        return "admission webhook: not applied (--no-webhook): the pod as given"
-    if not patch:
-        return "admission webhook: the pod unchanged"
-    from hami_plugin.scheduler.admitted import describe
-
-    lines = [line for operation in patch for line in describe(document, operation)]
-    return "admission webhook (--no-webhook: the pod as given): " + "; ".join(lines)
 
 
 def _candidates(args: argparse.Namespace, snapshot: ClusterSnapshot) -> list[str]:
