@@ -8,6 +8,9 @@ JSON shapes (stable, every field present):
   (plus `"migProfiles"` when the GPU has any);
 - `hami.io/mutex.lock`: `{"time", "namespace", "pod"}` (namespace and pod null for a legacy lock).
 `decode` also reads the pod-level user annotations and the handshake (no `encode` for those).
+`encode` takes those shapes and, for the register annotation, HAMi's own JSON too, where Go's
+omitempty leaves out `index`, `numa`, `mode` and `health` when zero (`gpu_devices_from_json`);
+a bad input gets every problem reported, a line each.
 
 HAMi's parsers accept values that hold no device at all: a pod device list skips every piece
 without a `,` (`garbage` decodes to `[[]]`), a comma-form register skips empty segments (`:`
@@ -185,86 +188,130 @@ def _hollow_value(key: str, value: str, decoded: Any) -> str | None:
 # --- JSON -> values ----------------------------------------------------------------------
 
 
-def _field(obj: Any, name: str, kind: type, where: str) -> Any:
-    if not isinstance(obj, dict):
-        raise _InputError(f"{where} must be a JSON object")
-    if name not in obj:
-        raise _InputError(f'{where} has no "{name}"')
-    value = obj[name]
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise _InputError(f'{where}: "{name}" must be an integer')
-    if not isinstance(value, kind):
-        raise _InputError(f'{where}: "{name}" must be a {kind.__name__}')
-    return value
+_ZERO: dict[type, Any] = {int: 0, str: "", bool: False}
 
 
-def _list(value: Any, where: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise _InputError(f"{where} must be a JSON list")
-    return value
+class _Problems:
+    """Every problem of one input, gathered so that `hami encode` reports them all at once."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def field(self, obj: Any, name: str, kind: type, where: str, *, optional: bool = False) -> Any:
+        """`obj[name]`, of `kind`; its zero value, and a problem noted, when it is missing (and
+        not `optional`: Go's omitempty leaves zero values out) or of another kind."""
+        if not isinstance(obj, dict):
+            return _ZERO[kind]  # noted once by `object`
+        value = obj.get(name)
+        if value is None:
+            if name not in obj and not optional:
+                self.lines.append(f'{where} has no "{name}"')
+            return _ZERO[kind]
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+            self.lines.append(f'{where}: "{name}" must be an integer')
+            return 0
+        if not isinstance(value, kind):
+            self.lines.append(f'{where}: "{name}" must be a {kind.__name__}')
+            return _ZERO[kind]
+        return value
+
+    def object(self, value: Any, where: str) -> None:
+        if not isinstance(value, dict):
+            self.lines.append(f"{where} must be a JSON object")
+
+    def list(self, value: Any, where: str) -> list[Any]:
+        if value is None:
+            return []  # Go writes a nil slice as null
+        if not isinstance(value, list):
+            self.lines.append(f"{where} must be a JSON list")
+            return []
+        return value
+
+    def check(self) -> None:
+        """Raises _InputError with one line per problem, if there is any."""
+        if self.lines:
+            raise _InputError("\n".join(self.lines))
 
 
 def pod_devices_from_json(data: Any) -> PodDevices:
-    """The inverse of `pod_devices_to_json`; raises ValueError naming the misshapen part."""
+    """The inverse of `pod_devices_to_json`; raises ValueError naming every misshapen part,
+    a line each."""
+    problems = _Problems()
     containers = []
-    for c_index, container in enumerate(_list(data, "the input")):
+    for c_index, container in enumerate(problems.list(data, "the input")):
         devices = []
-        for d_index, obj in enumerate(_list(container, f"container {c_index}")):
+        for d_index, obj in enumerate(problems.list(container, f"container {c_index}")):
             where = f"container {c_index} device {d_index}"
+            problems.object(obj, where)
             devices.append(
                 ContainerDevice(
-                    uuid=_field(obj, "uuid", str, where),
-                    type=_field(obj, "type", str, where),
-                    used_mem_mib=_field(obj, "usedmem", int, where),
-                    used_cores=_field(obj, "usedcores", int, where),
+                    uuid=problems.field(obj, "uuid", str, where),
+                    type=problems.field(obj, "type", str, where),
+                    used_mem_mib=problems.field(obj, "usedmem", int, where),
+                    used_cores=problems.field(obj, "usedcores", int, where),
                 )
             )
         containers.append(tuple(devices))
+    problems.check()
     return tuple(containers)
 
 
-def _mig_profiles_from_json(obj: dict[str, Any], where: str) -> tuple[MigProfile, ...]:
+def _mig_profiles_from_json(obj: Any, where: str, problems: _Problems) -> tuple[MigProfile, ...]:
     profiles = []
-    for p_index, raw in enumerate(_list(obj.get("migProfiles", []), f"{where} migProfiles")):
+    raw_profiles = obj.get("migProfiles") if isinstance(obj, dict) else None
+    for p_index, raw in enumerate(problems.list(raw_profiles, f"{where} migProfiles")):
         at = f"{where} migProfiles[{p_index}]"
-        placements = tuple(
-            MigPlacement(
-                _field(item, "start", int, f"{at} placement"),
-                _field(item, "size", int, f"{at} placement"),
+        problems.object(raw, at)
+        raw_placements = raw.get("placements") if isinstance(raw, dict) else None
+        if isinstance(raw, dict) and "placements" not in raw:
+            problems.lines.append(f'{at} has no "placements"')
+        placements = []
+        for item in problems.list(raw_placements, f"{at} placements"):
+            problems.object(item, f"{at} placement")
+            placements.append(
+                MigPlacement(
+                    problems.field(item, "start", int, f"{at} placement"),
+                    problems.field(item, "size", int, f"{at} placement"),
+                )
             )
-            for item in _list(_field(raw, "placements", list, at), f"{at} placements")
-        )
         profiles.append(
             MigProfile(
-                name=_field(raw, "name", str, at),
-                memory_mib=_field(raw, "memoryMB", int, at),
-                cores=_field(raw, "core", int, at),
-                slice_count=_field(raw, "sliceCount", int, at),
-                placements=placements,
+                name=problems.field(raw, "name", str, at),
+                memory_mib=problems.field(raw, "memoryMB", int, at),
+                cores=problems.field(raw, "core", int, at),
+                slice_count=problems.field(raw, "sliceCount", int, at),
+                placements=tuple(placements),
             )
         )
     return tuple(profiles)
 
 
 def gpu_devices_from_json(data: Any) -> list[GpuDevice]:
-    """The inverse of `gpu_device_to_json` over a list; raises ValueError naming the part."""
+    """The inverse of `gpu_device_to_json` over a list, and HAMi's own JSON of the annotation:
+    `index`, `numa`, `mode`, `health` and `migProfiles` may be left out (Go's omitempty drops
+    GPU 0's index, NUMA node 0, an empty mode, an unhealthy GPU's `health`) and read as zero;
+    `id`, `count`, `devmem`, `devcore` and `type`, which every registered GPU has, may not.
+    Raises ValueError naming every misshapen part, a line each."""
+    problems = _Problems()
     devices = []
-    for index, obj in enumerate(_list(data, "the input")):
+    for index, obj in enumerate(problems.list(data, "the input")):
         where = f"device {index}"
+        problems.object(obj, where)
         devices.append(
             GpuDevice(
-                uuid=_field(obj, "id", str, where),
-                index=_field(obj, "index", int, where),
-                split_count=_field(obj, "count", int, where),
-                memory_mib=_field(obj, "devmem", int, where),
-                cores_percent=_field(obj, "devcore", int, where),
-                type=_field(obj, "type", str, where),
-                numa_node=_field(obj, "numa", int, where),
-                mode=_field(obj, "mode", str, where),
-                healthy=_field(obj, "health", bool, where),
-                mig_profiles=_mig_profiles_from_json(obj, where),
+                uuid=problems.field(obj, "id", str, where),
+                index=problems.field(obj, "index", int, where, optional=True),
+                split_count=problems.field(obj, "count", int, where),
+                memory_mib=problems.field(obj, "devmem", int, where),
+                cores_percent=problems.field(obj, "devcore", int, where),
+                type=problems.field(obj, "type", str, where),
+                numa_node=problems.field(obj, "numa", int, where, optional=True),
+                mode=problems.field(obj, "mode", str, where, optional=True),
+                healthy=problems.field(obj, "health", bool, where, optional=True),
+                mig_profiles=_mig_profiles_from_json(obj, where, problems),
             )
         )
+    problems.check()
     return devices
 
 
@@ -274,7 +321,11 @@ def _encode_from_json(key: str, data: Any) -> str:
     if key == ANNOTATION_NODE_REGISTER:
         return codec.encode_node_devices(gpu_devices_from_json(data))
     if key == ANNOTATION_NODE_LOCK:
-        lock = nodelock.parse_node_lock(_field(data, "time", str, "the lock"))
+        problems = _Problems()
+        problems.object(data, "the lock")
+        time = problems.field(data, "time", str, "the lock")
+        problems.check()
+        lock = nodelock.parse_node_lock(time)
         namespace, pod = data.get("namespace"), data.get("pod")
         if (namespace is None) != (pod is None):
             raise _InputError('the lock needs both "namespace" and "pod", or neither')
@@ -318,7 +369,8 @@ def run_encode(args: argparse.Namespace) -> int:
         print(f"hami encode: input is not JSON: {error}", file=sys.stderr)
         return 1
     except (codec.AnnotationError, _InputError, ValueError) as error:
-        print(f"hami encode: {error}", file=sys.stderr)
+        for line in str(error).splitlines():
+            print(f"hami encode: {line}", file=sys.stderr)
         return 1
     print(value)
     return 0

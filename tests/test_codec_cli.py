@@ -87,8 +87,8 @@ def test_decode_value_from_stdin(capsys: pytest.CaptureFixture[str]) -> None:
         (["decode", "example.com/unknown", "x"], "", "unsupported annotation key"),
         (["decode", REGISTER, "[]"], "", "no gpu found on node"),
         (["encode", TO_ALLOCATE], "not json", "input is not JSON"),
-        (["encode", TO_ALLOCATE], '[[{"uuid":"a"}]]', 'has no "type"'),
-        (["encode", REGISTER], '[{"id":"a"}]', 'has no "index"'),
+        (["encode", TO_ALLOCATE], '[[{"uuid":"a","usedmem":1,"usedcores":0}]]', 'has no "type"'),
+        (["encode", REGISTER], '[{"id":"a","count":1,"devmem":1,"devcore":1}]', 'has no "type"'),
         (
             ["encode", TO_ALLOCATE],
             '[[{"uuid":"a:b","type":"N","usedmem":1,"usedcores":1}]]',
@@ -192,3 +192,55 @@ def test_console_script_and_module_entry_point() -> None:
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, check=False)
     assert result.returncode == 0
     assert "decode" in result.stdout
+
+
+HAMI_REGISTER = (  # what HAMi v2.10's device plugin writes: Go's omitempty on every field
+    '[{"id":"GPU-0","count":10,"devmem":81920,"devcore":100,"type":"NVIDIA A100-SXM4-80GB",'
+    '"mode":"hami-core","health":true},{"id":"GPU-1","index":1,"count":10,"devmem":81920,'
+    '"devcore":100,"type":"NVIDIA A100-SXM4-80GB","numa":1,"devicevendor":"NVIDIA"}]'
+)
+
+
+def encode(key: str, stdin: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hami_plugin", "encode", key], cwd=ROOT, input=stdin,
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_encode_takes_hamis_own_register_json() -> None:
+    """GPU 0 has no "index", NUMA node 0 and an empty mode are left out, an unhealthy GPU has
+    no "health": read as zero, as HAMi reads them; members we do not use are ignored."""
+    done = encode(REGISTER, HAMI_REGISTER)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == HAMI_REGISTER.replace(',"devicevendor":"NVIDIA"', "") + "\n"
+    decoded = subprocess.run(
+        [sys.executable, "-m", "hami_plugin", "decode", REGISTER, done.stdout.strip()],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    gpus = json.loads(decoded.stdout)
+    assert [(g["index"], g["numa"], g["mode"], g["health"]) for g in gpus] == [
+        (0, 0, "hami-core", True),
+        (1, 1, "", False),
+    ]
+
+
+def test_encode_reports_every_problem_at_once() -> None:
+    done = encode(REGISTER, '[{"id":"GPU-0","count":"10"},{"devmem":1,"devcore":100}]')
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr.splitlines() == [
+        'hami encode: device 0: "count" must be an integer',
+        'hami encode: device 0 has no "devmem"',
+        'hami encode: device 0 has no "devcore"',
+        'hami encode: device 0 has no "type"',
+        'hami encode: device 1 has no "id"',
+        'hami encode: device 1 has no "count"',
+        'hami encode: device 1 has no "type"',
+    ]
+    done = encode(TO_ALLOCATE, '[[{"uuid":"a"}],[{"type":"N","usedmem":1,"usedcores":0}]]')
+    assert done.stderr.splitlines() == [
+        'hami encode: container 0 device 0 has no "type"',
+        'hami encode: container 0 device 0 has no "usedmem"',
+        'hami encode: container 0 device 0 has no "usedcores"',
+        'hami encode: container 1 device 0 has no "uuid"',
+    ]

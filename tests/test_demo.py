@@ -237,3 +237,27 @@ def test_comparison_and_gpu_tables_show_each_container_on_its_gpus() -> None:
         "  too-big (1 x 102400 MiB): no node fits",
         "    gpu-t4: 4/4 CardInsufficientMemory",
     ]
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_a_closed_pipe_ends_the_demo_quietly_and_leaves_nothing_behind(
+    tmpdir_env: tuple[Path, dict[str, str]], unbuffered: str
+) -> None:
+    """`hami demo | head -3`: the reader is gone before the report (buffered: found at the
+    last flush; unbuffered: at the first line, before any daemon starts); the demo stops what
+    it started, removes its work directory and exits 141 without a traceback."""
+    tmp, env = tmpdir_env
+    env = {**env, "PYTHONUNBUFFERED": unbuffered}
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone before the first line
+    try:
+        done = subprocess.run(
+            [*HAMI, "demo"], env=env, stdout=write_end, stderr=subprocess.PIPE, text=True,
+            timeout=110, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert processes_using(tmp) == []
+    assert list(tmp.iterdir()) == []

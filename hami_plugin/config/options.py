@@ -86,6 +86,15 @@ class OptionTable:
                 **extra,
             )
 
+    def name_of(self, setting: str) -> str:
+        """How a message names `setting` to the user: its first flag, else its environment
+        variable, else its key in HAMi's node config; the setting's own name when the table
+        does not hold it."""
+        for option in self.options:
+            if option.name == setting:
+                return option.flags[0] if option.flags else option.env or option.node_key or setting
+        return setting
+
     def flags(self, args: argparse.Namespace) -> Layer:
         """The flags given on the command line `args` was parsed from (`add_to`'s parser)."""
         return flag_layer(

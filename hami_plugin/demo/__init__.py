@@ -9,7 +9,10 @@ fits nowhere, both policies side by side and a few /metrics lines, then stops ev
 
 Exit status: 0 when every pod meant to fit got its GPUs, the others were refused with a reason
 and every daemon stopped cleanly; 1 otherwise (the daemons' logs are kept and their path
-printed); 130 when interrupted (Ctrl-C or SIGTERM: everything is stopped first).
+printed); 130 when interrupted (Ctrl-C or SIGTERM: everything is stopped first); 141 (from
+`cli.main`) when the reader of its output goes away (`hami demo | head -3`): everything is
+stopped first, quietly. The work directory is removed when nothing went wrong (0, and 141),
+kept with its logs otherwise (1, 130: a hang interrupted is diagnosed there) or with `--keep`.
 """
 
 from __future__ import annotations
@@ -88,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted: everything the demo started is stopped", file=sys.stderr)
         status = EXIT_INTERRUPTED
+    except BrokenPipeError:
+        status = EXIT_OK  # nobody reads on: the demo stopped what it started, nothing failed
+        raise  # cli.main ends quietly
     finally:
         signal.signal(signal.SIGTERM, previous)
         root.removeHandler(handler)
@@ -121,6 +127,8 @@ def _run(workdir: Path, started: float) -> int:
     except DemoError as error:
         logger.error("%s", error)
         failure = str(error)
+    except BrokenPipeError:
+        raise  # the reader went away: stop everything (below), no report
     except Exception as error:  # a bug: one line here, the traceback in the log
         logger.exception("the demo failed")
         failure = f"{type(error).__name__}: {error} (traceback in {workdir / 'demo.log'})"

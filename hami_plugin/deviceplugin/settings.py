@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import enum
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -534,48 +534,41 @@ def _node_layers(entries: list[object], node_name: str, source: str) -> list[Lay
     return [] if found is None else [found]
 
 
+_RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("split_count", lambda value: value < 1, "must be at least 1"),
+    ("memory_scaling", lambda value: value <= 0, "must be > 0"),
+    ("cores_scaling", lambda value: value <= 0, "must be > 0"),
+    ("health_recovery_seconds", lambda value: value < 0, "must be >= 0"),
+    ("health_wait_ms", lambda value: value < 1, "must be at least 1"),
+    ("register_interval_seconds", lambda value: value <= 0, "must be > 0"),
+    ("resource_name", lambda name: "/" not in name or name.startswith("/"),
+     "must look like <domain>/<name>"),
+    ("socket_name", lambda name: not name or "/" in name, "must be a plain file name"),
+    ("preconfigured_device_memory_mib", lambda value: value < 0, "must be >= 0 MiB"),
+    ("pod_resources_socket", lambda path: path and not path.startswith("/"),
+     "must be an absolute path (or empty: not used)"),
+)  # fmt: skip
+"""Settings out of range: the setting, the test that finds it bad, the rule it breaks."""
+
+
 def _validate(settings: DevicePluginSettings) -> None:
-    problems: list[str] = []
-    if settings.split_count < 1:
-        problems.append(f"device split count must be at least 1, got {settings.split_count}")
-    if settings.memory_scaling <= 0:
-        problems.append(f"device memory scaling must be > 0, got {settings.memory_scaling}")
-    if settings.cores_scaling <= 0:
-        problems.append(f"device cores scaling must be > 0, got {settings.cores_scaling}")
+    """Raises ConfigError listing every setting out of range, named by its flag (`name_of`)."""
+    flag = OPTIONS.name_of
+    problems = [
+        f"{flag(name)} {rule}, got {getattr(settings, name)!r}"
+        for name, bad, rule in _RANGES
+        if bad(getattr(settings, name))
+    ]
     if not isinstance(settings.nvml, NvmlSource):
         problems.append(f"--nvml must be 'nvml' or 'fake', got {settings.nvml!r}")
     if settings.nvml == NvmlSource.FAKE and not settings.fake_gpus:
         problems.append("--nvml fake needs --fake-gpus FILE (or FAKE_GPUS_FILE)")
-    if settings.health_recovery_seconds < 0:
-        problems.append(
-            f"health recovery seconds must be >= 0, got {settings.health_recovery_seconds}"
-        )
-    if settings.health_wait_ms < 1:
-        problems.append(f"health wait must be at least 1 ms, got {settings.health_wait_ms}")
-    if settings.register_interval_seconds <= 0:
-        problems.append(
-            f"register interval must be > 0 seconds, got {settings.register_interval_seconds}"
-        )
-    if "/" not in settings.resource_name or settings.resource_name.startswith("/"):
-        problems.append(
-            f"resource name must look like <domain>/<name>, got {settings.resource_name!r}"
-        )
-    if not settings.socket_name or "/" in settings.socket_name:
-        problems.append(f"socket name must be a plain file name, got {settings.socket_name!r}")
-    if settings.preconfigured_device_memory_mib < 0:
-        problems.append(
-            "preconfigured device memory must be >= 0 MiB, got "
-            f"{settings.preconfigured_device_memory_mib}"
-        )
     if any(index < 0 for index in settings.filter_indexes):
-        problems.append("filtered device indexes must be >= 0")
-    if settings.pod_resources_socket and not settings.pod_resources_socket.startswith("/"):
-        problems.append(
-            "pod resources socket must be an absolute path (or empty: not used), got "
-            f"{settings.pod_resources_socket!r}"
-        )
+        problems.append(f"{flag('filter_indexes')} must be >= 0")
     if settings.device_list.any_cdi and not settings.cdi_spec_dir.startswith("/"):
-        problems.append(f"CDI spec dir must be an absolute path, got {settings.cdi_spec_dir!r}")
+        problems.append(
+            f"{flag('cdi_spec_dir')} must be an absolute path, got {settings.cdi_spec_dir!r}"
+        )
     if (
         settings.mig_strategy != MigStrategy.NONE
         and settings.operating_mode != OperatingMode.HAMI_CORE

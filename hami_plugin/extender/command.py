@@ -12,7 +12,7 @@ import argparse
 import logging
 
 from hami_plugin.config import EXIT_USAGE, ConfigError
-from hami_plugin.extender.settings import add_arguments, resolve_config
+from hami_plugin.extender.settings import SchedulerConfig, add_arguments, resolve_config
 from hami_plugin.logsafe import configure_logging
 
 __all__ = ["EXIT_USAGE", "register", "run"]
@@ -33,6 +33,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
+def _check_tls_files(config: SchedulerConfig) -> None:
+    """The certificate files given can be read, as the daemon reads them at start: a missing
+    one is a wrong setting (exit 2, the flag named), not a daemon that cannot start. Raises
+    ConfigError."""
+    for flag, path in (
+        ("--cert-file", config.cert_file),
+        ("--key-file", config.key_file),
+        ("--client-ca-file", config.client_ca_file),
+    ):
+        if not path:
+            continue
+        try:
+            open(path, "rb").close()
+        except OSError as error:
+            raise ConfigError(f"{flag} {path}: {error.strerror}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM/SIGINT; returns the exit status."""
     configure_logging()  # escaped, cut and rate-limited lines (logsafe)
@@ -40,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = resolve_config(args)
+        _check_tls_files(config)
         logging.getLogger().setLevel(config.log_level.upper())  # --log-level, --debug, -v
         daemon = SchedulerDaemon(config)
     except ConfigError as error:

@@ -445,6 +445,7 @@ def _device_values(config: DeviceConfig) -> dict[str, Any]:
         if kind is not int and not isinstance(value, kind):
             raise ConfigError(f"{config.label}: nvidia.{key} must be a {kind.__name__}")
         values[key] = value
+    _check_device_values(values, config.label)
     allowlist = config.nvidia.get("migProfileAllowlist")
     if allowlist is not None:
         # Not used to schedule (a MIG GPU registers its profiles), but a bad one stops the
@@ -454,6 +455,27 @@ def _device_values(config: DeviceConfig) -> dict[str, Any]:
         except ValueError as error:
             raise ConfigError(f"{config.label}: invalid MIG profile allowlist: {error}") from None
     return values
+
+
+_DEVICE_RANGES: dict[str, tuple[int, int, str]] = {
+    "defaultMemory": (0, 2**63 - 1, "must not be negative"),
+    "defaultCores": (0, 100, "must be between 0 and 100"),
+    "memoryFactor": (1, 2**63 - 1, "must be at least 1"),
+    "defaultGPUNum": (0, 2**31 - 1, "must be between 0 and 2147483647"),
+}
+
+
+def _check_device_values(values: Mapping[str, Any], label: str) -> None:
+    """The device config's values in range, named by their keys. Raises ConfigError."""
+    for key, (low, high, rule) in _DEVICE_RANGES.items():
+        if key in values and not low <= values[key] <= high:
+            raise ConfigError(f"{label}: nvidia.{key} {rule}, got {values[key]}")
+    if "resourceCountName" in values and not values["resourceCountName"]:
+        raise ConfigError(f"{label}: nvidia.resourceCountName must not be empty")
+    policy = values.get("gpuCorePolicy", GpuCorePolicy.DEFAULT)
+    if policy not in set(GpuCorePolicy):
+        choices = ", ".join(GpuCorePolicy)
+        raise ConfigError(f"{label}: nvidia.gpuCorePolicy must be one of {choices}, got {policy!r}")
 
 
 def _placement(values: Mapping[str, Any]) -> tuple[SchedulerSettings, WebhookSettings]:

@@ -4,6 +4,7 @@ account, and how often its token is refreshed."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 
@@ -22,6 +23,13 @@ def load_configuration(kubeconfig: str | None = None) -> Configuration:
     """
     configuration = Configuration()
     source = kubeconfig or ""
+    # The loader merges a `:`-separated list, skipping paths that do not exist, and says only
+    # "No configuration found" when none does.
+    if source and not any(os.path.exists(path) for path in source.split(os.pathsep) if path):
+        raise KubeError(
+            f"cannot load Kubernetes configuration: kubeconfig {source!r} does not exist "
+            "(--kubeconfig, else $KUBECONFIG)"
+        )
     try:
         if source:
             # only here: the kubeconfig loader brings OAuth and its HTTP stack (in-cluster

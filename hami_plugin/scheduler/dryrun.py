@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +48,8 @@ def register(subparsers: Any) -> None:
         description=(
             "Decide where a pod would go on a cluster snapshot and explain why. Prints JSON; "
             "exit 0 when it fits, 2 when no node fits, 1 on bad input (including a GPU request "
-            "the scheduler would not read as written, such as nvidia.com/gpumem: 16Gi)."
+            "the scheduler would not read as written, such as nvidia.com/gpumem: 16Gi, a pod "
+            "the admission webhook would deny, and a --nodes name the snapshot lacks)."
         ),
     )
     parser.add_argument(
@@ -73,6 +75,11 @@ def register(subparsers: Any) -> None:
         "--explain",
         action="store_true",
         help="also print a per-node table (and the victims preemption would take) on stderr",
+    )
+    parser.add_argument(
+        "--no-webhook",
+        action="store_true",
+        help="read the pod as given, not as the admission webhook would change it",
     )
     parser.add_argument(
         "--no-preemption",
@@ -171,17 +178,18 @@ def _run(args: argparse.Namespace) -> int:
     from hami_plugin.protocol.codec import AnnotationError, parse_gpu_policy, parse_node_policy
     from hami_plugin.scheduler.filter import decide
     from hami_plugin.scheduler.fit import render_failure
-    from hami_plugin.scheduler.requests import pod_requests
     from hami_plugin.scheduler.settings import SchedulerSettings
     from hami_plugin.scheduler.snapshot import (
         build_ledger,
         build_quota_book,
-        parse_pod,
         parse_snapshot,
+        pod_from_object,
+        read_pod_object,
     )
 
     if args.repeat < 0:
         raise _BadInputError("--repeat must not be negative")
+    _check_settings(args)
     try:
         settings = SchedulerSettings(
             node_policy=parse_node_policy(args.node_policy, key="--node-policy"),
@@ -192,13 +200,16 @@ def _run(args: argparse.Namespace) -> int:
             numa_grouped_order=args.numa_grouped_order,
         )
         snapshot = parse_snapshot(_read(args.snapshot), what=args.snapshot)
-        pod = parse_pod(_read(args.pod), what=args.pod, priority_classes=snapshot.priority_classes)
+        document = read_pod_object(_read(args.pod), what=args.pod)
+        pod = pod_from_object(document, args.pod, snapshot.priority_classes)
+        requests = _readable_requests(args.pod, pod, settings)
+        patch: tuple[Mapping[str, Any], ...] = ()
+        if not args.no_webhook:
+            document, patch = _admitted(args.pod, document, settings)
+            pod = pod_from_object(document, args.pod, snapshot.priority_classes)
+            requests = _readable_requests(args.pod, pod, settings)
     except (AnnotationError, ValueError) as error:
         raise _BadInputError(str(error)) from None
-    requests = pod_requests(pod, settings)
-    if requests.wrong_answers:
-        lines = (f"{args.pod}: {p.render(would=True)}" for p in requests.wrong_answers)
-        raise _BadInputError("\n".join(lines))
     try:
         now = datetime.fromtimestamp(args.now, UTC) if args.now is not None else datetime.now(UTC)
     except (OverflowError, OSError, ValueError):
@@ -208,10 +219,7 @@ def _run(args: argparse.Namespace) -> int:
     quota = build_quota_book(snapshot, ledger, settings.resources).quota_fit(
         pod.namespace, settings.memory_factor
     )
-    if args.nodes is not None:
-        candidates = [name.strip() for name in args.nodes.split(",") if name.strip()]
-    else:
-        candidates = [node.name for node in snapshot.nodes]
+    candidates = _candidates(args, snapshot)
 
     result = decide(
         ledger, pod, candidates, now, settings, exhaustive=True, requests=requests, quota=quota
@@ -224,6 +232,8 @@ def _run(args: argparse.Namespace) -> int:
         "failedNodes": {name: render_failure(f) for name, f in sorted(result.failed_nodes.items())},
         "scores": {name: _shortest_float32(s) for name, s in sorted(result.scores.items())},
     }
+    if patch:
+        output["webhook"] = [dict(operation) for operation in patch]
     if result.requests.problems:
         output["problems"] = [str(problem) for problem in result.requests.problems]
     if not result.requests.wants_gpu:
@@ -242,13 +252,76 @@ def _run(args: argparse.Namespace) -> int:
         from hami_plugin.scheduler.snapshot import unhealthy_nodes
 
         gone = set(unhealthy_nodes(snapshot, now))
-        text = _explain(ledger, pod, candidates, result, settings, gone)
+        from hami_plugin.scheduler.webhook_preview import explain
+
+        text = explain(None if args.no_webhook else document, patch)
+        text += "\n" + _explain(ledger, pod, candidates, result, settings, gone)
         if preemption[1]:
             text += "\n" + _explain_preemption(pod, *preemption)
         print(text, file=sys.stderr)
     if result.node is None and result.requests.wants_gpu:
         return EXIT_NO_FIT
     return EXIT_FITS
+
+
+def _check_settings(args: argparse.Namespace) -> None:
+    """The scheduler settings' flags in range, named as the user gave them."""
+    if args.default_memory < 0:
+        raise _BadInputError(f"--default-memory must not be negative, got {args.default_memory}")
+    if not 0 <= args.default_cores <= 100:
+        raise _BadInputError(f"--default-cores must be between 0 and 100, got {args.default_cores}")
+    if args.memory_factor < 1:
+        raise _BadInputError(f"--memory-factor must be at least 1, got {args.memory_factor}")
+
+
+def _readable_requests(what: str, pod: PodInfo, settings: SchedulerSettings) -> PodRequests:
+    """The pod's GPU requests; _BadInputError (a line per value) for one the scheduler would
+    not read as written."""
+    from hami_plugin.scheduler.requests import pod_requests
+
+    requests = pod_requests(pod, settings)
+    if requests.wrong_answers:
+        lines = (f"{what}: {p.render(would=True)}" for p in requests.wrong_answers)
+        raise _BadInputError("\n".join(lines))
+    return requests
+
+
+def _admitted(
+    what: str, document: Mapping[str, Any], settings: SchedulerSettings
+) -> tuple[Mapping[str, Any], tuple[Mapping[str, Any], ...]]:
+    """The pod object as the admission webhook would let it in, with its default settings
+    and the scheduler's resource names and memory factor, and the webhook's JSON patch.
+    _BadInputError when the webhook would refuse the pod."""
+    from hami_plugin.scheduler.webhook_preview import admit
+    from hami_plugin.scheduler.webhook import WebhookSettings
+
+    webhook = WebhookSettings(resources=settings.resources, memory_factor=settings.memory_factor)
+    admitted = admit(document, webhook)
+    if not admitted.admission.allowed:
+        raise _BadInputError(
+            f"{what}: the admission webhook would deny the pod: {admitted.admission.message} "
+            "(--no-webhook reads the pod as given, e.g. one taken from the cluster, which "
+            "went through the webhook already)"
+        )
+    return admitted.document, admitted.admission.patch
+
+
+def _candidates(args: argparse.Namespace, snapshot: ClusterSnapshot) -> list[str]:
+    """The `--nodes` names (every node of the snapshot without it); _BadInputError naming
+    those the snapshot does not hold."""
+    known = [node.name for node in snapshot.nodes]
+    if args.nodes is None:
+        return known
+    candidates = [name.strip() for name in args.nodes.split(",") if name.strip()]
+    unknown = [name for name in dict.fromkeys(candidates) if name not in set(known)]
+    if unknown:
+        shown = ", ".join(known) if len(known) <= 10 else f"{len(known)} nodes"
+        raise _BadInputError(
+            f"--nodes: no node {', '.join(unknown)} in {args.snapshot} (it holds {shown})"
+        )
+    if not candidates:
+        raise _BadInputError("--nodes names no node")
+    return candidates
 
 
 def _preempt(

@@ -45,6 +45,8 @@ __all__ = [
     "build_quota_book",
     "parse_pod",
     "parse_snapshot",
+    "pod_from_object",
+    "read_pod_object",
     "read_priority_class",
     "unhealthy_nodes",
 ]
@@ -225,23 +227,36 @@ def parse_snapshot(text: str, what: str = "snapshot") -> ClusterSnapshot:
     return ClusterSnapshot(tuple(nodes), tuple(pods), tuple(quotas), tuple(budgets), tuple(classes))
 
 
-def parse_pod(
-    text: str, what: str = "pod", priority_classes: Iterable[PriorityClassInfo] = ()
-) -> PodInfo:
-    """Read exactly one pod (a Pod document, or a list holding one), admitted with
-    `priority_classes` when it carries no `spec.priority` (`admit_priority`). Raises
-    SnapshotError."""
+def read_pod_object(text: str, what: str = "pod") -> Mapping[str, Any]:
+    """The one Pod object of a pod file (a Pod document, or a list holding one), as written.
+    Raises SnapshotError."""
     objects = list(_objects(_documents(text, what), what))
     if len(objects) != 1:
         raise SnapshotError(f"{what}: expected one pod, found {len(objects)} objects")
     obj = objects[0]
     if obj.get("kind", "Pod") != "Pod":
         raise SnapshotError(f"{what}: expected a Pod, found kind {obj.get('kind')}")
+    return obj
+
+
+def pod_from_object(
+    obj: Mapping[str, Any], what: str = "pod", priority_classes: Iterable[PriorityClassInfo] = ()
+) -> PodInfo:
+    """A Pod object read, admitted with `priority_classes` when it carries no `spec.priority`
+    (`admit_priority`). Raises SnapshotError."""
     try:
         pod = read_pod(obj)
     except ObjectError as error:
         raise SnapshotError(f"{what}: {error}") from None
     return admit_priority(pod, priority_classes, what) if _unadmitted(obj) else pod
+
+
+def parse_pod(
+    text: str, what: str = "pod", priority_classes: Iterable[PriorityClassInfo] = ()
+) -> PodInfo:
+    """Read exactly one pod (`read_pod_object`), admitted with `priority_classes` when it
+    carries no `spec.priority` (`pod_from_object`). Raises SnapshotError."""
+    return pod_from_object(read_pod_object(text, what), what, priority_classes)
 
 
 def unhealthy_nodes(snapshot: ClusterSnapshot, now: datetime) -> tuple[str, ...]:

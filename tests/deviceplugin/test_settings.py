@@ -138,7 +138,7 @@ def test_the_pod_resources_socket_defaults_to_kubelets_and_an_empty_flag_turns_i
     )
     from_env = resolve([], {"NODE_NAME": "n", "POD_RESOURCES_SOCKET": "/k0s/pod-resources/k.sock"})
     assert from_env.pod_resources_socket == "/k0s/pod-resources/k.sock"
-    with pytest.raises(ConfigError, match="pod resources socket must be an absolute path"):
+    with pytest.raises(ConfigError, match="--pod-resources-socket must be an absolute path"):
         resolve(["--node-name", "n", "--pod-resources-socket", "kubelet.sock"])
 
 
@@ -240,19 +240,19 @@ def test_config_keys_fold_as_go_folds_them(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [
-        (["--device-split-count", "0"], {}, "device split count must be at least 1, got 0"),
+        (["--device-split-count", "0"], {}, "--device-split-count must be at least 1, got 0"),
         (["--device-split-count", "ten"], {}, "--device-split-count: expected an integer"),
-        ([], {"DEVICE_MEMORY_SCALING": "-1"}, "device memory scaling must be > 0"),
+        ([], {"DEVICE_MEMORY_SCALING": "-1"}, "--device-memory-scaling must be > 0"),
         ([], {"DEVICE_MEMORY_SCALING": "lots"}, "DEVICE_MEMORY_SCALING: expected a number"),
-        (["--device-cores-scaling", "0"], {}, "device cores scaling must be > 0"),
+        (["--device-cores-scaling", "0"], {}, "--device-cores-scaling must be > 0"),
         (["--fail-on-init-error", "maybe"], {}, '--fail-on-init-error: invalid boolean "maybe"'),
         ([], {"FAIL_ON_INIT_ERROR": "on"}, 'FAIL_ON_INIT_ERROR: invalid boolean "on"'),
         (["--nvml", "cuda"], {}, "--nvml must be 'nvml' or 'fake'"),
         (["--nvml", "fake"], {}, "--nvml fake needs --fake-gpus FILE"),
-        (["--resource-name", "gpu"], {}, "resource name must look like <domain>/<name>"),
-        (["--health-recovery-seconds", "-5"], {}, "health recovery seconds must be >= 0"),
-        (["--health-wait-ms", "0"], {}, "health wait must be at least 1 ms"),
-        (["--socket-name", "a/b.sock"], {}, "socket name must be a plain file name"),
+        (["--resource-name", "gpu"], {}, "--resource-name must look like <domain>/<name>"),
+        (["--health-recovery-seconds", "-5"], {}, "--health-recovery-seconds must be >= 0"),
+        (["--health-wait-ms", "0"], {}, "--health-wait-ms must be at least 1, got 0"),
+        (["--socket-name", "a/b.sock"], {}, "--socket-name must be a plain file name"),
     ],
 )
 def test_invalid_values_name_their_source(
@@ -533,7 +533,7 @@ def test_device_list_flags_and_env_take_hamis_names() -> None:
         (["--device-list-strategy", ""], "no device list strategy given"),
         (
             ["--device-list-strategy", "cdi-cri", "--cdi-spec-dir", "run/cdi"],
-            "CDI spec dir must be an absolute path",
+            "--cdi-spec-dir must be an absolute path",
         ),
     ],
 )

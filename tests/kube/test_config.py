@@ -65,7 +65,8 @@ def test_from_config_missing_file_names_it(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
 
     with pytest.raises(
-        KubeError, match=f"cannot load Kubernetes configuration from kubeconfig .*{missing}"
+        KubeError,
+        match=f"cannot load Kubernetes configuration: kubeconfig '{missing}' does not exist",
     ):
         KubeClient.from_config(str(missing))
 

@@ -257,9 +257,10 @@ def test_every_misread_value_is_a_line(capsys: pytest.CaptureFixture[str], tmp_p
 def test_a_clamped_percentage_is_reported_not_refused(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """HAMi clamps a percentage above 100 to the whole card, which is all it can mean."""
+    """HAMi's scheduler clamps a percentage above 100 to the whole card, which is all it can
+    mean (read as given: the webhook refuses the pod, test_webhook_refusal_is_bad_input)."""
     pod = _pod_file(tmp_path, "nvidia.com/gpu: 1, nvidia.com/gpumem-percentage: 150")
-    code, output, err = schedule(capsys, pod)
+    code, output, err = schedule(capsys, pod, "--no-webhook")
     assert (code, err) == (0, "")
     assert output["node"] is not None
     assert output["problems"] == [
@@ -292,23 +293,24 @@ def test_a_snapshot_without_nodes_is_bad_input(
 
 
 def test_candidate_nodes(capsys: pytest.CaptureFixture[str]) -> None:
-    code, output, _ = schedule(capsys, "pod-small.yaml", "--nodes", "gpu-v100-0, gone")
+    code, output, _ = schedule(capsys, "pod-small.yaml", "--nodes", "gpu-v100-0, cpu-0")
     assert code == 0
     assert output["node"] == "gpu-v100-0"
-    assert output["failedNodes"] == {"gone": "node unregistered"}
+    assert output["failedNodes"] == {"cpu-0": "node unregistered"}
 
 
 def test_explain_table(capsys: pytest.CaptureFixture[str]) -> None:
     code, output, err = schedule(capsys, "pod-small.yaml", "--explain")
     assert code == 0 and output["node"] == "gpu-a100-0"  # stdout stays JSON
     lines = err.splitlines()
-    assert lines[0] == "node policy binpack (nodes in the order they are tried), GPU policy spread"
-    assert lines[1].split() == ["NODE", "SCORE", "RESULT", "GPUS"]
-    assert lines[2].split()[:5] == ["gpu-a100-0", "8.662109", "fits", "<-", "chosen"]
-    assert lines[2].endswith(f"app: {A100_GPU1} 10000MiB 30%")
-    assert lines[3].split()[:3] == ["gpu-v100-0", "5.5", "fits"]
-    assert lines[4].split() == ["gpu-t4-0", "3.0833335", *T4_FAILURE.split()]
-    assert lines[5].split() == ["cpu-0", "-", "node", "unregistered"]
+    assert lines[0] == "admission webhook: the pod unchanged"
+    assert lines[1] == "node policy binpack (nodes in the order they are tried), GPU policy spread"
+    assert lines[2].split() == ["NODE", "SCORE", "RESULT", "GPUS"]
+    assert lines[3].split()[:5] == ["gpu-a100-0", "8.662109", "fits", "<-", "chosen"]
+    assert lines[3].endswith(f"app: {A100_GPU1} 10000MiB 30%")
+    assert lines[4].split()[:3] == ["gpu-v100-0", "5.5", "fits"]
+    assert lines[5].split() == ["gpu-t4-0", "3.0833335", *T4_FAILURE.split()]
+    assert lines[6].split() == ["cpu-0", "-", "node", "unregistered"]
 
 
 def test_repeat_adds_timings(capsys: pytest.CaptureFixture[str]) -> None:
@@ -341,7 +343,9 @@ def test_rescheduling_a_tracked_pod_releases_its_old_allocation(
         (["--node-policy", "fill"], "--node-policy: unknown node scheduler policy"),
         (["--repeat", "-1"], "--repeat must not be negative"),
         (["--now", "99999999999999"], "--now 99999999999999 is not a time"),
-        (["--memory-factor", "0"], "memory_factor must be at least 1"),
+        (["--memory-factor", "0"], "--memory-factor must be at least 1, got 0"),
+        (["--default-cores", "101"], "--default-cores must be between 0 and 100, got 101"),
+        (["--default-memory", "-1"], "--default-memory must not be negative, got -1"),
         (
             ["--pod", str(FIXTURES / "pod-bad-policy.yaml")],
             'unknown GPU scheduler policy "packbin"',
