@@ -292,8 +292,8 @@ def _admitted(
     """The pod object as the admission webhook would let it in, with its default settings
     and the scheduler's resource names and memory factor, and the webhook's JSON patch.
     _BadInputError when the webhook would refuse the pod."""
-    from hami_plugin.scheduler.webhook_preview import admit
     from hami_plugin.scheduler.webhook import WebhookSettings
+    from hami_plugin.scheduler.webhook_preview import admit
 
     webhook = WebhookSettings(resources=settings.resources, memory_factor=settings.memory_factor)
     admitted = admit(document, webhook)

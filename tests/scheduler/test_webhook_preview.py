@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from hami_plugin.scheduler.webhook_preview import admit, apply_patch, describe
 from hami_plugin.scheduler.webhook import GpuCorePolicy, WebhookSettings
+from hami_plugin.scheduler.webhook_preview import admit, apply_patch, describe
 from hami_plugin.testing.apiserver import json_patch
 
 
