@@ -16,6 +16,7 @@ WORKDIR /src
 COPY daemonset/requirements.lock ./requirements.lock
 RUN /opt/hami/bin/pip install --no-cache-dir --no-deps -r requirements.lock
 COPY pyproject.toml README.md ./
+COPY docs/LICENSE ./docs/LICENSE
 COPY hami_plugin ./hami_plugin
 # --no-deps: nothing beyond the lock; pip check fails the build if the lock misses something
 RUN /opt/hami/bin/pip install --no-cache-dir --no-deps . \

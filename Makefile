@@ -2,20 +2,52 @@
 # the versions of the two locks (pip constraints), so a fresh clone gets what the suite last
 # passed with whatever was released since. `make lock` moves the locks on, on purpose.
 # PIP_CONSTRAINT= (empty) installs the newest releases instead.
+# `make demo` installs the runtime dependencies only (what the image ships); `make test`,
+# `lint`, `bench`, `tools` add the development extras to the same .venv.
+# Python 3.11 or newer (pyproject's requires-python): PYTHON=python3.11 picks another
+# interpreter; a .venv made by an older one is made again.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+RUNTIME_STAMP := $(VENV)/.runtime-stamp
 STAMP := $(VENV)/.installed-stamp
 LOCKS := daemonset/requirements.lock tests/dev-requirements.lock
 export PIP_CONSTRAINT ?= $(addprefix $(CURDIR)/,$(LOCKS))
+NEEDS_PYTHON := import sys; sys.exit(sys.version_info < (3, 11))
+PYTHON_VERSION := import sys; print("%d.%d.%d" % sys.version_info[:3])
+
+# A .venv whose python is missing or older than 3.11 (made before, by another interpreter)
+# is out of date whatever the stamps say: its recipes run and make it again.
+ifneq ($(wildcard $(VENV)),)
+ifneq ($(shell $(BIN)/python -c '$(NEEDS_PYTHON)' >/dev/null 2>&1 && echo ok),ok)
+.PHONY: $(RUNTIME_STAMP) $(STAMP)
+endif
+endif
 
 .PHONY: test lint demo bench proto clean tools image lock
 
-$(STAMP): pyproject.toml $(LOCKS)
+# The runtime dependencies and the project, editable: all `make demo` needs.
+$(RUNTIME_STAMP): pyproject.toml daemonset/requirements.lock
+	@$(PYTHON) -c '$(NEEDS_PYTHON)' 2>/dev/null || { \
+		echo "make: hami-plugin needs Python 3.11 or newer; $(PYTHON) is" \
+			"$$($(PYTHON) -c '$(PYTHON_VERSION)' 2>/dev/null || echo missing):" \
+			"run make PYTHON=python3.11 $(MAKECMDGOALS)" >&2; exit 1; }
+	@if [ -e $(VENV) ] && ! $(BIN)/python -c '$(NEEDS_PYTHON)' >/dev/null 2>&1; then \
+		echo "make: $(VENV) was made by Python" \
+			"$$($(BIN)/python -c '$(PYTHON_VERSION)' 2>/dev/null || echo '(none left)')," \
+			"3.11 or newer is needed: making it again with $(PYTHON)"; \
+		rm -rf $(VENV); fi
+	@echo "make: installing hami-plugin into $(VENV) (a minute on a fresh clone)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+# ... and the development extras: linters, pytest, the tools the deployment tests run.
+$(STAMP): $(RUNTIME_STAMP) tests/dev-requirements.lock
+	@echo "make: installing the development extras into $(VENV)"
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $@
 
 # The newest releases pyproject.toml allows, installed without the locks, then written into
 # them; run `make test` after and commit the locks with what it took to pass.
@@ -33,7 +65,7 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/pytest
 
-demo: $(STAMP)
+demo: $(RUNTIME_STAMP)
 	$(BIN)/hami demo
 
 bench: $(STAMP)

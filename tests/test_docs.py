@@ -20,6 +20,7 @@ import argparse
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import pytest
 import yaml
 
 from hami_plugin.cli import build_parser
+from hami_plugin.protocol.model import GpuPolicyName
 from tests.deployment.manifests import NAMESPACE, load_all, of_kind, plain_manifests, pod_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -352,3 +354,23 @@ def test_the_scrape_example_selects_the_pods_the_manifests_run() -> None:
             )
         ]
         assert len(matching) == 1, f"{job['job_name']}: {component};{port} selects {matching}"
+
+
+def test_the_gpu_policy_help_and_flags_page_name_every_policy() -> None:
+    """`hami scheduler --help` (run as a command) and docs/flags.md name every GPU policy the
+    scheduler accepts; `numa` was missing from the help once."""
+    result = subprocess.run(
+        [sys.executable, "-m", "hami_plugin", "scheduler", "--help"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    help_text = " ".join(result.stdout.split())
+    start = help_text.index("--gpu-scheduler-policy P ")
+    option = help_text[start : help_text.index(" --", start + 1)]
+    (row,) = [
+        line
+        for line in (DOCS / "flags.md").read_text().splitlines()
+        if line.startswith("| `--gpu-scheduler-policy`")
+    ]
+    for name in GpuPolicyName:
+        assert re.search(rf"\b{re.escape(name)}\b", option), (name, option)
+        assert f"`{name}`" in row, (name, row)

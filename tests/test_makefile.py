@@ -133,22 +133,37 @@ def test_make_clean_removes_every_cache_the_targets_write(workdir: Path) -> None
     ]
 
 
-def fake_python(workdir: Path) -> None:
-    """A `python3` on PATH whose `-m venv DIR` makes `DIR/bin/python`, which logs its
-    arguments and the PIP_CONSTRAINT it sees, as the venv's pip would be run."""
-    log = workdir / "calls.log"
-    venv_python = (
-        f'#!/bin/sh\necho "python $* | PIP_CONSTRAINT=${{PIP_CONSTRAINT-unset}}" >> "{log}"\n'
+def _interpreter(version: str, log: Path | None) -> str:
+    """A shell script standing in for a Python of `version`: answers the Makefile's version
+    checks (`-c` ... `sys.exit(...)` and `-c` ... `print(...)`) as that version would; with
+    `log`, appends every other call, with the PIP_CONSTRAINT it sees, as `python <args>`."""
+    too_old = tuple(int(part) for part in version.split(".")[:2]) < (3, 11)
+    logging = (
+        f'echo "python $* | PIP_CONSTRAINT=${{PIP_CONSTRAINT-unset}}" >> "{log}"\n' if log else ""
     )
+    return (
+        "#!/bin/sh\n"
+        'if [ "$1" = "-c" ]; then case "$2" in\n'
+        f"  *exit*) exit {int(too_old)} ;;\n"
+        f"  *print*) echo {version}; exit 0 ;;\n"
+        "esac; fi\n" + logging
+    )
+
+
+def fake_python(workdir: Path, version: str = "3.11.7") -> None:
+    """A `python3` of `version` on PATH whose `-m venv DIR` makes `DIR/bin/python` (the same
+    version, logging its calls as the venv's pip would be run) and `DIR/bin/hami` (logging)."""
+    log = workdir / "calls.log"
+    hami = f'#!/bin/sh\necho "hami $*" >> "{log}"\n'
     script = workdir / "bin" / "python3"
     script.write_text(
-        "#!/bin/sh\n"
-        'if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin"; '
-        f"cat > \"$3/bin/python\" <<'PY'\n{venv_python}PY\n"
-        'chmod +x "$3/bin/python"; fi\n'
+        _interpreter(version, None) + 'if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin"; '
+        f"cat > \"$3/bin/python\" <<'PY'\n{_interpreter(version, log)}PY\n"
+        f"cat > \"$3/bin/hami\" <<'PY'\n{hami}PY\n"
+        'chmod +x "$3/bin/python" "$3/bin/hami"; fi\n'
     )
     script.chmod(0o755)
-    for tool in ("touch", "mkdir", "cat", "chmod"):
+    for tool in ("touch", "mkdir", "cat", "chmod", "rm"):
         found = shutil.which(tool)
         assert found is not None
         (workdir / "bin" / tool).symlink_to(found)
@@ -157,14 +172,18 @@ def fake_python(workdir: Path) -> None:
         shutil.copy(ROOT / lock, workdir / lock)
 
 
+def locks(workdir: Path) -> str:
+    return f"{workdir}/daemonset/requirements.lock {workdir}/tests/dev-requirements.lock"
+
+
 def test_make_installs_the_locked_versions_unless_told_otherwise(workdir: Path) -> None:
     fake_python(workdir)
     result = make(workdir, ".venv/.installed-stamp")
     assert result.returncode == 0, result.stderr
-    locks = f"{workdir}/daemonset/requirements.lock {workdir}/tests/dev-requirements.lock"
     assert calls(workdir) == [
-        f"python -m pip install --quiet --upgrade pip | PIP_CONSTRAINT={locks}",
-        f"python -m pip install --quiet -e .[dev] | PIP_CONSTRAINT={locks}",
+        f"python -m pip install --quiet --upgrade pip | PIP_CONSTRAINT={locks(workdir)}",
+        f"python -m pip install --quiet -e . | PIP_CONSTRAINT={locks(workdir)}",
+        f"python -m pip install --quiet -e .[dev] | PIP_CONSTRAINT={locks(workdir)}",
     ]
     # `make lock` upgrades without constraints, then writes the locks
     (workdir / "calls.log").unlink()
@@ -173,5 +192,61 @@ def test_make_installs_the_locked_versions_unless_told_otherwise(workdir: Path) 
     assert calls(workdir) == [
         "python -m pip install --quiet --upgrade --upgrade-strategy eager -e .[dev] "
         "| PIP_CONSTRAINT=",
-        f"python -m tests.deployment.lockfile | PIP_CONSTRAINT={locks}",
+        f"python -m tests.deployment.lockfile | PIP_CONSTRAINT={locks(workdir)}",
     ]
+
+
+def test_make_demo_installs_the_runtime_dependencies_only(workdir: Path) -> None:
+    fake_python(workdir)
+    result = make(workdir, "demo")
+    assert result.returncode == 0, result.stderr
+    assert calls(workdir) == [
+        f"python -m pip install --quiet --upgrade pip | PIP_CONSTRAINT={locks(workdir)}",
+        f"python -m pip install --quiet -e . | PIP_CONSTRAINT={locks(workdir)}",
+        "hami demo",
+    ]
+    # `make test` after it adds the development extras to the same .venv, nothing else
+    (workdir / "calls.log").unlink()
+    result = make(workdir, ".venv/.installed-stamp")
+    assert result.returncode == 0, result.stderr
+    assert calls(workdir) == [
+        f"python -m pip install --quiet -e .[dev] | PIP_CONSTRAINT={locks(workdir)}"
+    ]
+    # and a second `make demo` installs nothing
+    (workdir / "calls.log").unlink()
+    assert make(workdir, "demo").returncode == 0
+    assert calls(workdir) == ["hami demo"]
+
+
+def test_a_venv_made_by_an_older_python_is_made_again(workdir: Path) -> None:
+    fake_python(workdir)
+    old = workdir / ".venv" / "bin"
+    old.mkdir(parents=True)
+    (old / "python").write_text(_interpreter("3.9.18", workdir / "calls.log"))
+    (old / "python").chmod(0o755)
+    (old / "left-behind").write_text("")
+    for stamp in (".runtime-stamp", ".installed-stamp"):
+        (workdir / ".venv" / stamp).write_text("")  # up to date, as far as make can tell
+
+    result = make(workdir, "demo")
+
+    assert result.returncode == 0, result.stderr
+    assert "made by Python 3.9.18, 3.11 or newer is needed: making it again" in result.stdout
+    assert not (old / "left-behind").exists()
+    assert calls(workdir) == [
+        f"python -m pip install --quiet --upgrade pip | PIP_CONSTRAINT={locks(workdir)}",
+        f"python -m pip install --quiet -e . | PIP_CONSTRAINT={locks(workdir)}",
+        "hami demo",
+    ]
+
+
+def test_a_python_older_than_3_11_is_refused_with_what_to_do(workdir: Path) -> None:
+    fake_python(workdir, version="3.10.13")
+    result = make(workdir, "demo")
+    assert result.returncode != 0
+    assert (
+        "hami-plugin needs Python 3.11 or newer; python3 is 3.10.13: "
+        "run make PYTHON=python3.11 demo" in result.stderr
+    )
+    assert not (workdir / ".venv").exists()
+    assert calls(workdir) == []

@@ -46,6 +46,7 @@ from hami_plugin.config.options import Option, OptionTable
 from hami_plugin.protocol.address import BindAddress, parse_host_port
 from hami_plugin.protocol.codec import AnnotationError, parse_gpu_policy, parse_node_policy
 from hami_plugin.protocol.mig_allowlist import parse_mig_profile_allowlist
+from hami_plugin.protocol.model import GpuPolicyName
 from hami_plugin.scheduler.settings import ResourceNames, SchedulerSettings
 from hami_plugin.scheduler.webhook import GpuCorePolicy, WebhookSettings
 
@@ -221,8 +222,8 @@ OPTIONS = OptionTable(
         Option("node_scheduler_policy", ("--node-scheduler-policy",), parse_str,
                default="binpack", metavar="P", help="node policy: binpack or spread (binpack)"),
         Option("gpu_scheduler_policy", ("--gpu-scheduler-policy",), parse_str,
-               default="spread", metavar="P", help="default GPU policy: binpack, spread, "
-               "topology-aware, mutex or a chain (spread)"),
+               default="spread", metavar="P", help=f"default GPU policy: "
+               f"{', '.join(GpuPolicyName)}, or a comma chain such as numa,binpack (spread)"),
         Option("node_lock_timeout", ("--node-lock-timeout",), _positive_duration,
                env=ENV_NODE_LOCK_EXPIRE, default="5m", metavar="DURATION",
                help=f"age at which a node lock is stale (5m; env {ENV_NODE_LOCK_EXPIRE})"),

@@ -299,12 +299,16 @@ def test_the_documented_sed_line_points_kustomize_at_a_registry(tmp_path: Path) 
     assert set(_ours(images).values()) == {f"other.example.com/hami-plugin:{APP_VERSION}"}
 
 
-def test_the_documented_helm_line_points_the_chart_at_a_registry() -> None:
-    words = shlex.split(_doc_command("helm install", "image.repository"))
-    sets = [words[i + 1] for i, word in enumerate(words) if word == "--set"]
-    values = dict(item.split("=", 1) for item in sets)
-    images = _images(helm_template(*sets))
-    assert set(_ours(images).values()) == {f"{values['image.repository']}:{values['image.tag']}"}
+def test_the_documented_helm_lines_point_the_chart_at_a_registry() -> None:
+    lines = [c for c in _doc_commands() if c.startswith("helm install")]
+    assert len(lines) == 2, "the install and the Image section"
+    for line in lines:
+        words = shlex.split(line)
+        sets = [words[i + 1] for i, word in enumerate(words) if word == "--set"]
+        values = dict(item.split("=", 1) for item in sets)
+        images = _images(helm_template(*sets))
+        wanted = f"{values['image.repository']}:{values['image.tag']}"
+        assert set(_ours(images).values()) == {wanted}
 
 
 # --- kube-scheduler's tag ------------------------------------------------------------------------

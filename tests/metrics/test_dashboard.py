@@ -34,7 +34,11 @@ from tests.deviceplugin.monitor.region_writer import DeviceMemory, Proc, RegionS
 from tests.extender.test_metrics import sample_view
 
 DASHBOARD = (
-    Path(__file__).resolve().parents[2] / "daemonset" / "grafana" / "hami-gpu-dashboard.json"
+    Path(__file__).resolve().parents[2]
+    / "daemonset"
+    / "chart"
+    / "files"
+    / "hami-gpu-dashboard.json"
 )
 NODE = "gpu-node-1"
 GPU = "GPU-03f69c50-207a-2038-9b45-23cac89cb67a"
