@@ -85,10 +85,8 @@ class Change:
 
     `wake_binds`: an in-flight pod, a node lock or a node's allocate protocol changed, so the
     binds waiting for one of them look again. `lock_releases`: a deleted pod's node lock is
-    queued (`Book.take_lock_releases`), the recovery loop has urgent work. `expired`: filter
-    bookings freed because no bind followed within their time. `preemption`: victims chosen
-    for the filtered pod, to evict (the hold is booked already); `preemption_outcome`: what
-    preemption made of a GPU pod that fit nowhere (`Planner.preempt`), "" when not tried."""
+    queued (`Book.take_lock_releases`). `expired`: filter bookings freed unbound. `preemption`:
+    victims to evict (the hold is booked); `preemption_outcome`: `Planner.preempt`'s, or ""."""
 
     wake_binds: bool = False
     lock_releases: bool = False
