@@ -144,6 +144,7 @@ class SchedulerState:
         self.quota_events = _QuotaHandler(self)
         self.budget_events = _BudgetHandler(self)
         self._preemptions: list[Preemption] = []  # decided, to evict (`take_preemptions`)
+        self._preempted = threading.Condition(self._lock)  # `_preemptions` got one
         self._preemptors: dict[str, datetime | None] = {}  # key -> creation, until Running
 
     # --- what the shell holds -----------------------------------------------------------------
@@ -392,7 +393,7 @@ class SchedulerState:
         """The preemptions decided since the last call, waiting up to `timeout` for one."""
         with self._lock:
             if not self._preemptions:
-                self._changed.wait(min(timeout, _WAIT_POLL_SECONDS))
+                self._preempted.wait(min(timeout, _WAIT_POLL_SECONDS))
             taken, self._preemptions = self._preemptions, []
             return taken
 
@@ -474,7 +475,7 @@ class SchedulerState:
                 if change.preemption is not None:
                     self._preemptions.append(change.preemption)
                     self._preemptors[info.key] = info.creation_timestamp
-                    self._changed.notify_all()
+                    self._preempted.notify()
             self._observe(change)
             answer = filter_answer(info, names, result)
             if result.fanned_out:

@@ -46,7 +46,6 @@ __all__ = [
     "Victim",
     "candidates_wanted",
     "eligible_to_preempt",
-    "more_important",
     "pick_one_node",
     "read_pod_disruption_budget",
     "victims_on_node",
@@ -195,19 +194,9 @@ def candidates_wanted(nodes: int) -> int:
     return min(max(wanted, MIN_CANDIDATE_NODES_ABSOLUTE), nodes)
 
 
-def more_important(first: Victim, second: Victim) -> bool:
-    """kube-scheduler's `MoreImportantPod`: higher priority, then earlier start (a pod not
-    started counts as starting now, after every started one)."""
-    if first.priority != second.priority:
-        return first.priority > second.priority
-    if first.start_time is None:
-        return False
-    if second.start_time is None:
-        return True
-    return first.start_time < second.start_time
-
-
 def _importance(victim: Victim) -> tuple[int, int, float]:
+    """kube-scheduler's `MoreImportantPod` as a sort key: higher priority, then earlier start
+    (a pod not started counts as starting now, after every started one)."""
     started = victim.start_time is not None
     when = victim.start_time.timestamp() if victim.start_time is not None else 0.0
     return (-victim.priority, 0 if started else 1, when)

@@ -90,7 +90,6 @@ class Planner:
         self._nominations: set[str] = set()  # nominated pod keys whose hold is to be settled
         self._quotas = quotas
         self._settings = settings
-        self._memory_factor = settings.memory_factor
 
     def holds(self) -> list[Hold]:
         """The capacity held for preemptors, by pod key."""
@@ -104,7 +103,7 @@ class Planner:
 
     def preempt(self, pod: PodInfo, result: FilterResult) -> tuple[Preemption | None, str]:
         """Victims for a pod that fit nowhere, among the nodes it failed on (docs/design.md
-        10); their GPUs are held for it at once, lower-priority holds on that node end. The
+        11); their GPUs are held for it at once, lower-priority holds on that node end. The
         outcome: `preempted`, `never` (its policy), `waiting` (victims it took are still
         going), `no_victims` (no node frees enough) or `no_gpu`."""
         fitter = node_fitter(pod, result.requests, self._settings)
@@ -252,24 +251,20 @@ class Planner:
             mig=tracked.mig if tracked is not None else (),
         )
 
-    def candidates(self, node: str) -> list[Victim]:
-        """The pods on `node` preemption may take (any priority; the decision keeps the lower)."""
-        taken = self._holds.preempting()
-        return [
+    def _searched(self, usage: NodeUsage, taken: set[str]) -> tuple[NodeUsage, list[Victim]]:
+        """The node as a victim search sees it, and the pods it may take there (any priority:
+        the decision keeps the lower). `taken`: the victims of every preemption in flight
+        (`Holds.preempting`). The node is seen once those are gone: their GPUs are held for
+        their preemptors already (the holds count), so a search that also counted them would
+        take twice what they free; they are no candidates either."""
+        pods = self._on_node(usage.name)
+        going = [self._victim(pod) for pod in pods if pod.key in taken]
+        candidates = [
             self._victim(pod)
-            for pod in self._on_node(node)
+            for pod in pods
             if not pod.deleting and not pod.finished and pod.key not in taken
         ]
-
-    def _after_evictions(self, usage: NodeUsage) -> NodeUsage:
-        """The node once the victims other preemptions took there are gone: their GPUs are
-        held for those preemptors already (their holds count), so a search that also counted
-        the victims would take twice what they free."""
-        taken = self._holds.preempting()
-        if not taken:
-            return usage
-        going = [self._victim(pod) for pod in self._on_node(usage.name) if pod.key in taken]
-        return without(usage, going)
+        return without(usage, going), candidates
 
     def terminating(self, node: str) -> list[PodInfo]:
         """The pods on `node` that are going away (deleted, containers not gone yet)."""
@@ -299,7 +294,7 @@ class Planner:
     def _fit(self, pod: PodInfo, fitter: NodeFitter) -> Fit:
         """The preemptor's fit on a node without some pods: their namespace quota usage is
         freed with them."""
-        quota = self._quotas.quota_fit(pod.namespace, self._memory_factor)
+        quota = self._quotas.quota_fit(pod.namespace, self._settings.memory_factor)
 
         def fit(usage: NodeUsage, removed: Sequence[Victim]) -> PodFit | FitFailure:
             return fitter(usage, _freed(quota, pod.namespace, removed))
@@ -316,6 +311,7 @@ class Planner:
         on) if it saw GPUs; None when no node has any."""
         fit = self._fit(pod, fitter)
         budgets = self._budget_list()
+        taken = self._holds.preempting()
         found: list[NodeVictims] = []
         wanted = candidates_wanted(len(nodes))
         non_violating = 0
@@ -323,8 +319,8 @@ class Planner:
             usage = self._ledger.node(name)
             if usage is None:
                 continue
-            usage = self._after_evictions(usage)
-            outcome = victims_on_node(usage, self.candidates(name), pod.priority, fit, budgets)
+            usage, candidates = self._searched(usage, taken)
+            outcome = victims_on_node(usage, candidates, pod.priority, fit, budgets)
             if outcome is None:
                 continue
             found.append(outcome)
@@ -367,6 +363,7 @@ class Planner:
         hold = self._holds.get(pod.key)
         fit = self._fit(pod, fitter)
         budgets = self._budget_list()
+        taken = self._holds.preempting()
         refined: dict[str, Refined] = {}
         for node, (uids, violations) in proposed.items():
             if hold is not None and hold.victims:
@@ -382,8 +379,7 @@ class Planner:
             usage = self._ledger.node(node)
             if usage is None:
                 continue
-            usage = self._after_evictions(usage)
-            candidates = self.candidates(node)
+            usage, candidates = self._searched(usage, taken)
             wanted = set(uids)
             forced = [victim for victim in candidates if victim.uid in wanted]
             outcome = victims_on_node(
