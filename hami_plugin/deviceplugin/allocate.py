@@ -373,7 +373,7 @@ def gets_preload(namespace: str, container: ContainerSpec, config: AllocateConfi
     return config.gpu_admin_namespace is None or not config.gpu_admin_namespace(namespace)
 
 
-def check_hamicore(container: ContainerSpec, config: AllocateConfig, preload: bool = True) -> None:
+def check_hamicore(config: AllocateConfig, preload: bool = True) -> None:
     """Refuse a container HAMi-core cannot be handed to: the library is missing, or the
     preload is while the container gets it (`gets_preload`).
 
@@ -386,7 +386,6 @@ def check_hamicore(container: ContainerSpec, config: AllocateConfig, preload: bo
 
 
 def container_mounts(
-    container: ContainerSpec,
     host_dir: str,
     config: AllocateConfig,
     device_list: DeviceListAnswer | None = None,
@@ -491,7 +490,7 @@ def decide_allocation(
         container = _container_at(pod, next_index)
         preload = gets_preload(pod.namespace, container, config)
         if not config.mig_mode:
-            check_hamicore(container, config, preload)
+            check_hamicore(config, preload)
         overridden: tuple[str, ...] = ()
         if config.enable_preferred_allocation and not config.mig_mode:  # HAMi server.go:807
             devices, overridden = _align_with_kubelet(devices, kubelet_ids, node_gpus)
@@ -518,7 +517,7 @@ def decide_allocation(
                 entry_index=next_index,
                 devices=devices,
                 envs=container_envs(devices, config, new_cache_id(), device_list),
-                mounts=container_mounts(container, host_dir, config, device_list, preload=preload),
+                mounts=container_mounts(host_dir, config, device_list, preload=preload),
                 host_dir=host_dir,
                 kubelet_ids_not_used=overridden,
                 annotations=device_list.annotations,

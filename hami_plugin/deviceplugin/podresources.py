@@ -54,11 +54,6 @@ class PodResourcesClient:
         self._channel: grpc.Channel | None = None
         self._stub: api_pb2_grpc.PodResourcesListerStub | None = None
 
-    def without_devices(self, resource_name: str) -> frozenset[tuple[str, str]]:
-        """(namespace, name) of every pod kubelet lists none of whose containers holds a device
-        of `resource_name`. Raises PodResourcesError."""
-        return self.kubelet_pods(resource_name).without_devices
-
     def kubelet_pods(self, resource_name: str) -> KubeletPods:
         """(namespace, name) of every pod kubelet lists, and of those none of whose containers
         holds a device of `resource_name`. Raises PodResourcesError."""

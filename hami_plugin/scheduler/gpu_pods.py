@@ -18,6 +18,8 @@ __all__ = [
     "CONTROL_ENV_PREFIXES",
     "CONTROL_ENV_SUMMARY",
     "ENV_DISABLE_CONTROL",
+    "ENV_NVIDIA_VISIBLE_DEVICES",
+    "HARMLESS_VISIBLE_DEVICES",
     "LABEL_WEBHOOK",
     "RESERVED_MOUNT_PATHS",
     "WEBHOOK_IGNORE",
@@ -44,7 +46,7 @@ CONTROL_ENV_SUMMARY = (
     "CUDA_DISABLE_CONTROL, NVIDIA_VISIBLE_DEVICES or HAMi-core's limits "
     "(CUDA_DEVICE_MEMORY_LIMIT*, CUDA_DEVICE_SM_LIMIT*, CUDA_DEVICE_MEMORY_SHARED_CACHE)"
 )
-_HARMLESS_VISIBLE_DEVICES = "none"
+HARMLESS_VISIBLE_DEVICES = "none"
 LABEL_WEBHOOK = "hami.io/webhook"
 WEBHOOK_IGNORE = "ignore"
 """HAMi's opt-out (`hami.io/webhook: ignore`; v2.10 chart templates/scheduler/webhook.yaml
@@ -80,7 +82,7 @@ def control_env(env: Sequence[object], env_from: object) -> tuple[str, ...]:
             continue
         name = variable["name"]
         if name == ENV_NVIDIA_VISIBLE_DEVICES and variable.get("value") == (
-            _HARMLESS_VISIBLE_DEVICES
+            HARMLESS_VISIBLE_DEVICES
         ):
             continue
         if _controls(name):

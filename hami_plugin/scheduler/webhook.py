@@ -34,6 +34,8 @@ from hami_plugin.protocol.booking import BOOKING_ANNOTATIONS, BOOKING_LABELS
 from hami_plugin.protocol.objects import ContainerSpec
 from hami_plugin.protocol.quantity import QuantityError, parse_quantity
 from hami_plugin.scheduler.gpu_pods import (
+    ENV_NVIDIA_VISIBLE_DEVICES,
+    HARMLESS_VISIBLE_DEVICES,
     LABEL_WEBHOOK,
     WEBHOOK_IGNORE,
     control_env,
@@ -59,7 +61,6 @@ DEFAULT_SCHEDULER_NAME = "default-scheduler"
 
 ENV_TASK_PRIORITY = "CUDA_TASK_PRIORITY"
 ENV_CORE_UTILIZATION_POLICY = "GPU_CORE_UTILIZATION_POLICY"
-ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 
 _INT32_MAX = 2**31 - 1
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -396,7 +397,9 @@ def _mutate_container(container: _Container, settings: WebhookSettings) -> bool:
             has_resource = True
 
     if not has_resource and settings.overwrite_env:
-        container.added_env.append({"name": ENV_NVIDIA_VISIBLE_DEVICES, "value": "none"})
+        container.added_env.append(
+            {"name": ENV_NVIDIA_VISIBLE_DEVICES, "value": HARMLESS_VISIBLE_DEVICES}
+        )
     return has_resource
 
 
@@ -550,8 +553,7 @@ def admit_pod(pod: object, settings: WebhookSettings) -> PodAdmission:
     misread = _misread_requests(view.containers, settings)
     if misread:
         return _denied("; ".join(problem.render(would=True) for problem in misread))
-    gpu_pod = has_resource or asks_gpu
-    if gpu_pod:
+    if asks_gpu:  # every container that gained a GPU resource asked for one already
         privileged = next((c for c in view.containers if c.privileged), None)
         if privileged is not None:
             return _denied(f"container {privileged.name} is privileged")
@@ -572,7 +574,7 @@ def admit_pod(pod: object, settings: WebhookSettings) -> PodAdmission:
         operations.append(
             {"op": "add", "path": "/spec/runtimeClassName", "value": settings.runtime_class_name}
         )
-    if gpu_pod and settings.scheduler_name:
+    if asks_gpu and settings.scheduler_name:
         if view.node_name:
             return _denied("pod has node assigned")
         if view.scheduler_name != settings.scheduler_name:

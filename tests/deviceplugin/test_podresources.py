@@ -84,12 +84,12 @@ def test_without_devices_names_the_pods_holding_none_of_the_resource(
     kubelet.install_pod_resources(
         lambda: pods(admitted, admitting, other_resource, sidecar_gpu, no_containers)
     )
-    assert client.without_devices(GPU) == {
+    assert client.kubelet_pods(GPU).without_devices == {
         ("default", "admitting"),
         ("ml", "fpga"),
         ("kube-system", "empty"),
     }
-    assert client.without_devices("example.com/fpga") == {
+    assert client.kubelet_pods("example.com/fpga").without_devices == {
         ("default", "admitted"),
         ("default", "admitting"),
         ("ml", "two"),
@@ -99,35 +99,35 @@ def test_without_devices_names_the_pods_holding_none_of_the_resource(
 
 
 def test_without_a_provider_kubelet_lists_no_pod(client: PodResourcesClient) -> None:
-    assert client.without_devices(GPU) == frozenset()
+    assert client.kubelet_pods(GPU).without_devices == frozenset()
 
 
 def test_a_missing_socket_is_one_clear_error(sock_dir: str) -> None:
     client = PodResourcesClient(f"{sock_dir}/nothing.sock")
     with pytest.raises(PodResourcesError, match=r"nothing\.sock does not exist .*not mounted"):
-        client.without_devices(GPU)
+        client.kubelet_pods(GPU)
 
 
 def test_an_unavailable_kubelet_is_an_error_and_the_next_call_dials_again(
     kubelet: FakeKubelet, client: PodResourcesClient
 ) -> None:
-    assert client.without_devices(GPU) == frozenset()
+    assert client.kubelet_pods(GPU).without_devices == frozenset()
     kubelet.fail_pod_resources(grpc.StatusCode.UNAVAILABLE, times=1)
     with pytest.raises(PodResourcesError, match=r"PodResources API on .* is unavailable"):
-        client.without_devices(GPU)
-    assert client.without_devices(GPU) == frozenset()
+        client.kubelet_pods(GPU)
+    assert client.kubelet_pods(GPU).without_devices == frozenset()
 
 
 def test_a_kubelet_restart_costs_the_calls_while_it_is_down(
     kubelet: FakeKubelet, client: PodResourcesClient
 ) -> None:
     kubelet.install_pod_resources(lambda: pods(ListedPod("default", "p")))
-    assert client.without_devices(GPU) == {("default", "p")}
+    assert client.kubelet_pods(GPU).without_devices == {("default", "p")}
     kubelet.stop()
     with pytest.raises(PodResourcesError):
-        client.without_devices(GPU)
+        client.kubelet_pods(GPU)
     kubelet.start()
-    assert client.without_devices(GPU) == {("default", "p")}
+    assert client.kubelet_pods(GPU).without_devices == {("default", "p")}
 
 
 def test_a_slow_kubelet_is_a_timeout(kubelet: FakeKubelet, sock_dir: str) -> None:
@@ -141,7 +141,7 @@ def test_a_slow_kubelet_is_a_timeout(kubelet: FakeKubelet, sock_dir: str) -> Non
     client = PodResourcesClient(kubelet.pod_resources_socket, timeout_seconds=0.2)
     try:
         with pytest.raises(PodResourcesError, match=r"did not answer within 0\.2 s"):
-            client.without_devices(GPU)
+            client.kubelet_pods(GPU)
     finally:
         release.set()
         client.close()
@@ -151,20 +151,20 @@ def test_kubelets_rate_limit_is_waited_out_within_the_budget(
     kubelet: FakeKubelet, client: PodResourcesClient
 ) -> None:
     kubelet.fail_pod_resources(grpc.StatusCode.RESOURCE_EXHAUSTED, times=2)
-    assert client.without_devices(GPU) == frozenset()
+    assert client.kubelet_pods(GPU).without_devices == frozenset()
     assert kubelet.pod_resources_calls == 3
     kubelet.fail_pod_resources(grpc.StatusCode.RESOURCE_EXHAUSTED)
     with pytest.raises(PodResourcesError, match="refused every try within 1 s"):
-        client.without_devices(GPU)
+        client.kubelet_pods(GPU)
 
 
 def test_an_error_status_is_named(kubelet: FakeKubelet, client: PodResourcesClient) -> None:
     kubelet.fail_pod_resources(grpc.StatusCode.UNIMPLEMENTED, times=1)
     with pytest.raises(PodResourcesError, match="does not serve v1 List"):
-        client.without_devices(GPU)
+        client.kubelet_pods(GPU)
     kubelet.fail_pod_resources(grpc.StatusCode.PERMISSION_DENIED, times=1)
     with pytest.raises(PodResourcesError, match="failed: PERMISSION_DENIED"):
-        client.without_devices(GPU)
+        client.kubelet_pods(GPU)
 
 
 def test_the_test_kubelets_get_answers_one_pod_as_kubelet_does(kubelet: FakeKubelet) -> None:
