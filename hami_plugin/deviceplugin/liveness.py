@@ -25,7 +25,7 @@ import grpc
 from hami_plugin.deviceplugin.api import api_pb2, api_pb2_grpc
 from hami_plugin.deviceplugin.metrics import DevicePluginMetrics
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
-from hami_plugin.httpserve.probes import PROBE_LIMITS, Liveness, ProbeRoutes, parse_listen_address
+from hami_plugin.httpserve.probes import Liveness, probe_server
 from hami_plugin.httpserve.routes import PlainReply, text_reply
 from hami_plugin.httpserve.server import BoundedServer
 
@@ -70,20 +70,12 @@ class ProbeListener:
         self.server: BoundedServer | None = None
 
     def start(self) -> None:
-        address = parse_listen_address(self._bind_address)
-        if address is None:
+        server = probe_server(self._bind_address, self.liveness, {"/readyz": self._readyz})
+        if server is None:
             return
-        server = BoundedServer(
-            address.host or "0.0.0.0",
-            address.port,
-            ProbeRoutes(self.liveness, {"/readyz": self._readyz}),
-            limits=PROBE_LIMITS,
-            name="probe-http",
-        )
-        self.liveness.add(server.problem)
         server.start()
         self.server = server
-        logger.info("probes on http://%s/healthz", address)
+        logger.info("probes on http://%s/healthz", self._bind_address.strip())
 
     def _readyz(self) -> PlainReply:
         return text_reply(200, "ok") if self._ready.is_set() else text_reply(503, "starting")

@@ -42,13 +42,13 @@ from hami_plugin.extender.settings import (
 from hami_plugin.extender.state import SchedulerState
 from hami_plugin.extender.tls import TlsFiles
 from hami_plugin.extender.watches import make_watches
-from hami_plugin.httpserve.probes import PROBE_LIMITS, Liveness, ProbeRoutes, parse_listen_address
+from hami_plugin.httpserve.probes import DISABLED, Liveness, probe_server
 from hami_plugin.httpserve.server import BoundedServer, ServerLimits
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.kube.errors import KubeError
 from hami_plugin.kube.informer import Informer
 from hami_plugin.lifecycle import StopSignal
-from hami_plugin.metrics.server import DISABLED, MetricsServerError
+from hami_plugin.metrics.server import MetricsServerError
 from hami_plugin.scheduler.book.book import BookSettings
 from hami_plugin.scheduler.ledger import TrackedPod
 from hami_plugin.scheduler.usage import NodeUsage
@@ -363,24 +363,13 @@ class SchedulerDaemon:
         which strangers filling the webhook's or the extender's slots cannot starve; None when
         off. `/healthz` there fails when any listener's accept loop ended."""
         try:
-            address = parse_listen_address(self.config.probe_bind_address)
+            return probe_server(
+                self.config.probe_bind_address,
+                self.liveness,
+                {"/readyz": app.readyz, "/readyz/informer-sync": app.informer_sync},
+            )
         except ValueError as error:
             raise StartError(f"--probe-bind-address: {error}") from error
-        if address is None:
-            return None
-        routes = ProbeRoutes(
-            self.liveness,
-            {"/readyz": app.readyz, "/readyz/informer-sync": app.informer_sync},
-        )
-        server = BoundedServer(
-            address.host or "0.0.0.0",
-            address.port,
-            routes,
-            limits=PROBE_LIMITS,
-            name="probe-http",
-        )
-        self.liveness.add(server.problem)
-        return server
 
     def _make_informers(self, kube: KubeClient) -> None:
         """The pod, node, ResourceQuota and PodDisruptionBudget watches that feed the state."""

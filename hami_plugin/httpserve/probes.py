@@ -21,10 +21,17 @@ import threading
 from collections.abc import Callable, Mapping
 
 from hami_plugin.httpserve.routes import PlainReply, Reply, text_reply
-from hami_plugin.httpserve.server import ServerLimits
+from hami_plugin.httpserve.server import BoundedServer, ServerLimits
 from hami_plugin.protocol.address import BindAddress, parse_host_port
 
-__all__ = ["PROBE_LIMITS", "Liveness", "ProbeRoutes", "parse_listen_address"]
+__all__ = [
+    "DISABLED",
+    "PROBE_LIMITS",
+    "Liveness",
+    "ProbeRoutes",
+    "parse_listen_address",
+    "probe_server",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -116,3 +123,23 @@ class ProbeRoutes:
         if problems:
             return PlainReply(500, ("\n".join(problems) + "\n").encode())
         return text_reply(200, "ok")
+
+
+def probe_server(
+    bind_address: str, liveness: Liveness, readiness: Mapping[str, Callable[[], Reply]]
+) -> BoundedServer | None:
+    """kubelet's probes on a plain-HTTP listener of their own (`--probe-bind-address` of both
+    daemons), not started; None when the address is `0`. The server's own accept loop is
+    one of `liveness`'s checks. Raises ValueError for an address that does not parse."""
+    address = parse_listen_address(bind_address)
+    if address is None:
+        return None
+    server = BoundedServer(
+        address.host or "0.0.0.0",
+        address.port,
+        ProbeRoutes(liveness, readiness),
+        limits=PROBE_LIMITS,
+        name="probe-http",
+    )
+    liveness.add(server.problem)
+    return server

@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 METRICS_PATH = "/metrics"
-DISABLED = "0"
-"""The `--metrics-bind-address` value that turns the endpoint off."""
 
 METRICS_LIMITS = ServerLimits(
     max_connections=16,
