@@ -12,11 +12,13 @@ the containers admitted and not gone (terminating victims included)."""
 from __future__ import annotations
 
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from hami_plugin.kube.client import KubeClient
 from hami_plugin.protocol.model import ANNOTATION_BIND_PHASE, ANNOTATION_DEVICES_ALLOCATED
@@ -140,6 +142,31 @@ def victims_of(standin: KubeSchedulerStandIn, cluster: Cluster, count: int) -> s
     return terminating(cluster)
 
 
+def metric(scheduler: Scheduler, name: str, **labels: str) -> float:
+    """One sample of the scheduler's /metrics (0 when absent)."""
+    with urllib.request.urlopen(scheduler.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
+def preempted_events(cluster: Cluster, victim: str, preemptor: str) -> list[str]:
+    """The messages of the victim's `Preempted` Events, checked to name `preemptor`'s UID."""
+    stored = cluster.api.get_pod(NAMESPACE, preemptor)
+    assert stored is not None
+    uid = stored["metadata"]["uid"]
+    messages = [
+        str(event["message"])
+        for event in cluster.api.events_about(NAMESPACE, victim)
+        if event["reason"] == "Preempted"
+    ]
+    assert all(message.startswith(f"Preempted by pod {uid} on node ") for message in messages)
+    return messages
+
+
 def finish(cluster: Cluster, names: set[str]) -> None:
     for name in names:
         assert cluster.api.finish_termination(NAMESPACE, name)
@@ -176,8 +203,15 @@ def test_one_victim_held_for_the_preemptor_not_for_a_late_low_pod(stack: Stack) 
         assert bound(cluster, "high") == victim_node
         assert bound(cluster, "late") == ""
         assert terminating(cluster) == set()
-        events = cluster.api.events_about(NAMESPACE, victim)
-        assert any(event["reason"] == "Preempted" for event in events)
+        assert len(preempted_events(cluster, victim, "high")) == 1
+        # the metrics say so too: one preemption, one victim, one preemptor running
+        assert metric(scheduler, "hami_scheduler_preemption_attempts_total", outcome="preempted")
+        assert metric(scheduler, "hami_scheduler_preemption_victims_count") == 1
+        assert metric(scheduler, "hami_scheduler_preemption_victims_sum") == 1
+        wait_until(
+            lambda: metric(scheduler, "hami_scheduler_preemptor_seconds_to_running_count") == 1,
+            "the preemptor's time to Running observed",
+        )
     monitor.check()
 
 
@@ -200,14 +234,25 @@ def test_whole_gpu_pod_takes_two_pods_of_one_gpu_never_its_peers(
         finish(cluster, victims)
         wait_until(lambda: admitted(cluster, "whole"), "the whole-GPU pod runs", 60)
         for name in victims:
-            assert cluster.api.events_about(NAMESPACE, name)
+            assert len(preempted_events(cluster, name, "whole")) == 1
     monitor.check()
 
 
 def test_never_policy_and_mid_priority(stack: Stack) -> None:
-    cluster, standin, _ = stack
+    cluster, standin, scheduler = stack
     add(cluster, "polite", 20000, HIGH_PRIORITY, preemptionPolicy="Never")
     wait_until(lambda: f"{NAMESPACE}/polite" in standin.parked(), "the polite pod parked", 30)
+    # the scheduler considered it and took nothing (its decision is made under the filter)
+    wait_until(
+        lambda: metric(scheduler, "hami_scheduler_preemption_attempts_total", outcome="never"),
+        "the Never outcome counted",
+    )
+    polite = cluster.api.get_pod(NAMESPACE, "polite") or {}
+    assert not polite.get("status", {}).get("nominatedNodeName")
+    assert not [
+        e for e in cluster.api.events_about(NAMESPACE, "polite") if e["reason"] == "Preempting"
+    ]
+    assert metric(scheduler, "hami_scheduler_preemption_attempts_total", outcome="preempted") == 0
     assert terminating(cluster) == set()
     cluster.api.delete_pod(NAMESPACE, "polite")
     # a mid-priority pod: the low ones are taken, never another mid one

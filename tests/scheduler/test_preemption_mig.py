@@ -62,9 +62,13 @@ def test_the_hold_keeps_the_freed_placement(tmp_path: Path) -> None:
     _, change = book.filter(urgent, pod_requests(urgent, SETTINGS), ["a"], NOW, 0.0)
     assert change.preemption is not None and change.preemption.mig
     (victim,) = change.preemption.victims
+    # it gets the placement its victim frees, never the other pod's
+    freed = {"default/older": 0, "default/newer": 4}[victim.key]
+    assert [a.placement.start for a in change.preemption.mig] == [freed]
     book.delete_pod(victim)  # its instance is gone
     late = read_pod(gpu_pod("late", 20480))
     result, _ = book.filter(late, pod_requests(late, SETTINGS), ["a"], NOW, 1.0)
     assert result.node is None  # what it frees is held for the preemptor
     result, _ = book.filter(urgent, pod_requests(urgent, SETTINGS), ["a"], NOW, 2.0)
     assert result.node == "a" and result.mig == change.preemption.mig
+    assert [a.placement.start for a in result.mig] == [freed]
