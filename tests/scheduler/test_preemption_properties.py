@@ -122,6 +122,14 @@ def test_victims_are_minimal_lower_priority_and_make_room(
     # most important first, as kube-scheduler sorts them
     keys = [(-v.priority, v.start_time) for v in victims]
     assert keys == sorted(keys)
+    if budgets:
+        return
+    # lower first: no victim could be spared by taking a kept pod of lower priority instead
+    kept = [p for p in lower if p not in victims]
+    for victim in victims:
+        for spare in (p for p in kept if p.priority < victim.priority):
+            swapped = [*(v for v in victims if v is not victim), spare]
+            assert isinstance(fit(without(usage, swapped), swapped), FitFailure), (victim, spare)
 
 
 def _candidate(node: str, priorities: list[int], starts: list[int], pdb: int) -> NodeVictims:
@@ -177,7 +185,7 @@ def test_pick_follows_kube_schedulers_order(found: list[NodeVictims]) -> None:
 
 steps = st.lists(
     st.one_of(
-        st.tuples(st.just("low"), st.sampled_from([10000, 20000, 30000, 45000])),
+        st.tuples(st.just("low"), st.sampled_from([1000, 10000, 20000, 30000, 45000])),
         st.tuples(st.just("high"), st.sampled_from([20000, 40000, 81920])),
         st.tuples(st.just("victims_end"), st.just(0)),
         st.tuples(st.just("retry"), st.just(0)),
@@ -192,12 +200,22 @@ steps = st.lists(
 def test_no_gpu_over_capacity_among_running_pods_while_victims_terminate(
     plan: list[tuple[str, int]],
 ) -> None:
-    """Pods are placed where the book says and run at once; preemptions terminate their
-    victims, which run on until `victims_end`. After every step: no GPU holds more than its
-    capacity among the running pods (terminating ones included)."""
+    """Every GPU starts full (two low pods of 40,000 MiB on each of 2 x 2 GPUs) and the first
+    step is a preemptor, so each example preempts. Pods are placed where the book says and run
+    at once; preemptions terminate their victims, which run on until `victims_end`. After
+    every step: no GPU holds more than its capacity among the running pods (terminating ones
+    included)."""
     cluster = Cluster(node_info("gpu-0"), node_info("gpu-1"))
     alive: dict[str, PodInfo] = {}
     waiting: dict[str, PodInfo] = {}  # pending preemptors
+    for node in ("gpu-0", "gpu-1"):
+        for gpu in range(2):
+            for half in range(2):
+                full = running(
+                    pod(f"full-{node}-{gpu}-{half}", 40000), node, (f"GPU-{node}-{gpu}",)
+                )
+                alive[full.key] = cluster.add(full)
+    plan = [("high", 40000), *plan]
 
     def place(info: PodInfo) -> None:
         result, change = cluster.filter(info)
