@@ -39,13 +39,30 @@ def _version() -> str:
         return "unknown (hami-plugin is not installed)"
 
 
+class _VersionAction(argparse.Action):
+    """`--version`: the installed version, looked up only when asked (reading the package
+    metadata costs tens of milliseconds, which every daemon start would pay otherwise)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"{parser.prog} {_version()}")  # stdout, as argparse's own version action
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `hami` parser with every sub-command of `_COMMAND_MODULES` registered."""
     parser = argparse.ArgumentParser(
         prog="hami",
         description="HAMi-compatible GPU sharing for Kubernetes: device plugin, scheduler, tools.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "--version", action=_VersionAction, nargs=0, help="show the version and exit"
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in _COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
