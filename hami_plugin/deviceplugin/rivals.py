@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from hami_plugin.deviceplugin.board import DeviceBoard
 from hami_plugin.deviceplugin.inventory import PhysicalGpu, VgpuDevice
-from hami_plugin.deviceplugin.kubelet import SOCKET_REPLACED
+from hami_plugin.deviceplugin.kubelet import KUBELET_SOCKET_NAME, SOCKET_REPLACED
 from hami_plugin.deviceplugin.settings import DevicePluginSettings
 from hami_plugin.kube.api import ObjectEventApi
 from hami_plugin.kube.records import ObjectRef
@@ -51,7 +51,6 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_NAME = "kubelet_internal_checkpoint"
 """Kubelet's device manager checkpoint, in the device-plugins directory (`manager.go`,
 `kubeletDeviceManagerCheckpoint`)."""
-KUBELET_SOCKET_NAME = "kubelet.sock"
 EVENT_REASON = "AnotherDevicePlugin"
 EVENT_COMPONENT = "hami-device-plugin"
 CHECK_INTERVAL_SECONDS = 30.0
@@ -207,6 +206,7 @@ class RivalWatch:
         self._lock = threading.Lock()
         self._looking = threading.Lock()  # one look at a time: a change is told once
         self._baseline: tuple[int, int] | None = None  # checkpoint (mtime_ns, inode) at register
+        self._read: tuple[tuple[int, int], tuple[str, ...]] | None = None  # last version read
         self._registered = False
         self._replaced = 0
         self._last: Rival | None = None
@@ -354,6 +354,8 @@ class RivalWatch:
         version = self._checkpoint_version()
         if not registered or version is None or version == baseline:
             return None
+        if self._read is not None and self._read[0] == version:
+            return self._read[1]  # unchanged since the last look: not read again
         path = self._checkpoint_path()
         try:
             with open(path, "rb") as file:
@@ -362,4 +364,5 @@ class RivalWatch:
             self._problem(f"cannot read kubelet's checkpoint {path}: {error}")
             return None
         self._last_problem = ""
+        self._read = (version, ids)
         return ids

@@ -45,11 +45,11 @@ import grpc
 from hami_plugin.deviceplugin.api import api_pb2, api_pb2_grpc
 from hami_plugin.deviceplugin.api.podresources import api_pb2 as podresources_pb2
 from hami_plugin.deviceplugin.api.podresources import api_pb2_grpc as podresources_pb2_grpc
+from hami_plugin.deviceplugin.rivals import CHECKPOINT_NAME
 
 logger = logging.getLogger(__name__)
 
 KUBELET_SOCKET = "kubelet.sock"
-CHECKPOINT_NAME = "kubelet_internal_checkpoint"
 POD_RESOURCES_SOCKET = "pod-resources.sock"
 SUPPORTED_VERSIONS = ("v1beta1",)
 
