@@ -47,11 +47,11 @@ def admitted_booking(info: PodInfo, settings: SchedulerSettings) -> str | None:
         return "it books no node"
     if info.node_name != booking.node:
         return f"it is not bound to node {booking.node} its booking names"
+    if not kubelet_admitted(info):
+        return f"kubelet has not started it on node {booking.node}"
     requests = pod_requests(info, settings)
     if not requests.wants_gpu:
         return f"it asks for no {settings.resources.count}"
-    if not kubelet_admitted(info):
-        return f"kubelet has not started it on node {booking.node}"
     try:
         devices = booking.allocated or ()
     except AnnotationError as error:

@@ -160,7 +160,8 @@ class BookingTrust:
                 self._sealed[key] = (info.uid, seal)
             self._counted_views.pop(key, None)
             return info
-        if known is None and admitted_booking(info, self._settings) is None:
+        not_admitted = admitted_booking(info, self._settings) if known is None else None
+        if known is None and not_admitted is None:
             if self._admitted.get(key) != info.uid:
                 self._admitted[key] = info.uid
                 logger.warning(
@@ -176,7 +177,10 @@ class BookingTrust:
         if self._ignored.get(key) != info.uid:
             self._ignored[key] = info.uid
             logger.warning(
-                "pod %s: its GPU booking is ignored (counted as no booking): %s", key, reason
+                "pod %s: its GPU booking is ignored (counted as no booking): %s%s",
+                key,
+                reason,
+                f"; nor is it counted as admitted: {not_admitted}" if not_admitted else "",
             )
         counted = without_booking(info)
         self._counted_views[key] = counted
