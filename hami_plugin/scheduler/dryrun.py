@@ -240,7 +240,7 @@ def _run(args: argparse.Namespace) -> int:
         output["note"] = "the pod asks no GPU: every node passes"
     preemption: tuple[Preemption | None, str] = (None, "")
     if result.node is None and result.requests.wants_gpu and not args.no_preemption:
-        preemption = _preempt(snapshot, pod, requests, candidates, now, settings)
+        preemption = _preempt(snapshot, pod, result, now, settings)
         if preemption[1]:
             output["preemption"] = _preemption_json(*preemption)
     if args.repeat:
@@ -327,18 +327,18 @@ def _candidates(args: argparse.Namespace, snapshot: ClusterSnapshot) -> list[str
 def _preempt(
     snapshot: ClusterSnapshot,
     pod: PodInfo,
-    requests: PodRequests,
-    candidates: list[str],
+    result: FilterResult,
     now: datetime,
     settings: SchedulerSettings,
 ) -> tuple[Preemption | None, str]:
-    """The scheduler's own preemption decision for a pod that fit nowhere: its book built
-    from the snapshot, filtered over the candidates (`Change.preemption` and its outcome)."""
+    """The scheduler's own preemption decision for a pod that fit nowhere (`result`, the
+    decision already made): its book built from the snapshot, the holds of nominated pods
+    settled, then `Planner.preempt` over the nodes the pod failed on."""
     from hami_plugin.scheduler.snapshot import build_book
 
     book = build_book(snapshot, settings, now)
-    _, change = book.filter(pod, requests, candidates, now, 0.0)
-    return change.preemption, change.preemption_outcome
+    book.preemption.settle()
+    return book.preemption.preempt(pod, result)
 
 
 def _preemption_json(preemption: Preemption | None, outcome: str) -> dict[str, Any]:
