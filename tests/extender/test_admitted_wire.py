@@ -134,6 +134,41 @@ def test_the_issues_measurement_answers_as_without_a_key(
     assert "its GPU booking is ignored" not in log
 
 
+FREE_GPUS = {
+    "GPU-9531985d-5d9d-49f8-9818-e811892f902b",
+    "GPU-36f675cc-81e7-4ef5-a8e2-5d940ed90475",
+    "GPU-a170b338-3926-4059-b28c-105d1fb17c23",
+}
+"""The fixture node's GPUs the running (unsigned) pod does not hold."""
+
+
+def test_a_pod_that_fits_beside_the_counted_bookings_is_bound_on_the_free_gpus(
+    apiserver: FakeApiServer, tmp_path: Path
+) -> None:
+    """With a key, the three-GPU pod of 40,000 MiB each fits: on the three GPUs the unsigned
+    booking leaves free, never beside its 50,000 MiB."""
+    load_fixture(apiserver)
+    document = four_gpu_pod()
+    document["metadata"]["name"] = "train-three"
+    document["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "3"
+    pod = apiserver.add_object(document)
+    keys = str(write_key_file(tmp_path / "keys"))
+    with scheduler_process(apiserver, tmp_path, "--booking-key-file", keys) as (url, _, _):
+        answer = _post(f"{url}/filter", {"Pod": pod, "NodeNames": [A100_NODE]})
+        assert answer["NodeNames"] == [A100_NODE], answer
+        bind = {
+            "PodName": "train-three",
+            "PodNamespace": "ml",
+            "PodUID": pod["metadata"]["uid"],
+            "Node": A100_NODE,
+        }
+        assert _post(f"{url}/bind", bind) == {"Error": ""}
+    bound = apiserver.get_pod("ml", "train-three")
+    assert bound is not None and bound["spec"]["nodeName"] == A100_NODE
+    allocated = bound["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"]
+    assert {entry.split(",")[0] for entry in allocated.strip(";:").split(":")} == FREE_GPUS
+
+
 # --- with the scheduler in process: what counts nothing, and how a counted booking ends -------
 
 
