@@ -210,3 +210,48 @@ def test_preempt_verb_malformed_body_is_a_400(scheduler: Scheduler) -> None:
     assert status == 400 and "extender args missing pod" in answer
     status, answer = scheduler.post("/preempt", b'{"Pod": {}, "NodeNameToMetaVictims": 3}')
     assert status == 400 and "cannot unmarshal number" in answer
+
+
+@pytest.mark.parametrize("victim_gone", [False, True], ids=["terminating", "gone"])
+def test_a_restart_mid_preemption_keeps_the_hold_and_evicts_nothing_twice(
+    api: FakeApiServer, victim_gone: bool
+) -> None:
+    """The scheduler preempts, then is replaced (a restart, or the standby taking over) while
+    the victim terminates, or once it is gone: the new one rebuilds the hold from the
+    preemptor's `nominatedNodeName` (and the victim still terminating), a late low pod does not
+    get the memory, the preemptor does, and the victim was DELETEd once."""
+    high = stored(api, pending("high", 40000, HIGH))
+    with running_scheduler(api) as first:
+        for i in range(4):
+            first.sees_pod("default", f"low-{i}", lambda pod: pod.node_name == NODE)
+        first.sees_pod("default", "high", lambda pod: pod.priority == HIGH)
+        assert not first.filter(high, [NODE])["NodeNames"]
+        wait_until(lambda: deleting(api) == ["low-3"], what="low-3 terminating")
+        wait_until(
+            lambda: (
+                (api.get_pod("default", "high") or {}).get("status", {}).get("nominatedNodeName")
+                == NODE
+            ),
+            what="the preemptor nominated",
+        )
+    if victim_gone:
+        assert api.finish_termination("default", "low-3")
+    late = stored(api, pending("late", 25000, 0))
+    with running_scheduler(api) as second:
+        second.sees_pod("default", "late", lambda pod: True)
+        second.sees_pod("default", "high", lambda pod: pod.nominated_node_name == NODE)
+        if not victim_gone:
+            second.sees_pod("default", "low-3", lambda pod: pod.deleting)
+            # the preemptor retries while its victim terminates: no second eviction
+            assert not second.filter(high, [NODE])["NodeNames"]
+            assert "waiting" in second.observer.named("preemption_attempted")
+        assert not second.filter(late, [NODE])["NodeNames"]
+        if not victim_gone:
+            assert api.finish_termination("default", "low-3")
+            wait_until(lambda: second.state.pod("default", "low-3") is None, what="victim gone")
+            assert not second.filter(late, [NODE])["NodeNames"]
+        assert second.schedule(high, [NODE]) == NODE
+        assert second.observer.named("preemption_victims") == []
+    deletes = api.requests_matching("DELETE", r".*/pods/low-3$")
+    assert len(deletes) == 1
+    assert deleting(api) == []
