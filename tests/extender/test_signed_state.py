@@ -325,7 +325,8 @@ def test_an_ignored_pod_is_logged_once_per_uid(
     messages = [r.getMessage() for r in caplog.records]
     assert messages == [
         "pod default/hog: its GPU booking is ignored (counted as no booking): it asks for no "
-        "nvidia.com/gpu"
+        "nvidia.com/gpu; nor is it counted as admitted: it is not bound to node n1 its booking "
+        "names"
     ]
     state.pod_deleted(read_pod(first))
     again = make_pod("hog", annotations=booking("n1", EVERY_GPU), uid="uid-hog-2")
